@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint format clean browser
+.PHONY: install demo test test-engines engines lint format clean browser
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,14 @@ browser:
 test: $(STAMP) browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q -rs
+
+# Real SGLang and vLLM on CPU: builds their venvs once under ~/.cache/harness/engines (or
+# $$HARNESS_ENGINE_DIR), then runs tests/engines against real servers on loopback.
+engines:
+	bash scripts/build_engine_venvs.sh
+
+test-engines: $(STAMP) engines
+	$(VENV)/bin/python -m pytest -q -rsP -m engines tests/engines
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

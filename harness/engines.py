@@ -11,12 +11,17 @@ group, then kills it after a grace period. Its output goes to a log file, never 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -30,6 +35,64 @@ Engine = Literal["sglang", "vllm"]
 
 class EngineError(RuntimeError):
     """The engine could not be started or did not become healthy."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to launch an engine (``harness serve model``, ``harness eval --launch``, training).
+
+    ``python``: the interpreter of the engine's environment; by default ``$HARNESS_SGLANG_PYTHON``
+    / ``$HARNESS_VLLM_PYTHON``, else the venv ``scripts/build_engine_venvs.sh`` builds under
+    ``$HARNESS_ENGINE_DIR`` (``~/.cache/harness/engines/<engine>``), else this interpreter.
+    ``device``: ``auto`` is ``cuda`` when ``nvidia-smi`` is on PATH, else ``cpu`` (which adds the
+    CPU recipe's flags, REFERENCE §6). ``args``: extra engine flags, passed through verbatim.
+    """
+
+    python: str | None = None
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    host: str = "127.0.0.1"
+    port: int | None = None
+    tp: int = 1
+    dp: int = 1
+    args: list[str] = field(default_factory=list)
+    health_timeout: float = 900.0
+    log_dir: str | None = None  # default: the run folder's engines/ (or ./engines)
+
+
+def engine_dir() -> Path:
+    """Where the engine venvs live (``$HARNESS_ENGINE_DIR``, default ``~/.cache/harness/engines``)."""
+    return Path(os.environ.get("HARNESS_ENGINE_DIR") or Path.home() / ".cache" / "harness" / "engines")
+
+
+def engine_python(engine: Engine, python: str | None = None) -> str:
+    """The interpreter that runs ``engine`` (see :class:`EngineConfig`)."""
+    if python:
+        return python
+    env = os.environ.get(f"HARNESS_{engine.upper()}_PYTHON")
+    if env:
+        return env
+    venv = engine_dir() / engine / "bin" / "python"
+    if (engine_dir() / engine / ".harness-built").is_file() and venv.exists():
+        return str(venv)
+    return sys.executable
+
+
+def engine_ready(engine: Engine) -> bool:
+    """Whether a built venv for ``engine`` exists (what ``make test-engines`` builds)."""
+    return (engine_dir() / engine / ".harness-built").is_file()
+
+
+def detect_device() -> str:
+    """``cuda`` when an NVIDIA driver is visible, else ``cpu``."""
+    return "cuda" if shutil.which("nvidia-smi") else "cpu"
+
+
+def engine_for_backend(kind: str) -> Engine:
+    """The engine a backend kind launches: ``sglang`` → SGLang, ``openai`` → vLLM."""
+    engines: dict[str, Engine] = {"sglang": "sglang", "openai": "vllm"}
+    if kind not in engines:
+        raise EngineError(f"--launch starts an engine for the sglang or openai backend, not {kind!r}")
+    return engines[kind]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -49,8 +112,16 @@ def engine_command(
     device: str | None = None,
     extra: list[str] | None = None,
 ) -> list[str]:
-    """The command line that starts ``engine`` serving ``model`` (see REFERENCE §6 for CPU recipes)."""
+    """The command line that starts ``engine`` serving ``model`` (see REFERENCE §6 for CPU recipes).
+
+    ``device="cpu"`` adds what the CPU builds need unless ``extra`` sets it already: SGLang's
+    ``--device cpu``; vLLM's ``--dtype bfloat16 --max-model-len 2048 --gpu-memory-utilization 0.5``.
+    """
     extra = list(extra or [])
+
+    def unless_given(flag: str, *value: str) -> list[str]:
+        return [] if any(a == flag or a.startswith(flag + "=") for a in extra) else [flag, *value]
+
     if engine == "sglang":
         cmd = [python, "-m", "sglang.launch_server", "--model-path", model, "--host", host, "--port", str(port)]
         if tp > 1:
@@ -58,7 +129,7 @@ def engine_command(
         if dp > 1:
             cmd += ["--dp-size", str(dp)]
         if device:
-            cmd += ["--device", device]
+            cmd += unless_given("--device", device)
         return cmd + extra
     if engine == "vllm":
         # The `vllm` console script fails on CPU builds; the module entry point works.
@@ -77,6 +148,11 @@ def engine_command(
             cmd += ["--tensor-parallel-size", str(tp)]
         if dp > 1:
             cmd += ["--data-parallel-size", str(dp)]
+        if device == "cpu":
+            cmd += unless_given("--dtype", "bfloat16") + unless_given("--max-model-len", "2048")
+            # On CPU this is the share of RAM vLLM reserves; its 0.92 default fails to start
+            # whenever anything else holds memory.
+            cmd += unless_given("--gpu-memory-utilization", "0.5")
         return cmd + extra
     raise EngineError(f"unknown engine {engine!r}; use sglang or vllm")
 
@@ -101,19 +177,26 @@ class EngineProcess:
             return ""
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM the whole process group; SIGKILL it if it lingers."""
-        if self.proc.poll() is not None:
-            return
-        try:
-            pgid = os.getpgid(self.proc.pid)
-        except ProcessLookupError:
-            return
-        logger.info("stopping %s (pid %d)", self.engine, self.proc.pid)
-        os.killpg(pgid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
+        """SIGTERM the engine and let it shut its workers down; then SIGTERM, and after a few
+        seconds SIGKILL, whatever is left of its process group. Idempotent."""
+        pgid = self.proc.pid  # start_new_session: the engine leads its own group
+        if self.proc.poll() is None:
+            logger.info("stopping %s (pid %d)", self.engine, self.proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                logger.warning("%s did not stop within %.0f s; killing its process group", self.engine, grace_s)
+        for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(pgid, sig)  # workers the engine left behind (or all of it, after the grace)
+            except ProcessLookupError:
+                break  # the group is empty: everything stopped
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and _group_alive(pgid):
+                time.sleep(0.1)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
 
     def __enter__(self) -> EngineProcess:
@@ -121,6 +204,23 @@ class EngineProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` is still running (zombies do not count)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+            return True
+    return False
 
 
 def wait_healthy(
@@ -139,6 +239,12 @@ def wait_healthy(
             pass
         time.sleep(1.0)
     raise EngineError(f"engine at {url} not healthy after {timeout_s:.0f} s" + (f"; see {log}" if log else ""))
+
+
+def _die_with_parent() -> None:
+    """In the child: ask Linux to SIGTERM the engine if the harness dies without stopping it."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def launch_engine(
@@ -170,6 +276,7 @@ def launch_engine(
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # own process group: we stop the engine and all its workers
+                preexec_fn=_die_with_parent,
                 env={**os.environ, **(env or {})},
             )
         except FileNotFoundError as e:
@@ -181,3 +288,50 @@ def launch_engine(
         running.stop()
         raise
     return running
+
+
+@contextlib.contextmanager
+def launched(engine: Engine, model: str, cfg: EngineConfig | None = None, log_dir: str | Path | None = None):
+    """Start ``engine`` for ``model`` (a name, directory or hub id) with ``cfg``; yield the
+    running :class:`EngineProcess`; stop it on leaving, whether the body succeeded or raised."""
+    from harness.models import resolve_model
+
+    cfg = cfg or EngineConfig()
+    device = detect_device() if cfg.device == "auto" else cfg.device
+    proc = launch_engine(
+        engine,
+        resolve_model(model),  # the embedded model becomes a safetensors directory both engines load
+        python=engine_python(engine, cfg.python),
+        host=cfg.host,
+        port=cfg.port,
+        tp=cfg.tp,
+        dp=cfg.dp,
+        device=device,
+        extra=list(cfg.args),
+        log_dir=cfg.log_dir or log_dir or "engines",
+        health_timeout_s=cfg.health_timeout,
+    )
+    logger.info("%s healthy at %s (log %s)", engine, proc.url, proc.log_path)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@contextlib.contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    """Within the block, SIGTERM raises ``SystemExit(143)`` so ``finally`` clauses (which stop
+    launched engines) run; Ctrl-C already raises ``KeyboardInterrupt``."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)

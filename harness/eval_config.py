@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from harness.engines import EngineConfig
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -34,6 +36,10 @@ class BackendConfig:
     threads: int | None = None
     dtype: str = "float32"
     script: str | None = None  # scripted backend: JSONL script file
+    # Start the engine for this backend (sglang → SGLang, openai → vLLM) serving ``model``, use
+    # it, and stop it when the run ends or fails; ``url`` is then ignored.
+    launch: bool = False
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
 
 @dataclass(frozen=True)

@@ -231,9 +231,16 @@ class SearchAgent:
     async def _generate(self, context: list[int], params: SamplingParams, traj: Trajectory) -> Completion:
         t0 = time.perf_counter()
         try:
-            return await self.backend.agenerate(list(context), params)
+            completion = await self.backend.agenerate(list(context), params)
         finally:
             traj.generation_time_s += time.perf_counter() - t0
+        # The weights that served each turn, as the backend reports them (RL: a rollout must come
+        # from the synced policy; a weight update landing mid-trajectory shows as two versions).
+        if completion.weight_version is not None:
+            versions = traj.metadata.setdefault("weight_versions", [])
+            if completion.weight_version not in versions:
+                versions.append(completion.weight_version)
+        return completion
 
     async def _search(self, queries: tuple[str, ...], turn: int, traj: Trajectory) -> str:
         if self.retriever is None:

@@ -125,6 +125,15 @@ class BackendBase:
     async def agenerate_many(self, inputs: list[list[int]], params: SamplingParams) -> list[Completion]:
         return list(await asyncio.gather(*(self.agenerate(ids, params) for ids in inputs)))
 
+    async def agenerate_n(self, input_ids: list[int], params: SamplingParams, n: int) -> list[Completion]:
+        """``n`` samples of one prompt (a GRPO group). Servers that take ``n`` in one request
+        (SGLang, vLLM) override this so the prompt is prefilled once; here, ``n`` requests, with
+        seeds ``seed, seed+1, ...`` when a seed is set so the samples differ."""
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")
+        seeded = [params if params.seed is None else params.with_(seed=params.seed + i) for i in range(n)]
+        return list(await asyncio.gather(*(self.agenerate(input_ids, p) for p in seeded)))
+
     # ---- FlashRAG's generator interface ------------------------------------------------------
     def flashrag_params(self, kw: dict[str, Any]) -> SamplingParams:
         params = self.default_params

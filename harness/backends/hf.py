@@ -170,8 +170,9 @@ class HFBackend(BackendBase):
                 continue
             try:
                 with self._lock:
+                    # Counted before decoding: callers wake as soon as their futures are set.
+                    self.batches_run += 1
                     self._decode(batch)
-                self.batches_run += 1
             except Exception as e:  # answer every waiting caller; the worker lives on
                 logger.exception("hf batch of %d failed", len(batch))
                 for r in batch:

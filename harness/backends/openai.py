@@ -103,9 +103,22 @@ class OpenAIBackend(HTTPBackendBase):
         data = await self.post_json("/v1/completions", self.payload(input_ids, params))
         return self.parse(data, len(input_ids), params)
 
-    def parse(self, data: dict[str, Any], n_prompt: int, params: SamplingParams) -> Completion:
+    async def agenerate_n(self, input_ids: list[int], params: SamplingParams, n: int) -> list[Completion]:
+        """``n`` samples in one request (the ``n`` of the completions API: ``n`` choices)."""
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")
+        data = await self.post_json("/v1/completions", {**self.payload(input_ids, params), "n": n})
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list) or len(choices) != n:
+            raise BackendError(f"asked for n={n} choices, got {str(data)[:300]}")
+        # Choices may come in any order; their "index" says which is which.
+        order = sorted(range(n), key=lambda i: choices[i].get("index", i))
+        return [self.parse(data, len(input_ids), params, index=i) for i in order]
+
+    def parse(self, data: dict[str, Any], n_prompt: int, params: SamplingParams, index: int = 0) -> Completion:
+        """Choice ``index`` of a completions response to a :class:`Completion` (module docstring)."""
         try:
-            choice = data["choices"][0]
+            choice = data["choices"][index]
         except (KeyError, IndexError, TypeError):
             raise BackendError(f"malformed completions response: {str(data)[:300]}") from None
         text = choice.get("text") or ""

@@ -105,6 +105,18 @@ class SGLangBackend(HTTPBackendBase):
         data = await self.post_json("/generate", self.payload(input_ids, params))
         return self.parse(data, len(input_ids), params)
 
+    async def agenerate_n(self, input_ids: list[int], params: SamplingParams, n: int) -> list[Completion]:
+        """``n`` samples in one request (``sampling_params.n``); SGLang answers with a list."""
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")
+        payload = self.payload(input_ids, params)
+        payload["sampling_params"]["n"] = n
+        data = await self.post_json("/generate", payload)
+        items = data if isinstance(data, list) else [data]
+        if len(items) != n:
+            raise BackendError(f"asked SGLang for n={n} samples, got {len(items)}")
+        return [self.parse(item, len(input_ids), params) for item in items]
+
     def parse(self, data: dict[str, Any], n_prompt: int, params: SamplingParams) -> Completion:
         """One ``/generate`` response to a :class:`Completion` (see module docstring)."""
         if isinstance(data, list):

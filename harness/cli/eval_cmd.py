@@ -33,6 +33,7 @@ def _flags_dict(**flags: Any) -> dict[str, Any]:
         "index": "retriever.index",
         "topk": "retriever.topk",
         "out": "out",
+        "launch": "backend.launch",
     }
     from harness.config import set_path
 
@@ -63,6 +64,9 @@ def eval_command(
     index: str = typer.Option(None, "--index", help="A built index directory (or the URL for http)."),
     topk: int = typer.Option(None, "--topk", help="Documents per search."),
     out: str = typer.Option(None, "--out", help="Parent folder of run directories (default runs/)."),
+    launch: bool = typer.Option(
+        False, "--launch", help="Start the engine (sglang: SGLang, openai: vLLM) for --model, and stop it at the end."
+    ),
     config_files: list[str] = typer.Option(None, "-c", "--config", help="YAML config file(s)."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. agent.max_turns=2"),
 ) -> None:
@@ -86,6 +90,7 @@ def eval_command(
         index=index,
         topk=topk,
         out=out,
+        launch=launch or None,
     )
     try:
         data: dict[str, Any] = {}
@@ -102,28 +107,53 @@ def eval_command(
 
     methods = [m.strip() for m in method.split(",") if m.strip()]
     datasets = [d.strip() for d in dataset.split(",") if d.strip()]
-    results = []
-    shared_backend = None
+    configs = []
     for ds in datasets:
         for m in methods:
             try:
-                cfg = build(EvalConfig, deep_merge(data, {"method": m, "dataset": {"name": ds}}))
+                configs.append(build(EvalConfig, deep_merge(data, {"method": m, "dataset": {"name": ds}})))
             except ConfigError as e:
                 fail(str(e))
-            try:
-                from harness.cli.eval_run import make_backend, run_dir_for, run_eval
-
-                if shared_backend is None:
-                    shared_backend = make_backend(cfg.backend)
-                console.print(f"[bold]{m}[/] on [bold]{ds}[/] → {run_dir_for(cfg)}", highlight=False)
-                results.append((run_dir_for(cfg), run_eval(cfg, backend=shared_backend)))
-            except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
-                if shared_backend is not None:
-                    shared_backend.close()
-                fail(f"{m} on {ds}: {e}")
-    if shared_backend is not None:
-        shared_backend.close()
+    results = run_configs(configs)
     print_results_table(results)
+
+
+def run_configs(configs: list[Any]) -> list[tuple[Any, dict]]:
+    """Run each config in turn with one shared backend (and one launched engine, if asked);
+    the engine is stopped and the backend closed however the runs end."""
+    import contextlib
+    from dataclasses import replace
+    from pathlib import Path
+
+    from harness.cli.eval_run import make_backend, run_dir_for, run_eval
+    from harness.engines import EngineError, engine_for_backend, launched, sigterm_as_exit
+
+    results: list[tuple[Any, dict]] = []
+    bcfg = configs[0].backend
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(sigterm_as_exit())
+        try:
+            if bcfg.launch:
+                engine = engine_for_backend(bcfg.kind)
+                console.print(f"launching {engine} for {bcfg.model} ...")
+                log_dir = Path(configs[0].out) / "engines"
+                proc = stack.enter_context(launched(engine, bcfg.model, bcfg.engine, log_dir=log_dir))
+                console.print(f"{engine} up at {proc.url} (log {proc.log_path})")
+                # The run's config (and its hash, for resuming) keeps launch=true, not this URL.
+                bcfg = replace(bcfg, url=[proc.url])
+            backend = make_backend(bcfg)
+        except (EngineError, ValueError, FileNotFoundError, OSError, RuntimeError) as e:
+            fail(f"backend {bcfg.kind}: {e}")
+        stack.callback(backend.close)
+        for cfg in configs:
+            try:
+                console.print(
+                    f"[bold]{cfg.method}[/] on [bold]{cfg.dataset.name}[/] → {run_dir_for(cfg)}", highlight=False
+                )
+                results.append((run_dir_for(cfg), run_eval(cfg, backend=backend)))
+            except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
+                fail(f"{cfg.method} on {cfg.dataset.name}: {e}")
+    return results
 
 
 def print_results_table(results: list[tuple[Any, dict]]) -> None:

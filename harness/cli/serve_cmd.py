@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import typer
 
-from harness.cli.common import console, fail, not_implemented
+from harness.cli.common import console, fail
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -31,7 +33,56 @@ def retriever(
     serve(r, host=host, port=port, max_k=max_k, default_k=default_k)
 
 
-@app.command("model")
-def model() -> None:
-    """Launch an SGLang or vLLM server for a model (engines issue)."""
-    not_implemented("harness serve model", "see the serving-engines issue")
+@app.command(
+    "model",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def model(
+    ctx: typer.Context,
+    engine: str = typer.Option(..., "--engine", help="sglang | vllm"),
+    model: str = typer.Option("smollm2-135m-instruct", "--model", help="Model name, local directory or hub id."),
+    python: str = typer.Option(
+        None, "--python", help="Interpreter of the engine's environment (default: the venv make test-engines builds)."
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
+    port: int = typer.Option(30000, "--port"),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
+    dp: int = typer.Option(1, "--dp", help="Data-parallel size (one URL; the engine spreads requests)."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda (cpu adds the CPU recipe's flags)."),
+    log_dir: str = typer.Option("runs/engines", "--log-dir", help="Folder for the engine's log file."),
+    health_timeout: float = typer.Option(900.0, "--health-timeout", help="Seconds to wait for /health."),
+) -> None:
+    """Launch an SGLang or vLLM server for a model; Ctrl-C or SIGTERM stops it and all its workers.
+
+    Arguments after ``--`` go to the engine verbatim, e.g. ``-- --mem-fraction-static 0.5``.
+    """
+    from harness.engines import EngineConfig, EngineError, launched, sigterm_as_exit
+
+    if engine not in ("sglang", "vllm"):
+        fail(f"--engine must be sglang or vllm, got {engine!r}")
+    if device not in ("auto", "cpu", "cuda"):
+        fail(f"--device must be auto, cpu or cuda, got {device!r}")
+    if tp < 1 or dp < 1:
+        fail(f"--tp and --dp must be at least 1 (got --tp {tp} --dp {dp})")
+    cfg = EngineConfig(
+        python=python,
+        device=device,
+        host=host,
+        port=port,
+        tp=tp,
+        dp=dp,
+        args=list(ctx.args),  # type: ignore[arg-type]
+        health_timeout=health_timeout,
+        log_dir=log_dir,
+    )
+    console.print(f"starting {engine} for {model} (log in {log_dir}/{engine}-{port}.log) ...")
+    try:
+        with sigterm_as_exit(), launched(engine, model, cfg) as proc:  # type: ignore[arg-type]
+            console.print(f"[bold]{engine}[/] serving {model} at [bold]{proc.url}[/] (Ctrl-C to stop)")
+            while proc.alive():
+                time.sleep(1.0)
+            fail(f"{engine} exited with code {proc.proc.returncode}; last lines of {proc.log_path}:\n{proc.log_tail()}")
+    except (EngineError, FileNotFoundError, OSError) as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        console.print(f"stopped {engine}")

@@ -136,3 +136,16 @@ def test_unhealthy_server_fails_fast(replay):
     replay.healthy = False
     with pytest.raises(BackendError, match=r"no healthy openai server at .*answered 503 on /v1/models"):
         OpenAIBackend(replay.url, tokenizer=TOK)
+
+
+def test_n_choices_in_index_order(replay):
+    body = choice("b</search>", stop_reason="</search>")
+    body["choices"] = [{**body["choices"][0], "index": 1}, {**choice("a", "length")["choices"][0], "index": 0}]
+    replay.push(body)
+    b = OpenAIBackend(replay.url, tokenizer=TOK, retries=1, backoff=0.01)
+    outs = asyncio.run(b.agenerate_n([1, 2, 3], P, 2))
+    assert replay.requests[0]["n"] == 2
+    assert [(c.text, c.finish_reason) for c in outs] == [("a", "length"), ("b</search>", "stop")]
+    replay.push(choice("only one"))
+    with pytest.raises(BackendError, match="n=2"):
+        asyncio.run(b.agenerate_n([1, 2, 3], P, 2))

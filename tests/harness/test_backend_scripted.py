@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from harness.backends.base import BackendBase, SamplingParams, find_stop, run_sync
+from harness.backends.base import BackendBase, Completion, SamplingParams, find_stop, run_sync
 from harness.backends.scripted import ScriptedBackend, load_script
 from harness.tokenization import byte_tokenizer
 
@@ -115,3 +115,17 @@ async def _raise_inside_run_sync():
 def test_base_backend_needs_agenerate():
     with pytest.raises(NotImplementedError):
         asyncio.run(BackendBase().agenerate([1], SamplingParams()))
+
+
+def test_default_n_samples_are_separate_requests_with_distinct_seeds():
+    seen: list[SamplingParams] = []
+
+    class Echo(BackendBase):
+        async def agenerate(self, input_ids, params):
+            seen.append(params)
+            return Completion(token_ids=[1], text="x", finish_reason="length")
+
+    outs = asyncio.run(Echo().agenerate_n([1], SamplingParams(seed=7, temperature=1.0), 3))
+    assert len(outs) == 3 and sorted(p.seed for p in seen) == [7, 8, 9]
+    with pytest.raises(ValueError, match="n must be at least 1"):
+        asyncio.run(Echo().agenerate_n([1], SamplingParams(), 0))

@@ -196,3 +196,14 @@ def test_logprobs_are_parsed_only_when_asked(replay, smol_tokenizer):
     assert c.finish_reason == "length" and c.logprobs == want and len(c.token_ids) == 4
     (c,) = run(b, SamplingParams(max_new_tokens=4))
     assert c.logprobs is None
+
+
+def test_n_samples_are_one_request_answered_with_a_list(replay, smol_tokenizer):
+    replay.push([rec("logprob"), rec("length")])
+    b = backend(replay, smol_tokenizer)
+    outs = asyncio.run(b.agenerate_n([1, 2, 3], SamplingParams(max_new_tokens=4, temperature=1.0, logprobs=True), 2))
+    assert len(replay.requests) == 1 and replay.requests[0]["sampling_params"]["n"] == 2
+    assert [c.token_ids for c in outs] == [rec("logprob")["output_ids"], rec("length")["output_ids"]]
+    replay.push([rec("length")])  # fewer samples than asked: an error, never silently short
+    with pytest.raises(BackendError, match="n=2"):
+        asyncio.run(b.agenerate_n([1, 2, 3], SamplingParams(max_new_tokens=4), 2))

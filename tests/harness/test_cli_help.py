@@ -19,13 +19,39 @@ def test_help_lists_every_command():
         assert cmd in result.output
 
 
-def test_unbuilt_command_says_not_implemented_and_fails():
-    result = runner.invoke(app, ["serve", "model"])
-    assert result.exit_code != 0
-    assert "not implemented yet" in result.output
+def test_serve_model_rejects_bad_flags_by_name():
+    for args, msg in (
+        (["--engine", "tgi"], "--engine must be sglang or vllm"),
+        (["--engine", "sglang", "--tp", "0"], "--tp and --dp must be at least 1"),
+        (["--engine", "vllm", "--device", "tpu"], "--device must be auto, cpu or cuda"),
+    ):
+        result = runner.invoke(app, ["serve", "model", *args])
+        assert result.exit_code == 2 and msg in result.output, result.output
 
 
 def test_help_is_fast_and_imports_no_torch():
     code = "import sys; from harness.cli.main import app; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_serve_model_passes_args_after_double_dash_to_the_engine(monkeypatch):
+    import contextlib
+
+    import harness.engines as engines
+
+    seen = {}
+
+    @contextlib.contextmanager
+    def fake_launched(engine, model, cfg, log_dir=None):
+        seen.update(engine=engine, model=model, cfg=cfg)
+        raise engines.EngineError("stop here")
+        yield
+
+    monkeypatch.setattr(engines, "launched", fake_launched)
+    args = ["serve", "model", "--engine", "vllm", "--tp", "2", "--", "--max-num-seqs", "64", "--enforce-eager"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "stop here" in result.output
+    assert seen["engine"] == "vllm" and seen["model"] == "smollm2-135m-instruct"
+    assert seen["cfg"].args == ["--max-num-seqs", "64", "--enforce-eager"] and seen["cfg"].tp == 2
+    assert seen["cfg"].host == "127.0.0.1"  # loopback unless asked

@@ -109,3 +109,99 @@ def test_engine_that_dies_fails_fast_with_its_log(tmp_path, fake_engine_env):
 def test_missing_python_is_a_clear_error(tmp_path):
     with pytest.raises(EngineError, match="pass --python"):
         launch_engine("vllm", "m", python=str(tmp_path / "nope" / "python"), log_dir=tmp_path)
+
+
+def test_cpu_defaults_unless_the_user_sets_them():
+    vl = engine_command("vllm", "/m", "/py", "127.0.0.1", 8000, device="cpu", extra=["--max-model-len=4096"])
+    assert vl[vl.index("--dtype") + 1] == "bfloat16" and vl.count("--max-model-len=4096") == 1
+    assert "--max-model-len" not in vl  # the user's value, not the recipe's
+    sg = engine_command("sglang", "/m", "/py", "127.0.0.1", 1, device="cpu", extra=["--device", "xpu"])
+    assert sg.count("--device") == 1 and sg[-2:] == ["--device", "xpu"]
+    assert "--dtype" not in engine_command("vllm", "/m", "/py", "127.0.0.1", 1, device="cuda")
+
+
+def test_engine_python_resolution(tmp_path, monkeypatch):
+    from harness.engines import engine_python, engine_ready
+
+    monkeypatch.setenv("HARNESS_ENGINE_DIR", str(tmp_path))
+    monkeypatch.delenv("HARNESS_SGLANG_PYTHON", raising=False)
+    assert engine_python("sglang") == sys.executable and not engine_ready("sglang")
+    venv = tmp_path / "sglang" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text("")
+    assert engine_python("sglang") == sys.executable  # half-built (no stamp): not used
+    (tmp_path / "sglang" / ".harness-built").write_text("")
+    assert engine_python("sglang") == str(venv / "python") and engine_ready("sglang")
+    monkeypatch.setenv("HARNESS_SGLANG_PYTHON", "/opt/sg/python")
+    assert engine_python("sglang") == "/opt/sg/python"
+    assert engine_python("sglang", "/explicit") == "/explicit"
+
+
+@pytest.fixture
+def fake_model(tmp_path):
+    """A model directory the harness can load a tokenizer from (the stand-in engine ignores it)."""
+    from harness.tokenization import byte_tokenizer
+
+    model = tmp_path / "model"
+    byte_tokenizer().save_pretrained(model)
+    (model / "config.json").write_text("{}")
+    return model
+
+
+def _wait_gone(pid: int, timeout: float = 15) -> bool:
+    deadline = time.time() + timeout
+    while _alive(pid) and time.time() < deadline:
+        time.sleep(0.1)
+    return not _alive(pid)
+
+
+def test_serve_model_cli_serves_until_sigterm_then_stops_the_group(tmp_path, fake_engine_env, fake_model):
+    import signal
+    import subprocess
+
+    from harness.engines import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "harness.cli.main", "serve", "model", "--engine", "sglang", "--model"]
+    cmd += [str(fake_model), "--python", sys.executable, "--port", str(port), "--log-dir", str(tmp_path / "logs")]
+    env = {**os.environ, "PYTHONPATH": fake_engine_env["PYTHONPATH"] + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        lines = []
+        for line in proc.stderr:  # type: ignore[union-attr]
+            lines.append(line)
+            if "serving" in line:
+                break
+        assert f"http://127.0.0.1:{port}" in "".join(lines), lines
+        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+        child = int((tmp_path / "model.child").read_text())
+        assert (tmp_path / "logs" / f"sglang-{port}.log").exists()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) != 0
+        assert _wait_gone(child), "SIGTERM to harness must stop the engine's whole process group"
+    finally:
+        proc.kill()
+
+
+def test_eval_launch_stops_the_engine_when_the_run_fails(tmp_path, fake_engine_env, fake_model, monkeypatch):
+    from typer.testing import CliRunner
+
+    from harness.cli.main import app
+
+    monkeypatch.setenv("PYTHONPATH", fake_engine_env["PYTHONPATH"])
+    monkeypatch.setenv("HARNESS_SGLANG_PYTHON", sys.executable)
+    args = ["eval", "--method", "research", "--dataset", "no_such_dataset", "--backend", "sglang", "--launch"]
+    result = CliRunner().invoke(app, [*args, "--model", str(fake_model), "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and "no_such_dataset" in result.output, result.output
+    assert "sglang up at http://127.0.0.1:" in result.output
+    assert list((tmp_path / "runs" / "engines").glob("sglang-*.log"))
+    assert _wait_gone(int((tmp_path / "model.child").read_text()), timeout=5), "engine left running after a failure"
+
+
+def test_launch_needs_an_engine_backend(tmp_path):
+    from typer.testing import CliRunner
+
+    from harness.cli.main import app
+
+    result = CliRunner().invoke(app, ["eval", "--backend", "hf", "--launch", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "sglang or openai backend" in result.output

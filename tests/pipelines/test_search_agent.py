@@ -278,3 +278,21 @@ def test_few_shot_and_response_prefix(toy_retriever):
 
     assert get_dialect("search_r1").validate_format(traj.response_text) == (True, "ok")
     assert_token_exact(traj, backend)
+
+
+def test_weight_versions_reported_by_the_backend_are_recorded(byte_tok, toy_retriever):
+    class Versioned(ScriptedBackend):
+        """Reports version 3 for the first turn and 4 after (a sync landing mid-trajectory)."""
+
+        async def agenerate(self, input_ids, params):
+            c = await super().agenerate(input_ids, params)
+            c.weight_version = "3" if self.calls == 1 else "4"
+            return c
+
+    script = [{"match": "glass harp-clock", "turns": SCRIPTS["research"]}]
+    backend = Versioned(script)
+    traj = SearchAgent(backend, toy_retriever, "research", AgentConfig(max_total_tokens=100000)).run_examples([Q])[0]
+    assert traj.finish_reason == "answer" and traj.metadata["weight_versions"] == ["3", "4"]
+    plain = ScriptedBackend(script)  # reports no version: nothing recorded
+    traj = SearchAgent(plain, toy_retriever, "research", AgentConfig(max_total_tokens=100000)).run_examples([Q])[0]
+    assert "weight_versions" not in traj.metadata

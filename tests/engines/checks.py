@@ -1,0 +1,161 @@
+"""Checks shared by the SGLang and vLLM modules: each takes a backend talking to a real server.
+
+Parity with the in-process ``hf`` backend is checked under greedy decoding, both sides in
+float32 (see ``conftest``). Even so, the engines' CPU kernels (fused attention, different
+matmul blocking) sum in another order than eager PyTorch, so two candidates whose logits tie
+to ~1e-6 can swap and the continuations part from there. The tolerance is therefore stated
+on what such a flip does and does not explain: every prompt must agree on its first
+``PARITY_PREFIX`` tokens, and at least ``PARITY_MIN_EXACT`` of the prompts must agree exactly
+(same token ids, finish reason and count). A protocol bug (a dropped stop token, an EOS not
+reported, an off-by-one in the prompt) breaks every prompt, not one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from harness.backends.base import Completion, SamplingParams
+
+PARITY_PREFIX = 8
+PARITY_MIN_EXACT = 0.75
+N_PARITY_PROMPTS = 8
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+
+
+def demo_prompts(tokenizer, n: int = N_PARITY_PROMPTS) -> list[list[int]]:
+    """The research dialect's agent prompts for the first ``n`` demo questions."""
+    from benchmarks.datasets import load_examples
+    from pipelines.dialects import get_dialect
+
+    dialect = get_dialect("research")
+    return [dialect.prompt_ids(tokenizer, ex.question, chat=True) for ex in load_examples("demo", limit=n)]
+
+
+def gen(backend, ids: list[int], **kw) -> Completion:
+    return run(backend.agenerate(ids, SamplingParams(**kw)))
+
+
+def gen_many(backend, prompts: list[list[int]], **kw) -> list[Completion]:
+    return run(backend.agenerate_many(prompts, SamplingParams(**kw)))
+
+
+def check_length_finish(backend) -> None:
+    c = gen(backend, chat_ids(backend.tokenizer, "Write a long story about a dragon."), max_new_tokens=5)
+    assert c.finish_reason == "length" and c.matched_stop is None
+    assert len(c.token_ids) == 5
+    assert c.text == backend.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+
+
+def check_eos_finish(backend) -> None:
+    eos = backend.tokenizer.eos_token_id
+    c = gen(backend, chat_ids(backend.tokenizer, "Say just the word: hello"), max_new_tokens=64)
+    assert c.finish_reason == "stop", c
+    assert c.matched_stop == eos and c.token_ids[-1] == eos  # EOS is a token of the response
+    assert "hello" in c.text.lower()
+
+
+def check_stop_string_kept(backend, hf_backend) -> None:
+    """A stop string the greedy continuation is known to contain: generation stops there and
+    the string stays at the end of the text and in the token ids (the agent's contract)."""
+    ids = chat_ids(backend.tokenizer, "Count from 1 to 20, separated by commas.")
+    free = gen(hf_backend, ids, max_new_tokens=40)
+    assert "7" in free.text, free.text  # the stop we pick below must occur
+    stop = "7"
+    c = gen(backend, ids, max_new_tokens=40, stop=(stop,))
+    assert c.finish_reason == "stop" and c.matched_stop == stop, c
+    assert c.text.endswith(stop)
+    assert backend.tokenizer.decode(c.token_ids, skip_special_tokens=True).endswith(stop)
+    assert free.text.startswith(c.text)  # stopped at the first occurrence, nothing lost before it
+
+
+def check_logprobs(backend) -> None:
+    c = gen(backend, chat_ids(backend.tokenizer, "Name a colour."), max_new_tokens=12, logprobs=True)
+    assert c.logprobs is not None and len(c.logprobs) == len(c.token_ids)
+    assert all(lp <= 1e-4 and math.isfinite(lp) for lp in c.logprobs)
+    # Greedy picks the most likely token; its probability cannot be tiny on a 49k vocabulary.
+    assert max(c.logprobs) > math.log(0.05)
+
+
+def check_n_samples(backend) -> None:
+    ids = chat_ids(backend.tokenizer, "Tell me a random fact about the ocean.")
+    outs = run(backend.agenerate_n(ids, SamplingParams(max_new_tokens=24, temperature=1.0, logprobs=True), n=4))
+    assert len(outs) == 4
+    for c in outs:
+        assert c.token_ids and c.logprobs is not None and len(c.logprobs) == len(c.token_ids)
+    assert len({tuple(c.token_ids) for c in outs}) >= 2  # sampled, not four copies
+
+
+def parity_report(engine_out: list[Completion], hf_out: list[Completion]) -> tuple[list[int], list[int]]:
+    """(indices that agree exactly, indices that part before PARITY_PREFIX tokens)."""
+    exact, early = [], []
+    for i, (e, h) in enumerate(zip(engine_out, hf_out, strict=True)):
+        if e.token_ids == h.token_ids and e.finish_reason == h.finish_reason:
+            exact.append(i)
+        k = min(PARITY_PREFIX, len(h.token_ids), len(e.token_ids))
+        if e.token_ids[:k] != h.token_ids[:k]:
+            early.append(i)
+    return exact, early
+
+
+def check_greedy_parity(backend, hf_backend) -> None:
+    prompts = demo_prompts(backend.tokenizer)
+    kw = dict(max_new_tokens=48, stop=("</search>", "</answer>"))
+    engine_out = gen_many(backend, prompts, **kw)
+    hf_out = gen_many(hf_backend, prompts, **kw)
+    exact, early = parity_report(engine_out, hf_out)
+    detail = "\n".join(
+        f"{i}: {e.finish_reason} {e.text!r}\n   hf {h.finish_reason} {h.text!r}"
+        for i, (e, h) in enumerate(zip(engine_out, hf_out, strict=True))
+        if i not in exact
+    )
+    print(f"greedy parity with hf: {len(exact)}/{len(prompts)} prompts token-identical; {len(early)} part early")
+    assert not early, f"prompts {early} differ within {PARITY_PREFIX} tokens:\n{detail}"
+    assert len(exact) >= PARITY_MIN_EXACT * len(prompts), f"only {len(exact)}/{len(prompts)} exact:\n{detail}"
+    for i in exact:  # where the tokens agree, the reported counts and stops agree too
+        assert engine_out[i].matched_stop == hf_out[i].matched_stop
+        assert len(engine_out[i].token_ids) == len(hf_out[i].token_ids)
+
+
+def check_agent_on_demo(backend, n: int = 3) -> list:
+    """THE search agent through this backend on a few demo questions, with real BM25."""
+    from benchmarks.datasets import load_examples
+    from harness.cli.eval_run import make_retriever
+    from harness.eval_config import RetrieverConfig
+    from pipelines.search_agent import AgentConfig, SearchAgent
+
+    examples = load_examples("demo", limit=n)
+    retriever = make_retriever(RetrieverConfig(kind="bm25"), "demo", None, None)
+    agent = SearchAgent(backend, retriever, "research", AgentConfig(max_turns=2, max_new_tokens=64, few_shot=True))
+    trajs = agent.run_examples(examples)
+    assert len(trajs) == n
+    for t in trajs:
+        assert t.error is None and t.finish_reason != "error", (t.finish_reason, t.error)
+        assert t.generated_tokens > 0 and len(t.token_ids) == len(t.loss_mask)
+        assert t.response_text  # the decoded response the scorer reads
+    return trajs
+
+
+def processes_with(fragment: str) -> list[int]:
+    """Pids whose command line contains ``fragment`` (arguments joined by spaces)."""
+    import os
+
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if fragment in cmd:
+            found.append(int(pid))
+    return found
