@@ -74,9 +74,7 @@ def outcome_to_tokens(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     token_r = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)  # [B, T]
     has = mask.bool().any(dim=1)  # [B]
     rows = torch.arange(mask.shape[0], device=mask.device)  # [B]
-    token_r[rows, last_token_index(mask)] = torch.where(
-        has, rewards.float(), torch.zeros_like(rewards.float())
-    )
+    token_r[rows, last_token_index(mask)] = torch.where(has, rewards.float(), torch.zeros_like(rewards.float()))
     return token_r
 
 

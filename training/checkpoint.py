@@ -1,10 +1,17 @@
 """Checkpoints: written atomically, loaded with safe loaders, resumed exactly.
 
-A checkpoint directory ``step-N/`` holds the policy weights (``model.safetensors``), the
-optimizer and scheduler states (``optim_rank{r}.pt``, loaded with ``weights_only=True``: tensors
-and plain containers only, nothing is unpickled), the critic when there is one, and
-``trainer_state.json`` (step, data position, RNG states, policy version). It is written to a
-temporary directory and renamed into place, so a crash never leaves a half checkpoint.
+A checkpoint directory ``checkpoints/step-N/`` holds
+
+- ``model.safetensors`` (+ ``config.json``): the full policy weights (gathered under ZeRO-3);
+- ``model_optim_rank{r}.pt``: each rank's optimizer (and its ZeRO partition, fp32 master weights
+  included) and LR-scheduler states, loaded with ``weights_only=True`` (tensors and plain
+  containers only: nothing is unpickled);
+- the same two for the critic when there is one (``critic.safetensors``, ``critic_optim_rank{r}.pt``);
+- ``trainer_state.json``: step, data position, policy version and every RNG state (python,
+  numpy, torch) of rank 0.
+
+It is written to ``.step-N.tmp`` and renamed into place (``os.replace``), so a crash never leaves
+a half checkpoint that :func:`latest_checkpoint` would pick up.
 
 The final model is exported in Hugging Face format (``save_pretrained`` + tokenizer), loadable
 by ``harness eval --model DIR``.
@@ -22,8 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from training.engine import full_state_dict, load_full_state_dict, rank_and_world, unwrap
+
 
 def rng_state() -> dict[str, Any]:
+    """Every RNG the trainer touches, as JSON-able lists."""
     py = random.getstate()
     np_state = np.random.get_state()
     return {
@@ -41,16 +51,20 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.random.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
 
 
-def _module(engine: Any) -> Any:
-    return engine.module if hasattr(engine, "module") else engine
+def untie(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses shared storage: tied embeddings are saved once (the head is re-tied on load)."""
+    head, emb = weights.get("lm_head.weight"), weights.get("model.embed_tokens.weight")
+    if head is not None and emb is not None and (head.data_ptr() == emb.data_ptr() or torch.equal(head, emb)):
+        return {k: v for k, v in weights.items() if k != "lm_head.weight"}
+    return weights
 
 
 def save_checkpoint(out_dir: Path, step: int, policy: Any, state: dict[str, Any], critic: Any = None) -> Path:
+    """Write ``out_dir/step-{step}`` atomically (every rank calls this; rank 0 writes the shared files)."""
     from safetensors.torch import save_file
 
-    rank = int(os.environ.get("RANK", "0"))
-    final = out_dir / f"step-{step}"
-    tmp = out_dir / f".step-{step}.tmp"
+    rank, _ = rank_and_world()
+    final, tmp = out_dir / f"step-{step}", out_dir / f".step-{step}.tmp"
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -58,9 +72,11 @@ def save_checkpoint(out_dir: Path, step: int, policy: Any, state: dict[str, Any]
     for name, eng in (("model", policy), ("critic", critic)):
         if eng is None:
             continue
+        weights = full_state_dict(eng)  # collective under ZeRO-3: every rank takes part
         if rank == 0:
-            weights = {k: v.detach().contiguous().clone() for k, v in _module(eng).state_dict().items()}
-            save_file(_untie(weights), str(tmp / f"{name}.safetensors"))
+            save_file(untie({k: v.contiguous() for k, v in weights.items()}), str(tmp / f"{name}.safetensors"))
+            if name == "model" and hasattr(unwrap(eng), "config"):
+                unwrap(eng).config.save_pretrained(tmp)
         opt = {"optimizer": eng.optimizer.state_dict()}
         if getattr(eng, "lr_scheduler", None) is not None:
             opt["scheduler"] = eng.lr_scheduler.state_dict()
@@ -75,30 +91,18 @@ def save_checkpoint(out_dir: Path, step: int, policy: Any, state: dict[str, Any]
     return final
 
 
-def _untie(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """safetensors refuses shared storage: tied embeddings are saved once (the head is re-tied on load)."""
-    if "lm_head.weight" in weights and "model.embed_tokens.weight" in weights:
-        if weights["lm_head.weight"].data_ptr() == weights["model.embed_tokens.weight"].data_ptr() or torch.equal(
-            weights["lm_head.weight"], weights["model.embed_tokens.weight"]
-        ):
-            weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
-    return weights
-
-
 def load_checkpoint(ckpt: Path, policy: Any, critic: Any = None) -> dict[str, Any]:
-    """Restore weights, optimizer/scheduler and RNG; returns the trainer state."""
+    """Restore weights, optimizer/scheduler and RNG states; returns the trainer state."""
     from safetensors.torch import load_file
 
-    rank = int(os.environ.get("RANK", "0"))
+    rank, _ = rank_and_world()
     for name, eng in (("model", policy), ("critic", critic)):
         if eng is None:
             continue
-        module = _module(eng)
-        module.load_state_dict(load_file(str(ckpt / f"{name}.safetensors")), strict=False)
-        if hasattr(module, "tie_weights"):
-            module.tie_weights()
-        opt = torch.load(ckpt / f"{name}_optim_rank{rank}.pt", weights_only=True)
-        eng.optimizer.load_state_dict(opt["optimizer"])
+        load_full_state_dict(eng, load_file(str(ckpt / f"{name}.safetensors")))
+        with torch.serialization.safe_globals(_deepspeed_safe_globals()):
+            opt = torch.load(ckpt / f"{name}_optim_rank{rank}.pt", weights_only=True)
+        _load_optimizer(eng, opt["optimizer"])
         if "scheduler" in opt and getattr(eng, "lr_scheduler", None) is not None:
             eng.lr_scheduler.load_state_dict(opt["scheduler"])
     state = json.loads((ckpt / "trainer_state.json").read_text())
@@ -106,20 +110,56 @@ def load_checkpoint(ckpt: Path, policy: Any, critic: Any = None) -> dict[str, An
     return state
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    steps = sorted((int(p.name.split("-")[1]), p) for p in run_dir.glob("step-*") if p.is_dir())
+def _load_optimizer(eng: Any, state: dict[str, Any]) -> None:
+    """Load one rank's optimizer state into the engine's (possibly DeepSpeed-wrapped) optimizer.
+
+    ZeRO and bf16 optimizers keep fp32 master weights and take a per-rank list; loading them
+    from the fp32 copies (``load_from_fp32_weights``) makes the next step start from exactly the
+    saved weights instead of their bf16 rounding.
+    """
+    stage = eng.zero_optimization_stage() if hasattr(eng, "zero_optimization_stage") else 0
+    if stage == 0:
+        eng.optimizer.load_state_dict(state)  # torch AdamW, or DeepSpeed's bf16 wrapper (restores fp32 copies)
+        return
+    rank, world = rank_and_world()
+    per_rank: list[Any] = [None] * world  # DeepSpeed indexes it by the data-parallel rank
+    per_rank[rank] = state
+    eng.optimizer.load_state_dict(per_rank, load_optimizer_states=True, load_from_fp32_weights=True)
+
+
+def _deepspeed_safe_globals() -> list[Any]:
+    """The few plain DeepSpeed classes ZeRO optimizer states contain, allow-listed by name so
+    ``weights_only`` loading still refuses everything else."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    """The highest complete ``step-N`` directory (temporary ``.step-N.tmp`` ones are ignored)."""
+    steps = sorted(
+        (int(p.name.split("-")[1]), p)
+        for p in out_dir.glob("step-*")
+        if p.is_dir() and p.name.split("-")[1].isdigit() and (p / "trainer_state.json").is_file()
+    )
     return steps[-1][1] if steps else None
 
 
 def export_hf(policy: Any, tokenizer: Any, out: Path) -> Path:
-    """The trained policy as a Hugging Face model directory (safetensors + tokenizer)."""
-    tmp = out.parent / f".{out.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    _module(policy).save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    """The trained policy as a Hugging Face model directory (safetensors + config + tokenizer)."""
+    rank, _ = rank_and_world()
+    weights = full_state_dict(policy)  # every rank (a collective under ZeRO-3)
+    if rank == 0:
+        tmp = out.parent / f".{out.name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        unwrap(policy).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    _barrier()
     return out
 
 

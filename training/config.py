@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from harness.engines import EngineConfig
 from harness.eval_config import RetrieverConfig
 
 
@@ -37,6 +38,9 @@ class RolloutConfig:
     top_p: float = 1.0
     backend: Literal["hf", "sglang"] = "hf"
     url: list[str] = field(default_factory=list)  # sglang servers
+    # Start SGLang serving model.path for the run and stop it at the end (rollout.url is ignored).
+    launch: bool = False
+    engine: EngineConfig = field(default_factory=EngineConfig)
     max_batch_size: int = 16
     agent: dict[str, Any] = field(default_factory=dict)  # AgentConfig overrides
 
@@ -72,18 +76,21 @@ class OptimConfig:
     micro_batch_size: int = 4
     zero_stage: int = 0
     bf16: bool = False
-    threads: int | None = None
+    threads: int | None = None  # torch.set_num_threads (one is often fastest on 2-core machines)
 
 
 @dataclass(frozen=True)
 class TrainerConfig:
     max_steps: int = 10
-    save_every: int = 5
-    eval_every: int = 0  # 0: no periodic validation
+    save_every: int = 5  # checkpoint every N steps (0: only the final one)
+    eval_every: int = 0  # validation through the eval path every N steps (0: never)
     seed: int = 0
     out: str = "runs/train"
+    keep_checkpoints: int = 2  # newest complete checkpoints kept on disk (0: keep all)
     tensorboard: bool = True
     wandb_project: str | None = None
+    save_rollouts: bool = True  # every rollout trajectory with its reward → rollouts.jsonl
+    progress: bool = True  # a rich progress bar
 
 
 @dataclass(frozen=True)

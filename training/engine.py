@@ -1,17 +1,26 @@
-"""The DeepSpeed engine: policy (and optional critic, frozen reference) models.
+"""The DeepSpeed engine: the policy, an optional critic (PPO) and an optional frozen reference (KL).
 
 Runs as one process on CPU (``DS_ACCELERATOR=cpu``, gloo) and under the ``deepspeed`` or
-``torchrun`` launchers. On CPU, DeepSpeed's first ``initialize`` compiles a shared-memory
-communication op for minutes; :func:`setup_distributed_env` replaces that builder with a no-op
-(the op only speeds up intra-node all-reduce) and we pass a ``torch.optim.AdamW`` ourselves
-(DeepSpeed's own CPU Adam also compiles). REFERENCE §6.
+``torchrun`` launchers (their RANK/WORLD_SIZE/... win over our single-process defaults). On CPU,
+DeepSpeed's first ``initialize`` compiles a shared-memory communication op for minutes;
+:func:`setup_distributed_env` replaces that builder with a no-op (the op only speeds up
+intra-node all-reduce) and we pass a ``torch.optim.AdamW`` ourselves (DeepSpeed's own CPU Adam
+also compiles). No optimizer offload (another 5-minute compile). REFERENCE §6.
+
+What the engine owns: ZeRO stage 0–3, bf16 or fp32, gradient accumulation (DeepSpeed counts
+micro-batches and steps the optimizer on the boundary), gradient clipping, and a linear warmup
+learning-rate schedule. Helpers gather full weights under ZeRO-3 (for weight sync and export)
+and load them back (resume).
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import importlib
 import logging
 import os
+import socket
 import sys
 from typing import Any
 
@@ -21,35 +30,46 @@ from training.config import ModelConfig, OptimConfig
 
 logger = logging.getLogger(__name__)
 
+TINY_DEFAULTS = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+}
+
 
 def setup_distributed_env() -> None:
     """Single-process defaults for the env DeepSpeed reads; launchers' values win."""
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    defaults = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}
+    defaults = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
     for k, v in defaults.items():
         os.environ.setdefault(k, v)
+    if "MASTER_PORT" not in os.environ:
+        # A free port, not a fixed one: several single-process runs (and tests) share a machine.
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
     importlib.import_module("deepspeed.comm.torch")
     if os.environ.get("DS_ACCELERATOR") == "cpu":
+        # The shm all-reduce op is an optimisation; building it costs ~2 minutes of compiling.
         sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
 
 
+def rank_and_world() -> tuple[int, int]:
+    """This process's data-parallel rank and the world size (1 outside a launcher)."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> Any:
-    """The policy LM: from a config (tiny, offline) or from weights (safetensors only)."""
+    """The policy LM: a tiny random Llama from a config (tests, offline) or weights (safetensors only)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     dtype = getattr(torch, cfg.dtype)
     if cfg.tiny is not None:
-        params = {
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 4096,
-            **cfg.tiny,
-        }
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab_size, **params)).to(dtype)
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab_size, **{**TINY_DEFAULTS, **cfg.tiny})).to(dtype)
     else:
         from harness.models import resolve_model
 
@@ -60,54 +80,67 @@ def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> Any:
 
 
 class ValueHead(torch.nn.Module):
-    """A critic: the LM body with a scalar head (PPO)."""
+    """A critic (PPO): the same LM architecture's body with a scalar head instead of the vocabulary."""
 
     def __init__(self, lm: Any) -> None:
         super().__init__()
+        self.config = lm.config
         self.body = lm.model if hasattr(lm, "model") else lm
         self.head = torch.nn.Linear(lm.config.hidden_size, 1)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         h = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, L, H]
-        return self.head(h).squeeze(-1)  # [B, L]
+        return self.head(h.to(self.head.weight.dtype)).squeeze(-1)  # [B, L]
 
 
-def ds_config(cfg: OptimConfig, batch_size: int, max_steps: int) -> dict[str, Any]:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    return {
+def ds_config(cfg: OptimConfig, batch_size: int, lr: float) -> dict[str, Any]:
+    """The DeepSpeed config for one optimisation step over ``batch_size`` rows (all ranks together)."""
+    _, world = rank_and_world()
+    config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
-        "gradient_accumulation_steps": max(1, batch_size // (cfg.micro_batch_size * world)),
+        # One optimizer step per training step: the rows of a step are split into micro-batches.
+        "gradient_accumulation_steps": max(1, -(-batch_size // (cfg.micro_batch_size * world))),
         "gradient_clipping": cfg.grad_clip,
         "zero_optimization": {"stage": cfg.zero_stage},
         "bf16": {"enabled": cfg.bf16},
-        "scheduler": {
-            "type": "WarmupLR",
-            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": cfg.lr, "warmup_num_steps": max(1, cfg.warmup_steps)},
-        }
-        if cfg.warmup_steps > 0
-        else None,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+    return config
 
 
-def initialize(model: Any, cfg: OptimConfig, lr: float, batch_size: int, max_steps: int) -> Any:
-    """Wrap ``model`` in a DeepSpeed engine with our AdamW."""
+def initialize(model: Any, cfg: OptimConfig, lr: float, batch_size: int) -> Any:
+    """Wrap ``model`` in a DeepSpeed engine with our own AdamW (see the module docstring)."""
     import deepspeed
 
     setup_distributed_env()
-    config = {k: v for k, v in ds_config(cfg, batch_size, max_steps).items() if v is not None}
-    if cfg.warmup_steps > 0:
-        config["scheduler"]["params"]["warmup_max_lr"] = lr
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=cfg.weight_decay)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        optimizer=opt,
+        config=ds_config(cfg, batch_size, lr),
+        lr_scheduler=warmup_schedule(cfg.warmup_steps),
+    )
     return engine
 
 
-def frozen_copy(model: Any) -> Any:
-    """A frozen reference model for KL (a deep copy; no grad, eval mode)."""
-    import copy
+def warmup_schedule(warmup_steps: int) -> Any:
+    """Linear warmup to the full LR over ``warmup_steps`` optimizer steps, then constant; None
+    without warmup. Step k (1-based) uses ``lr · min(1, k / warmup_steps)``: unlike DeepSpeed's
+    ``WarmupLR``, whose first step runs at LR 0, no step is wasted. DeepSpeed steps it on each
+    accumulation boundary and checkpoints carry its state."""
+    if warmup_steps <= 0:
+        return None
 
+    def factory(optimizer: Any) -> Any:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup_steps))
+
+    return factory
+
+
+def frozen_copy(model: Any) -> Any:
+    """A frozen reference model for KL (a deep copy taken before any update; no grad, eval mode)."""
     ref = copy.deepcopy(model)
     ref.eval()
     for p in ref.parameters():
@@ -115,7 +148,58 @@ def frozen_copy(model: Any) -> Any:
     return ref
 
 
-def policy_state_dict(engine: Any) -> dict[str, torch.Tensor]:
-    """Full (gathered) policy weights, for weight sync and export."""
-    module = engine.module if hasattr(engine, "module") else engine
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+def unwrap(engine: Any) -> Any:
+    """The ``nn.Module`` inside a DeepSpeed engine (or the module itself)."""
+    return engine.module if hasattr(engine, "module") else engine
+
+
+def _gathered(engine: Any, modifier_rank: int | None) -> Any:
+    """Under ZeRO-3 parameters are partitioned: gather them for the duration of the block."""
+    if getattr(engine, "zero_optimization_stage", lambda: 0)() == 3:
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(unwrap(engine).parameters()), modifier_rank=modifier_rank)
+    return contextlib.nullcontext()
+
+
+def full_state_dict(engine: Any) -> dict[str, torch.Tensor]:
+    """Full (gathered, detached, cloned) weights, for weight sync, checkpoints and export."""
+    with _gathered(engine, None):
+        return {k: v.detach().clone() for k, v in unwrap(engine).state_dict().items()}
+
+
+def load_full_state_dict(engine: Any, state: dict[str, torch.Tensor]) -> None:
+    """Load full weights into the engine's module (gathering and re-partitioning under ZeRO-3).
+
+    Tied embeddings are saved once (safetensors refuses shared storage), hence ``strict=False``
+    on ``lm_head`` and the re-tie after loading; any other missing key is an error.
+    """
+    module = unwrap(engine)
+    with _gathered(engine, 0), torch.no_grad():
+        missing, unexpected = module.load_state_dict(state, strict=False)
+        if hasattr(module, "tie_weights"):
+            module.tie_weights()
+    real_missing = [k for k in missing if "lm_head" not in k]
+    if real_missing or unexpected:
+        raise RuntimeError(
+            f"checkpoint does not fit the model: missing {real_missing[:5]}, unexpected {unexpected[:5]}"
+        )
+
+
+def optimizer_step(engine: Any) -> float | None:
+    """``engine.step()``; returns the global gradient norm (before clipping) when this micro-step
+    was an accumulation boundary (the optimizer stepped), else None.
+
+    ZeRO stages report the norm they clipped with; stage 0 without bf16 does not, so it is
+    computed here from the (already all-reduced) gradients before they are cleared.
+    """
+    boundary = engine.is_gradient_accumulation_boundary()
+    manual = None
+    if boundary and engine.zero_optimization_stage() == 0:
+        norms = [p.grad.detach().float().norm() for p in unwrap(engine).parameters() if p.grad is not None]
+        manual = float(torch.norm(torch.stack(norms))) if norms else 0.0
+    engine.step()
+    if not boundary:
+        return None
+    reported = engine.get_global_grad_norm()
+    return float(reported) if reported is not None else manual

@@ -128,9 +128,7 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(-1)  # [B, T]
 
 
-def entropy_bonus(
-    logits: torch.Tensor, mask: torch.Tensor, agg: str = "token_mean", **agg_kw
-) -> torch.Tensor:
+def entropy_bonus(logits: torch.Tensor, mask: torch.Tensor, agg: str = "token_mean", **agg_kw) -> torch.Tensor:
     """Aggregated entropy of the policy; subtract ``coef ×`` this from the loss to encourage
     exploration.  [B, T, V], [B, T] → scalar"""
     return aggregate(entropy_from_logits(logits), mask, agg, **agg_kw)

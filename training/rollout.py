@@ -1,22 +1,31 @@
-"""Rollouts through THE search agent (the same object ``harness eval`` runs; no second loop).
+"""Rollouts through THE search agent (the object ``harness eval`` runs; no second loop).
 
-Each step takes ``prompts_per_step`` examples and ``n_samples`` rollouts of each; the group id of
-a rollout is its prompt's index in the step (never a fresh id per sample), so GRPO-style
-advantages compare samples of the same question.
+Each step takes ``prompts_per_step`` examples and ``n_samples`` rollouts of each. Every rollout
+is one call of :meth:`SearchAgent.arun`, the per-item coroutine that ``run_examples`` (the eval
+path) calls too, so the token-exact segments, the loss-mask roles (1 on model tokens only) and
+the prediction are exactly what evaluation would produce. The collector adds only what RL
+needs on top:
+
+- a seed per (step, prompt, sample), so the n samples of a prompt differ and a resumed run
+  draws the same samples as an uninterrupted one;
+- the group id of a rollout = its prompt's index in the step (never a fresh id per sample,
+  which would make every group a singleton and silently zero GRPO's advantages);
+- the policy version the rollout was generated with, recorded on every trajectory.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass
 from typing import Any
 
-from harness.backends.base import SamplingParams
+from harness.backends.base import SamplingParams, run_sync
 from harness.types import Example, Trajectory
 
 
 class PromptSampler:
-    """Deterministic epochs over the examples; its position is part of a checkpoint."""
+    """Deterministic epochs over the examples (reshuffled per epoch); its position is checkpointed."""
 
     def __init__(self, examples: list[Example], seed: int = 0, shuffle: bool = True) -> None:
         if not examples:
@@ -32,6 +41,7 @@ class PromptSampler:
         return order
 
     def next(self, n: int) -> list[Example]:
+        """The next ``n`` examples, running into the next epoch when this one ends."""
         out = []
         while len(out) < n:
             if self.index >= len(self._order):
@@ -51,32 +61,46 @@ class PromptSampler:
 
 @dataclass
 class RolloutBatch:
-    trajectories: list[Trajectory]  # example-major: prompt 0's samples, then prompt 1's, ...
-    group_ids: list[int]
+    """The rollouts of one step, example-major: prompt 0's samples, then prompt 1's, ..."""
+
+    trajectories: list[Trajectory]
+    group_ids: list[int]  # the prompt's index in the step, one per trajectory
+    policy_version: int
+
+
+def sample_seed(seed: int, prompt_index: int, sample_index: int, n_samples: int) -> int:
+    """A distinct, reproducible seed for every rollout of a step (``seed`` varies per step)."""
+    return seed * 1_000_003 + prompt_index * n_samples + sample_index
 
 
 def collect(
-    agent: Any, prompts: list[Example], n_samples: int, sampling: SamplingParams, policy_version: int, seed: int
+    agent: Any,
+    prompts: list[Example],
+    n_samples: int,
+    sampling: SamplingParams,
+    policy_version: int,
+    seed: int,
+    group_offset: int = 0,
 ) -> RolloutBatch:
-    """Run the agent on every (prompt, sample); sample j of a step is seeded ``seed + j``."""
-    base = sampling.with_(logprobs=True)
+    """Run ``n_samples`` rollouts of every prompt through ``agent``; see the module docstring.
 
-    async def run() -> list[Trajectory]:
-        import asyncio
+    ``group_offset`` shifts the group ids (a data-parallel rank's prompts are a slice of the step's).
+    """
+    params = sampling.with_(logprobs=True)
+    sem = asyncio.Semaphore(agent.config.max_concurrency)  # the same cap run_examples applies
 
-        jobs = [
-            agent.arun(
+    async def one(i: int, ex: Example, j: int) -> Trajectory:
+        async with sem:
+            return await agent.arun(
                 ex,
                 sample_index=j,
-                sampling=base.with_(seed=seed * 1000 + i * n_samples + j),
+                sampling=params.with_(seed=sample_seed(seed, i + group_offset, j, n_samples)),
                 policy_version=policy_version,
             )
-            for i, ex in enumerate(prompts)
-            for j in range(n_samples)
-        ]
-        return list(await asyncio.gather(*jobs))
 
-    from harness.backends.base import run_sync
+    async def run() -> list[Trajectory]:
+        return list(await asyncio.gather(*(one(i, ex, j) for i, ex in enumerate(prompts) for j in range(n_samples))))
 
-    trajs = run_sync(run())
-    return RolloutBatch(trajs, [i for i in range(len(prompts)) for _ in range(n_samples)])
+    trajectories = run_sync(run())
+    group_ids = [group_offset + i for i in range(len(prompts)) for _ in range(n_samples)]
+    return RolloutBatch(trajectories, group_ids, policy_version)

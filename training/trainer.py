@@ -1,8 +1,13 @@
-"""The training loop: rollouts → rewards → advantages → masked batch → loss → DeepSpeed step →
-weight sync → log → checkpoint → (periodic) validation through the eval path.
+"""The training loop. :meth:`Trainer.step` reads top to bottom:
 
-:class:`Trainer` holds the collaborators; :meth:`Trainer.step` is one iteration and reads top
-to bottom. Validation is injected as a callable by the CLI (it runs ``harness eval``'s code).
+sample prompts → rollouts (THE search agent) → rewards → collate (role-based loss mask, group
+ids) → forward (reference log-probs, values) → advantages → loss and DeepSpeed step (old
+log-probs = the policy's own, before the update) → weight sync into the rollout backend → log →
+checkpoint → periodic validation (``harness eval``'s ``run_eval``, injected by the CLI).
+
+Data parallelism: every rank draws the same prompts for a step and rolls out its own contiguous
+slice of them (whole groups per rank), so group advantages are exact; batch-wide statistics
+(Reinforce++ whitening, DAPO's token count) are per rank. DeepSpeed all-reduces the gradients.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +26,29 @@ import torch
 
 from harness.backends.base import SamplingParams
 from training import losses
-from training.advantages import RuleStepScorer, dual_granularity, gae, grpo, reinforce_pp
+from training.advantages import (
+    RuleStepScorer,
+    dual_granularity,
+    gae,
+    grpo,
+    outcome_to_tokens,
+    reinforce_pp,
+    step_score_tensor,
+)
 from training.batch import Batch, collate, token_logprobs
 from training.checkpoint import export_hf, latest_checkpoint, load_checkpoint, save_checkpoint
 from training.config import TrainConfig
-from training.engine import ValueHead, build_model, frozen_copy, initialize, policy_state_dict
+from training.engine import (
+    ValueHead,
+    build_model,
+    frozen_copy,
+    full_state_dict,
+    initialize,
+    optimizer_step,
+    rank_and_world,
+    unwrap,
+)
+from training.logging_utils import MetricsLog, ProgressBar, rollout_metrics
 from training.rewards import build_reward
 from training.rollout import PromptSampler, collect
 from training.weight_sync import sync_weights
@@ -32,257 +56,293 @@ from training.weight_sync import sync_weights
 logger = logging.getLogger(__name__)
 
 
-class MetricsLog:
-    """Per-step metrics to ``metrics.jsonl`` (flushed), TensorBoard and W&B when configured."""
+@dataclass
+class Forward:
+    """No-grad forward results over the batch's response window (target positions ``offset``..T−1)."""
 
-    def __init__(self, out: Path, tensorboard: bool, wandb_project: str | None, config: dict) -> None:
-        self.path = out / "metrics.jsonl"
-        self.tb = self.wandb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(str(out / "tensorboard"))
-            except ImportError:
-                logger.warning("tensorboard is not installed; metrics go to metrics.jsonl only")
-        if wandb_project:
-            try:
-                import wandb
-
-                self.wandb = wandb.init(project=wandb_project, config=config, dir=str(out))
-            except ImportError:
-                logger.warning("wandb is not installed; skipping it")
-
-    def write(self, step: int, metrics: dict[str, float]) -> None:
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"step": step, **metrics}) + "\n")
-        if self.tb is not None:
-            for k, v in metrics.items():
-                self.tb.add_scalar(k, v, step)
-            self.tb.flush()
-        if self.wandb is not None:
-            self.wandb.log(metrics, step=step)
+    offset: int  # first target position with a model token in any row; earlier logits are never needed
+    ref_logp: torch.Tensor | None  # [B, W] reference log-probs (KL), W = T − offset
+    values: torch.Tensor | None  # [B, W] critic values (PPO)
+    old_logp: torch.Tensor | None  # [B, W] pre-update policy log-probs, when advantages need them
 
 
 class Trainer:
+    """Holds the collaborators (agent, engines, reward, sampler, log); see the module docstring."""
+
     def __init__(
         self, cfg: TrainConfig, agent: Any, examples: list, out: Path, validate: Callable[[int], dict] | None = None
     ) -> None:
-        self.cfg, self.agent, self.out, self.validate = cfg, agent, out, validate
-        self.backend = agent.backend
-        self.tokenizer = agent.tokenizer
-        torch.manual_seed(cfg.trainer.seed)
-        random.seed(cfg.trainer.seed)
-        np.random.seed(cfg.trainer.seed)
+        self.cfg, self.agent, self.out, self.validate = cfg, agent, Path(out), validate
+        self.backend, self.tokenizer = agent.backend, agent.tokenizer
+        self.rank, self.world = rank_and_world()
+        if cfg.rollout.prompts_per_step % self.world:
+            raise ValueError(
+                f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must divide by {self.world} ranks"
+            )
+        seed_everything(cfg.trainer.seed)
         if cfg.optim.threads:
             torch.set_num_threads(cfg.optim.threads)
         a, o = cfg.algo, cfg.optim
-        self.batch_size = cfg.rollout.prompts_per_step * cfg.rollout.n_samples
+        batch_size = cfg.rollout.prompts_per_step * cfg.rollout.n_samples  # rows per optimizer step, all ranks
         model = build_model(cfg.model, vocab_size=len(self.tokenizer))
-        self.ref = frozen_copy(model) if a.kl_coef > 0 else None
-        self.policy = initialize(model, o, o.lr, self.batch_size, cfg.trainer.max_steps)
+        self.ref = frozen_copy(model) if a.kl_coef > 0 else None  # taken before any update
+        self.policy = initialize(model, o, o.lr, batch_size)
         self.critic = None
-        if a.advantage == "gae":
-            self.critic = initialize(
-                ValueHead(build_model(cfg.model, len(self.tokenizer))),
-                o,
-                o.critic_lr,
-                self.batch_size,
-                cfg.trainer.max_steps,
-            )
+        if a.advantage == "gae":  # PPO: a critic on the same LM architecture
+            critic = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))
+            self.critic = initialize(critic, o, o.critic_lr, batch_size)
         self.reward_fn = build_reward(a.reward)
         self.sampler = PromptSampler(examples, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
         self.sampling = SamplingParams(
             max_new_tokens=agent.config.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
         )
-        self.step_no = 0
-        out.mkdir(parents=True, exist_ok=True)
-        from harness.config import to_dict
+        self.step_no = 0  # optimizer steps taken = the policy version the backend serves
+        self.log = None
+        if self.rank == 0:
+            from harness.config import to_dict
 
-        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-        self.log = MetricsLog(out, cfg.trainer.tensorboard, cfg.trainer.wandb_project, to_dict(cfg))
-        self._sync()  # rollouts start from the policy's exact weights
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+            self.log = MetricsLog(self.out, cfg.trainer.tensorboard, cfg.trainer.wandb_project, to_dict(cfg))
+        self.sync()  # rollouts start from the policy's exact weights
 
-    # ---- one iteration ---------------------------------------------------------------------
+    # ---- the loop --------------------------------------------------------------------------
+    def train(self) -> Path:
+        """Run to ``trainer.max_steps`` (from wherever a resume left off); returns the exported model."""
+        c = self.cfg.trainer
+        with ProgressBar(c.max_steps, self.step_no, enabled=c.progress and self.rank == 0) as bar:
+            while self.step_no < c.max_steps:
+                metrics = self.step()
+                bar.update(self.step_no, metrics)
+        if not c.save_every or self.step_no % c.save_every:
+            self.save()  # the last step is always resumable
+        final = export_hf(self.policy, self.tokenizer, self.out / "final")
+        if self.log is not None:
+            self.log.close()
+        return final
+
     def step(self) -> dict[str, float]:
+        """One iteration: rollouts → rewards → advantages → update → sync → log → checkpoint → eval."""
         c, t0 = self.cfg, time.perf_counter()
-        prompts = self.sampler.next(c.rollout.prompts_per_step)
+        # 1. prompts: the step's prompts on every rank; this rank rolls out its slice (whole groups)
+        per_rank = c.rollout.prompts_per_step // self.world
+        prompts = self.sampler.next(c.rollout.prompts_per_step)[self.rank * per_rank : (self.rank + 1) * per_rank]
+        # 2. rollouts through THE agent, n samples per prompt, tagged with the serving policy version
         rollout = collect(
-            self.agent, prompts, c.rollout.n_samples, self.sampling, self.step_no, seed=c.trainer.seed + self.step_no
+            self.agent,
+            prompts,
+            c.rollout.n_samples,
+            self.sampling,
+            policy_version=self.step_no,
+            seed=c.trainer.seed + self.step_no,
+            group_offset=self.rank * per_rank,
         )
         t_rollout = time.perf_counter()
+        # 3. rewards
         scored = [self.reward_fn(t) for t in rollout.trajectories]
         rewards = [r for r, _ in scored]
-        batch = collate(rollout.trajectories, rewards, rollout.group_ids, self.pad_id, c.algo.max_len)
         t_reward = time.perf_counter()
-        stats = self.update(batch, rollout.trajectories)
-        t_update = time.perf_counter()
+        # 4. collate: token ids, loss mask from roles (0 on prompt/observation), group id = prompt index
+        batch = collate(rollout.trajectories, rewards, rollout.group_ids, self.pad_id, c.algo.max_len)
+        # 5. no-grad forwards: reference log-probs (KL), values (PPO), old log-probs if advantages need them
+        fwd = self.forward(batch)
+        # 6. advantages (and returns for the critic)
+        adv, returns = self.advantages(batch, rollout.trajectories, fwd)
+        # 7. loss, backward, DeepSpeed step (one optimizer step over the micro-batches)
+        stats = self.update(batch, fwd, adv, returns)
         self.step_no += 1
-        self._sync()
+        t_update = time.perf_counter()
+        # 8. weight sync: the backend serves the new policy, version = step_no
+        self.sync()
         t_sync = time.perf_counter()
+        # 9. log
         metrics = {
-            **self.rollout_metrics(rollout.trajectories, rewards, scored),
+            **rollout_metrics(rollout.trajectories, rewards, [p for _, p in scored], self.agent.dialect.name),
             **stats,
+            "policy_version": float(rollout.policy_version),
             "time/rollout_s": t_rollout - t0,
             "time/reward_s": t_reward - t_rollout,
             "time/update_s": t_update - t_reward,
             "time/sync_s": t_sync - t_update,
             "time/step_s": t_sync - t0,
-            "tokens_per_s": float(batch.mask.sum() / max(1e-9, t_rollout - t0)),
+            "tokens/generated": float(sum(t.generated_tokens for t in rollout.trajectories)),
+            "tokens/trained": float(batch.n_tokens),
         }
-        self.log.write(self.step_no, metrics)
+        metrics["rollout_tokens_per_s"] = metrics["tokens/generated"] / max(1e-9, t_rollout - t0)
+        metrics["update_tokens_per_s"] = float(batch.attention_mask.sum()) / max(1e-9, t_update - t_reward)
+        if self.log is not None:
+            self.log.write(self.step_no, metrics)
+            if c.trainer.save_rollouts:
+                self.log.write_rollouts(self.step_no, rollout.trajectories, rewards, rollout.group_ids)
+        # 10. checkpoint
         if c.trainer.save_every and self.step_no % c.trainer.save_every == 0:
             self.save()
+        # 11. periodic validation through the eval path, into this run's folder
         if self.validate is not None and c.trainer.eval_every and self.step_no % c.trainer.eval_every == 0:
-            val = self.validate(self.step_no)
-            self.log.write(self.step_no, {f"val/{k}": v for k, v in val.items() if isinstance(v, int | float)})
+            self.run_validation()
         return metrics
 
+    # ---- the pieces --------------------------------------------------------------------------
     @property
     def pad_id(self) -> int:
         tok = self.tokenizer
         return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
-    # ---- the update ------------------------------------------------------------------------
-    def _logprobs(self, model: Any, batch: Batch, rows: slice, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.set_grad_enabled(grad):
-            out = model(input_ids=batch.input_ids[rows], attention_mask=batch.attention_mask[rows])
-            logits = out.logits[:, :-1]  # [b, T, V]: position t predicts target t
-            return token_logprobs(logits, batch.targets[rows]), logits
+    def _logprobs(self, model: Any, batch: Batch, rows: slice, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs of the targets in the window, and the logits.  → [b, W], [b, w, V] (w ≤ W)
 
-    def advantages(
-        self,
-        batch: Batch,
-        trajs: list,
-        old_logp: torch.Tensor,
-        ref_logp: torch.Tensor | None,
-        values: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        a, m = self.cfg.algo, batch.mask
+        Two savings, both exact: the micro-batch is cut to its own longest row (the batch is
+        padded to the longest row of the whole step), and only positions from ``offset`` on get
+        logits (``logits_to_keep``): prompt positions never carry loss, and the vocabulary
+        projection is the costliest layer of a small model. Log-probs are zero-padded back to W
+        (those positions are padding, mask 0); the logits stay unpadded (entropy reads ``w``).
+        """
+        L, W = batch.input_ids.shape[1], batch.targets.shape[1] - offset
+        Lm = min(L, max(int(batch.attention_mask[rows].sum(1).max()), offset + 2))  # this micro-batch's length
+        out = model(
+            input_ids=batch.input_ids[rows, :Lm],
+            attention_mask=batch.attention_mask[rows, :Lm],
+            logits_to_keep=Lm - offset,
+        )
+        logits = out.logits[:, :-1]  # [b, w, V]: position offset + i predicts target offset + i, w = Lm − 1 − offset
+        logp = token_logprobs(logits, batch.targets[rows, offset : Lm - 1])  # [b, w]
+        return torch.nn.functional.pad(logp, (0, W - logp.shape[1])), logits
+
+    def _slices(self, batch: Batch) -> list[slice]:
+        B, mb = batch.input_ids.shape[0], self.cfg.optim.micro_batch_size
+        return [slice(i, min(i + mb, B)) for i in range(0, B, mb)]
+
+    @torch.no_grad()
+    def forward(self, batch: Batch) -> Forward:
+        """Everything the advantages and losses need from models other than the training forward."""
+        a = self.cfg.algo
+        offset = max(0, int(batch.response_start.min()) - 1)
+        slices = self._slices(batch)
+
+        def cat(fn: Callable[[slice], torch.Tensor]) -> torch.Tensor:
+            return torch.cat([fn(s) for s in slices])
+
+        ref = cat(lambda s: self._logprobs(self.ref, batch, s, offset)[0]) if self.ref is not None else None
+        values = None
+        if self.critic is not None:
+            values = cat(lambda s: self.critic(batch.input_ids[s], batch.attention_mask[s])[:, offset:-1])
+        # The training forward of the first epoch runs before the optimizer steps, so it yields the
+        # old log-probs for free; a separate pass is needed only when advantages depend on them.
+        old = None
+        if ref is not None and a.kl_in_reward:
+            old = cat(lambda s: self._logprobs(self.policy, batch, s, offset)[0])
+        return Forward(offset, ref, values, old)
+
+    def advantages(self, batch: Batch, trajs: list, fwd: Forward) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token advantages [B, W] (and returns [B, W] for PPO's critic)."""
+        a, m = self.cfg.algo, batch.mask[:, fwd.offset :]  # [B, W]
         if a.advantage == "grpo":
             return grpo(batch.rewards, batch.group_ids, m, norm_by_std=a.norm_by_std), None
         if a.advantage == "reinforce_pp":
             return reinforce_pp(batch.rewards, batch.group_ids, m, a.gamma), None
         if a.advantage == "dual_granularity":
-            steps = torch.zeros_like(m)  # [B, T]
-            scorer = RuleStepScorer()
-            for i, t in enumerate(trajs):
-                for (s, e), score in zip(batch.step_spans[i], scorer.score_steps(t, batch.step_spans[i]), strict=True):
-                    steps[i, s:e] = score
+            steps = step_score_tensor(trajs, RuleStepScorer(), batch.mask.shape[1])[:, fwd.offset :]  # [B, W]
             return dual_granularity(batch.rewards, steps, batch.group_ids, m, a.dual_beta), None
-        # gae: the outcome reward on the last model token; KL folded into token rewards (PPO).
-        token_r = torch.zeros_like(m)  # [B, T]
-        last = (m * torch.arange(m.shape[1])[None, :]).argmax(dim=1)  # [B]
-        token_r[torch.arange(m.shape[0]), last] = batch.rewards
-        if ref_logp is not None and a.kl_in_reward:
-            token_r = losses.kl_in_reward(token_r, old_logp, ref_logp, a.kl_coef, "k1") * m
-        return gae(token_r, values, m, a.gamma, a.lam)
+        token_r = outcome_to_tokens(batch.rewards, m)  # [B, W] outcome on the last model token
+        if fwd.ref_logp is not None and a.kl_in_reward:  # PPO: KL (k1) folded into the token rewards
+            token_r = losses.kl_in_reward(token_r, fwd.old_logp, fwd.ref_logp, a.kl_coef, "k1") * m
+        return gae(token_r, fwd.values, m, a.gamma, a.lam)
 
-    def update(self, batch: Batch, trajs: list) -> dict[str, float]:
-        a, o = self.cfg.algo, self.cfg.optim
-        B, mb = batch.input_ids.shape[0], o.micro_batch_size
-        slices = [slice(i, min(i + mb, B)) for i in range(0, B, mb)]
-        with torch.no_grad():  # the policy that produced the rollouts (its own forward, not the backend's)
-            old_logp = torch.cat([self._logprobs(self.policy, batch, s, False)[0] for s in slices])  # [B, T]
-            ref_logp = torch.cat([self._logprobs(self.ref, batch, s, False)[0] for s in slices]) if self.ref else None
-            values = (
-                torch.cat([self.critic(batch.input_ids[s], batch.attention_mask[s])[:, :-1] for s in slices])
-                if self.critic
-                else None
-            )
-        adv, returns = self.advantages(batch, trajs, old_logp, ref_logp, values)
-        global_tokens = float(batch.mask.sum())
-        gas = self.policy.gradient_accumulation_steps()
+    def update(self, batch: Batch, fwd: Forward, adv: torch.Tensor, returns: torch.Tensor | None) -> dict[str, float]:
+        """``update_epochs`` passes over the micro-batches; one DeepSpeed optimizer step per pass."""
+        a, o = self.cfg.algo, fwd.offset
+        mask = batch.mask[:, o:]  # [B, W]
+        old = fwd.old_logp.clone() if fwd.old_logp is not None else torch.zeros_like(mask)  # [B, W]
+        have_old = fwd.old_logp is not None
+        global_tokens, gas = float(mask.sum()), self.policy.gradient_accumulation_steps()
         acc: dict[str, list[float]] = {}
-        for _ in range(a.update_epochs):
-            for s in slices:
-                logp, logits = self._logprobs(self.policy, batch, s, True)
-                mask = batch.mask[s]
+        for _epoch in range(a.update_epochs):
+            for s in self._slices(batch):
+                logp, logits = self._logprobs(self.policy, batch, s, o)  # [b, W], [b, w, V]
+                ent_mask = mask[s, : logits.shape[1]]  # [b, w]: the rows end within w
+                if not have_old:
+                    old[s] = logp.detach()  # pre-update: the optimizer steps only after the last micro-batch
                 loss, st = losses.policy_loss(
-                    logp, old_logp[s], adv[s], mask, a.clip_low, a.clip_high, a.loss_agg, global_tokens, a.max_len
+                    logp, old[s], adv[s], mask[s], a.clip_low, a.clip_high, a.loss_agg, global_tokens, a.max_len
                 )
                 if a.loss_agg == "dapo":
-                    loss = loss * gas  # DeepSpeed divides by the accumulation steps; dapo normalises globally
-                if ref_logp is not None and not a.kl_in_reward:
-                    kl = losses.aggregate(losses.kl_penalty(logp, ref_logp[s], a.kl_estimator), mask, "token_mean")
-                    loss = loss + a.kl_coef * kl
-                    st["kl"] = float(kl)
-                ent = losses.aggregate(losses.entropy_from_logits(logits.detach()), mask, "token_mean")
+                    loss = loss * gas  # DeepSpeed divides by the accumulation steps; dapo already normalises
+                if fwd.ref_logp is not None and not a.kl_in_reward:
+                    kl = losses.aggregate(losses.kl_penalty(logp, fwd.ref_logp[s], a.kl_estimator), mask[s])
+                    loss, st["kl"] = loss + a.kl_coef * kl, float(kl)
                 if a.entropy_coef:
-                    loss = loss - a.entropy_coef * losses.aggregate(losses.entropy_from_logits(logits), mask)
+                    loss = loss - a.entropy_coef * losses.aggregate(losses.entropy_from_logits(logits), ent_mask)
+                with torch.no_grad():
+                    st["entropy"] = float(losses.aggregate(losses.entropy_from_logits(logits), ent_mask))
+                    if batch.has_rollout_logprobs:  # the backend's logprobs vs the policy's: sync health
+                        diff = (logp.detach() - batch.rollout_logprobs[s, o:]).abs()  # [b, W]
+                        st["rollout_logprob_diff"] = float(losses.aggregate(diff, mask[s]))
                 self.policy.backward(loss)
-                if self.policy.is_gradient_accumulation_boundary():
-                    acc.setdefault("grad_norm", []).append(self._grad_norm())
-                self.policy.step()
+                gn = optimizer_step(self.policy)
+                if gn is not None:
+                    st["grad_norm"] = gn
                 if self.critic is not None:
-                    v = self.critic(batch.input_ids[s], batch.attention_mask[s])[:, :-1]
-                    vloss, vst = losses.value_loss(v, values[s], returns[s], mask, a.vf_clip)
-                    self.critic.backward(a.vf_coef * vloss)
-                    self.critic.step()
-                    st.update(vst, value_loss=float(vloss))
-                for k, val in {**st, "loss": loss.item(), "entropy": ent.item()}.items():
-                    acc.setdefault(k, []).append(val)
+                    st.update(self._critic_step(batch, s, fwd, returns, mask))
+                for k, v in {**st, "loss": float(loss.detach())}.items():
+                    acc.setdefault(k, []).append(v)
+            have_old = True
         out = {k: float(np.mean(v)) for k, v in acc.items()}
         out["lr"] = float(self.policy.get_lr()[0])
         return out
 
-    def _grad_norm(self) -> float:
-        """Global L2 norm of the accumulated gradients, before clipping."""
-        gn = self.policy.get_global_grad_norm()  # ZeRO stages report it; stage 0 may not yet
-        if gn is not None:
-            return float(gn)
-        grads = [p.grad.detach().float().norm() for p in self.policy.module.parameters() if p.grad is not None]
-        return float(torch.norm(torch.stack(grads))) if grads else 0.0
+    def _critic_step(self, batch: Batch, s: slice, fwd: Forward, returns: torch.Tensor, mask: torch.Tensor) -> dict:
+        """One micro-batch of PPO's clipped value loss."""
+        v = self.critic(batch.input_ids[s], batch.attention_mask[s])[:, fwd.offset : -1]  # [b, W]
+        vloss, st = losses.value_loss(v, fwd.values[s], returns[s], mask[s], self.cfg.algo.vf_clip)
+        self.critic.backward(self.cfg.algo.vf_coef * vloss)
+        optimizer_step(self.critic)
+        return {**st, "value_loss": float(vloss.detach())}
 
-    # ---- bookkeeping -----------------------------------------------------------------------
-    def rollout_metrics(self, trajs: list, rewards: list[float], scored: list) -> dict[str, float]:
-        from benchmarks.metrics import exact_match, f1_score
-        from pipelines.dialects import get_dialect
-
-        dialect = get_dialect(self.cfg.rollout.method)
-        return {
-            "reward/mean": float(np.mean(rewards)),
-            "reward/std": float(np.std(rewards)),
-            "em": float(np.mean([exact_match(t.prediction, t.answers) if t.prediction else 0.0 for t in trajs])),
-            "f1": float(np.mean([f1_score(t.prediction, t.answers) if t.prediction else 0.0 for t in trajs])),
-            "format_valid": float(np.mean([dialect.validate_format(t.response_text)[0] for t in trajs])),
-            "searches": float(np.mean([len(t.searches) for t in trajs])),
-            "response_tokens": float(np.mean([t.generated_tokens for t in trajs])),
-            "errors": float(sum(1 for t in trajs if t.error)),
-        }
-
-    def _sync(self) -> None:
+    # ---- sync, checkpoints, validation ------------------------------------------------------
+    def sync(self) -> None:
+        """Push the policy's full weights into the rollout backend, tagged with ``step_no``."""
         sync_weights(
             self.backend,
-            policy_state_dict(self.policy),
+            full_state_dict(self.policy),
             self.step_no,
             scratch=self.out / "sync",
             tokenizer=self.tokenizer,
-            model_config=self.policy.module.config,
+            model_config=unwrap(self.policy).config,
         )
 
     def save(self) -> Path:
+        """A checkpoint of this step (atomic); keeps the newest ``trainer.keep_checkpoints``."""
         state = {"sampler": self.sampler.state(), "policy_version": self.step_no}
-        return save_checkpoint(self.out / "checkpoints", self.step_no, self.policy, state, self.critic)
+        path = save_checkpoint(self.out / "checkpoints", self.step_no, self.policy, state, self.critic)
+        keep = self.cfg.trainer.keep_checkpoints
+        if keep and self.rank == 0:
+            import shutil
+
+            done = sorted((int(p.name.split("-")[1]), p) for p in path.parent.glob("step-*") if p.is_dir())
+            for _, old in done[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        return path
 
     def resume(self, run_dir: Path) -> None:
-        ckpt = latest_checkpoint(run_dir / "checkpoints")
+        """Continue from the newest checkpoint: weights, optimizer, scheduler, RNG, data position, step."""
+        ckpt = latest_checkpoint(Path(run_dir) / "checkpoints")
         if ckpt is None:
-            raise FileNotFoundError(f"no checkpoint under {run_dir / 'checkpoints'}")
+            raise FileNotFoundError(f"no checkpoint under {Path(run_dir) / 'checkpoints'}")
         state = load_checkpoint(ckpt, self.policy, self.critic)
         self.step_no = state["step"]
         self.sampler.load(state["sampler"])
-        self._sync()
+        self.sync()
         logger.info("resumed from %s at step %d", ckpt, self.step_no)
 
-    def train(self) -> Path:
-        from rich.progress import Progress
+    def run_validation(self) -> dict:
+        """The injected eval-path validation; its metrics are logged as ``val/...``."""
+        val = self.validate(self.step_no) if self.rank == 0 else {}
+        if self.log is not None:
+            self.log.write(self.step_no, {f"val/{k}": float(v) for k, v in val.items() if isinstance(v, int | float)})
+        return val
 
-        with Progress(transient=True) as progress:
-            task = progress.add_task("training", total=self.cfg.trainer.max_steps, completed=self.step_no)
-            while self.step_no < self.cfg.trainer.max_steps:
-                m = self.step()
-                progress.update(task, advance=1, description=f"step {self.step_no} reward {m['reward/mean']:.3f}")
-        if self.cfg.trainer.save_every and self.step_no % self.cfg.trainer.save_every:
-            self.save()
-        return export_hf(self.policy, self.tokenizer, self.out / "final")
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

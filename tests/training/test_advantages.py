@@ -126,9 +126,7 @@ def test_rule_step_scorer_and_its_tensor():
             Segment("model", [8], "<answer>Paris</answer>"),
         ],
         searches=[
-            SearchRecord(
-                0, "capital of france", ["1"], [1.0], 0.0, docs=[Doc("1", "F", "Paris is the capital")]
-            )
+            SearchRecord(0, "capital of france", ["1"], [1.0], 0.0, docs=[Doc("1", "F", "Paris is the capital")])
         ],
         finish_reason="answer",
     )

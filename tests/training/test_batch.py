@@ -51,9 +51,7 @@ def test_missing_logprobs_are_flagged():
 
 
 def test_group_ids_are_prompt_indices():
-    a1, b1, a2, b2 = (
-        multi_turn(e, p, [3], [4], [5]) for e, p in [("a", [1]), ("b", [2]), ("a", [1]), ("b", [2])]
-    )
+    a1, b1, a2, b2 = (multi_turn(e, p, [3], [4], [5]) for e, p in [("a", [1]), ("b", [2]), ("a", [1]), ("b", [2])])
     assert prompt_group_ids([a1, a2, b1, b2]) == [0, 0, 1, 1]
     assert prompt_group_ids([a1, b1, a2, b2]) == [0, 1, 0, 1]  # interleaved samples still share
     assert collate([a1, b1, a2]).group_ids.tolist() == [0, 1, 0]

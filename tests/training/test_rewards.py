@@ -33,9 +33,7 @@ class FakeDialect:
 FAKE = FakeDialect()
 
 
-def traj(
-    response, prediction="", answers=("Paris",), finish="answer", dialect="search_r1", searches=(), segs=()
-):
+def traj(response, prediction="", answers=("Paris",), finish="answer", dialect="search_r1", searches=(), segs=()):
     return Trajectory(
         example_id="q",
         question="q",
@@ -105,9 +103,7 @@ def test_search_r1_format_every_branch():
     with_ret = SearchR1Format(retrieval_score=0.1, validator=FAKE)
     assert with_ret(traj("A: Lyon END", searches=[HIT]))[0] == pytest.approx(0.3)  # .2 + .1
     assert with_ret(traj("A: Lyon END", searches=[MISS]))[0] == pytest.approx(0.2)
-    assert with_ret(traj("A: Lyon", searches=[HIT]))[0] == pytest.approx(
-        0.1
-    )  # retrieval only counts if valid
+    assert with_ret(traj("A: Lyon", searches=[HIT]))[0] == pytest.approx(0.1)  # retrieval only counts if valid
 
 
 def test_retrieval_hit_reads_observation_segments():

@@ -1,7 +1,15 @@
-"""Two processes, ZeRO-2, gloo on CPU: both ranks end with identical parameters."""
+"""Two processes, ZeRO-2, gloo on CPU: the real trainer (rollouts through the agent, GRPO update,
+weight sync, checkpoint, export) under ``torch.distributed.run`` ends with identical parameters
+on both ranks, although each rank rolled out different prompts.
+
+Run as a script by the test (``python -m torch.distributed.run ... this_file OUT``): each rank
+trains and writes a hash of its final parameters and the prompts it saw.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import socket
 import subprocess
@@ -12,6 +20,23 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
+RECIPE = """
+name: zero2
+papers: "test"
+model:
+  tiny: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
+data: {dataset: demo, split: test, limit: 8}
+rollout:
+  method: search_r1
+  n_samples: 2
+  prompts_per_step: 2
+  agent: {max_turns: 1, max_new_tokens: 24, max_total_tokens: 300, chat: false, max_doc_tokens: 24}
+retriever: {kind: memory}
+algo: {advantage: grpo, reward: zero2_letter_a}
+optim: {lr: 1.0e-2, micro_batch_size: 1, zero_stage: 2}
+trainer: {max_steps: 2, save_every: 2, tensorboard: false, progress: false}
+"""
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -21,22 +46,56 @@ def free_port() -> int:
 
 @pytest.mark.slow
 def test_zero2_two_ranks_identical(tmp_path):
+    (tmp_path / "recipe.yaml").write_text(RECIPE)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env.update(DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        str(REPO / "tests" / "training" / "zero2_worker.py"),
-        str(tmp_path),
-    ]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+    cmd += ["--master_port", str(free_port()), __file__, str(tmp_path)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    r0, r1 = (tmp_path / "rank0.txt").read_text(), (tmp_path / "rank1.txt").read_text()
-    assert r0 == r1
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["params"] == r1["params"]  # data-parallel training leaves the ranks identical
+    assert r0["changed"] and r1["changed"]
+    assert r0["prompts"] != r1["prompts"]  # ...although each rank rolled out its own prompts
+    ckpt = tmp_path / "run" / "checkpoints" / "step-2"
+    assert {"model_optim_rank0.pt", "model_optim_rank1.pt", "model.safetensors"} <= {p.name for p in ckpt.iterdir()}
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+
+
+def _worker(out: str) -> None:
+    import torch
+
+    from harness.cli.train_cmd import build_trainer
+    from harness.config import compose
+    from training.config import TrainConfig
+    from training.rewards import REWARDS
+
+    class LetterA:  # random tiny models never answer; a reward that varies on their text
+        def __call__(self, traj):
+            return float("a" in traj.response_text), {}
+
+    REWARDS.register("zero2_letter_a", LetterA)
+    rank = int(os.environ["RANK"])
+    cfg = compose(TrainConfig, [Path(out) / "recipe.yaml"], [])
+    trainer = build_trainer(cfg, Path(out) / "run")  # same seed: same initial weights on every rank
+    start = torch.cat([p.detach().flatten() for p in trainer.policy.module.parameters()]).clone()
+    prompts = []
+    original = trainer.agent.arun
+
+    async def spy(example, **kw):  # record which prompts this rank rolls out
+        prompts.append(example.id)
+        return await original(example, **kw)
+
+    trainer.agent.arun = spy
+    trainer.train()
+    flat = torch.cat([p.detach().float().flatten() for p in trainer.policy.module.parameters()])
+    record = {
+        "params": hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
+        "changed": not torch.equal(flat, start.float()),
+        "prompts": prompts,
+    }
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1])

@@ -1,0 +1,71 @@
+"""``harness train`` with ``rollout.launch=true``: SGLang is started for the run, rollouts come
+from it, every update reaches it through ``/update_weights_from_disk`` (the rollouts of step N
+report the weights of step N-1), and it is stopped when training ends."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.engines import engine_dir, engine_ready
+from tests.engines import checks
+
+pytestmark = [pytest.mark.engines, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT.parent / "shared" / "data"
+
+
+def test_two_steps_with_a_launched_sglang(tmp_path):
+    if not engine_ready("sglang"):
+        pytest.skip(f"no sglang venv under {engine_dir()}: run make engines")
+    if not (DATA / "hotpotqa" / "train100.jsonl").is_file():
+        pytest.skip(f"no HotpotQA train100 under {DATA}")
+    from harness.cli.main import app
+
+    run = tmp_path / "run"
+    args = [
+        "train",
+        "-c",
+        str(ROOT / "configs" / "train" / "smollm2_cpu_grpo.yaml"),
+        "--data-dir",
+        str(DATA),
+        "--out",
+        str(run),
+        "rollout.backend=sglang",
+        "rollout.launch=true",
+        "rollout.engine.device=cpu",
+        'rollout.engine.args=["--dtype","float32","--max-total-tokens","32768"]',
+        "rollout.prompts_per_step=2",
+        "rollout.n_samples=2",
+        "rollout.agent.max_new_tokens=16",
+        "data.val_split=null",
+        "trainer.max_steps=2",
+        "trainer.save_every=0",
+        "trainer.progress=false",
+        "trainer.tensorboard=false",
+    ]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "sglang up at http://127.0.0.1:" in res.output
+    rollouts = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    versions = {
+        r["step"]: {
+            v for r2 in rollouts if r2["step"] == r["step"] for v in r2["trajectory"]["metadata"]["weight_versions"]
+        }
+        for r in rollouts
+    }
+    assert versions == {1: {"0"}, 2: {"1"}}, versions  # served by the synced weights, never stale
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "loss" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    # The engine's sampling logprobs against the trainer's recomputation of the same tokens.
+    print("rollout_logprob_diff per step:", [f"{m['rollout_logprob_diff']:.2e}" for m in steps])
+    assert all(m["rollout_logprob_diff"] < 0.05 for m in steps)
+    logs = list(run.glob("sglang-*.log"))
+    assert logs and "update_weights_from_disk" in logs[0].read_text()
+    port = logs[0].stem.split("-")[1]
+    assert not checks.processes_with(f"--port {port}"), "engine left running after training"

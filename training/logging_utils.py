@@ -1,0 +1,129 @@
+"""Training logs: per-step metrics to JSONL, TensorBoard and W&B; per-sample rollouts; a progress bar.
+
+- ``metrics.jsonl``: one record per step (and one per validation), flushed as written, schema
+  versioned, so a crashed run still has every finished step.
+- ``tensorboard/``: the same scalars (``torch.utils.tensorboard``), when tensorboard is installed.
+- W&B: when ``trainer.wandb_project`` is set and ``wandb`` is installed (never a hard dependency).
+- ``rollouts.jsonl``: every rollout trajectory with its reward and step (per-sample records
+  first, aggregation later: the run can be re-scored without re-running).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+
+class MetricsLog:
+    """Per-step scalars to ``metrics.jsonl`` (flushed per record), TensorBoard and W&B."""
+
+    def __init__(
+        self, out: Path, tensorboard: bool = True, wandb_project: str | None = None, config: dict | None = None
+    ):
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out / "metrics.jsonl"
+        self.rollouts_path = out / "rollouts.jsonl"
+        self.tb: Any = None
+        self.wandb: Any = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(out / "tensorboard"))
+            except ImportError:
+                logger.warning("tensorboard is not installed (pip install tensorboard); metrics go to JSONL only")
+        if wandb_project:
+            try:
+                import wandb
+
+                self.wandb = wandb.init(project=wandb_project, config=config or {}, dir=str(out), resume="allow")
+            except ImportError:
+                logger.warning("wandb is not installed (pip install wandb); not logging to W&B")
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        """One record: JSONL first (the source of truth), then the dashboards."""
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"schema": SCHEMA_VERSION, "step": step, **metrics}) + "\n")
+        if self.tb is not None:
+            for k, v in metrics.items():
+                self.tb.add_scalar(k, v, step)
+            self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+
+    def write_rollouts(self, step: int, trajectories: list[Any], rewards: list[float], group_ids: list[int]) -> None:
+        """Every trajectory of a step, with its reward and group, appended to ``rollouts.jsonl``."""
+        with open(self.rollouts_path, "a", encoding="utf-8") as f:
+            for t, r, g in zip(trajectories, rewards, group_ids, strict=True):
+                record = {"step": step, "reward": r, "group": g, "trajectory": t.to_dict()}
+                f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def rollout_metrics(
+    trajectories: list[Any], rewards: list[float], parts: list[dict[str, float]], dialect: str
+) -> dict[str, float]:
+    """What the rollouts of a step did: reward, EM/F1, format validity, searches, lengths.
+
+    EM/F1 score the agent's prediction (the same extraction ``harness eval`` scores), whatever
+    the training reward is, so runs with different rewards stay comparable.
+    """
+    from benchmarks.metrics import exact_match, f1_score
+    from pipelines.dialects import get_dialect
+
+    d = get_dialect(dialect)
+    out = {
+        "reward/mean": float(np.mean(rewards)),
+        "reward/std": float(np.std(rewards)),
+        "em": float(np.mean([exact_match(t.prediction, t.answers) if t.prediction else 0.0 for t in trajectories])),
+        "f1": float(np.mean([f1_score(t.prediction, t.answers) if t.prediction else 0.0 for t in trajectories])),
+        "format_valid": float(np.mean([bool(d.validate_format(t.response_text)[0]) for t in trajectories])),
+        "searches": float(np.mean([len(t.searches) for t in trajectories])),
+        "response_tokens": float(np.mean([t.generated_tokens for t in trajectories])),
+        "errors": float(sum(1 for t in trajectories if t.error)),
+    }
+    for key in sorted({k for p in parts for k in p}):  # the reward's own components
+        out[f"reward/{key}"] = float(np.mean([p.get(key, 0.0) for p in parts]))
+    return out
+
+
+class ProgressBar:
+    """A rich progress bar over training steps (transient; the JSONL log is the record)."""
+
+    def __init__(self, total: int, completed: int = 0, enabled: bool = True) -> None:
+        self.total, self.completed, self.enabled = total, completed, enabled
+        self._progress: Any = None
+
+    def __enter__(self) -> ProgressBar:
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
+            )
+            self._progress.start()
+            self._task = self._progress.add_task("training", total=self.total, completed=self.completed)
+        return self
+
+    def update(self, step: int, metrics: dict[str, float]) -> None:
+        desc = f"step {step} reward {metrics.get('reward/mean', 0.0):.3f} loss {metrics.get('loss', 0.0):.4f}"
+        logger.info("%s (%.1fs)", desc, metrics.get("time/step_s", 0.0))
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, description=desc)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._progress is not None:
+            self._progress.stop()
