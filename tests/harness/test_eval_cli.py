@@ -104,10 +104,13 @@ def _cli(*args: str) -> list[str]:
 @pytest.mark.slow
 def test_interrupted_run_resumes_with_identical_results(tmp_path, demo_examples):
     n = 8
-    script = write_script(tmp_path / "s.jsonl", demo_examples, n_right=4, delay=0.15)
+    # The same answers; only the interrupted run is slowed down (0.4 s a turn, ~3 s in all), so
+    # the interrupt lands mid-run even when a loaded machine is slow to deliver it.
+    fast = write_script(tmp_path / "fast.jsonl", demo_examples, n_right=4)
+    script = write_script(tmp_path / "s.jsonl", demo_examples, n_right=4, delay=0.4)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # Uninterrupted reference run.
-    ref = subprocess.run(_cli(*eval_args(script, tmp_path / "ref", "--limit", str(n))), env=env, capture_output=True)
+    ref = subprocess.run(_cli(*eval_args(fast, tmp_path / "ref", "--limit", str(n))), env=env, capture_output=True)
     assert ref.returncode == 0, ref.stderr.decode()[-2000:]
 
     # Interrupted run: SIGINT once a few items are on disk, then the same command again.
