@@ -117,7 +117,15 @@ def test_interrupted_run_resumes_with_identical_results(tmp_path, demo_examples)
     out = tmp_path / "int"
     traj_file = out / "research-demo-default" / "trajectories.jsonl"
     args = [*eval_args(script, out, "--limit", str(n)), "agent.max_concurrency=2"]
-    proc = subprocess.Popen(_cli(*args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # SIG_DFL first: a CI started as a background job inherits an ignored SIGINT, and Python then
+    # installs no KeyboardInterrupt handler.
+    proc = subprocess.Popen(
+        _cli(*args),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.time() + 60
     while time.time() < deadline:
         if traj_file.exists() and len(traj_file.read_text().splitlines()) >= 2:
