@@ -1,7 +1,7 @@
-"""Checks shared by the SGLang and vLLM modules: each takes a backend talking to a real server.
+"""What the engine tier checks, on a backend talking to a real server, and how it starts one.
 
 Parity with the in-process ``hf`` backend is checked under greedy decoding, both sides in
-float32 (see ``conftest``). Even so, the engines' CPU kernels (fused attention, different
+float32 (``ENGINE_ARGS``). Even so, the engines' CPU kernels (fused attention, different
 matmul blocking) sum in another order than eager PyTorch, so two candidates whose logits tie
 to ~1e-6 can swap and the continuations part from there. The tolerance is therefore stated
 on what such a flip does and does not explain: every prompt must agree on its first
@@ -13,13 +13,37 @@ reported, an off-by-one in the prompt) breaks every prompt, not one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 from harness.backends.base import Completion, SamplingParams
+from harness.engines import EngineConfig, EngineProcess, engine_dir, engine_ready, launched
+
+# float32 on both engines (their "auto" turns a float32 checkpoint into float16). SGLang on CPU
+# otherwise sizes its KV pool from free RAM (~15 GB here); 32k tokens (1.5 GB) is plenty. vLLM
+# reserves this share of RAM.
+ENGINE_ARGS = {
+    "sglang": ["--dtype", "float32", "--max-total-tokens", "32768"],
+    "vllm": ["--dtype", "float32", "--gpu-memory-utilization", "0.3"],
+}
 
 PARITY_PREFIX = 8
 PARITY_MIN_EXACT = 0.75
 N_PARITY_PROMPTS = 8
+
+
+@contextlib.contextmanager
+def serve(engine: str, model_dir: str, log_dir: Path) -> Iterator[EngineProcess]:
+    """A real ``engine`` serving ``model_dir`` for the block (the test skips if its venv is missing)."""
+    if not engine_ready(engine):  # type: ignore[arg-type]
+        pytest.skip(f"no {engine} venv under {engine_dir()}: run scripts/build_engine_venvs.sh (make test-engines)")
+    cfg = EngineConfig(device="cpu", args=ENGINE_ARGS[engine], health_timeout=900.0)
+    with launched(engine, model_dir, cfg, log_dir=log_dir) as proc:  # type: ignore[arg-type]
+        yield proc
 
 
 def run(coro):

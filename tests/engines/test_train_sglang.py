@@ -38,7 +38,7 @@ def test_two_steps_with_a_launched_sglang(tmp_path):
         "rollout.backend=sglang",
         "rollout.launch=true",
         "rollout.engine.device=cpu",
-        'rollout.engine.args=["--dtype","float32","--max-total-tokens","32768"]',
+        "rollout.engine.args=" + json.dumps(checks.ENGINE_ARGS["sglang"]),
         "rollout.prompts_per_step=2",
         "rollout.n_samples=2",
         "rollout.agent.max_new_tokens=16",

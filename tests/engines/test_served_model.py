@@ -1,5 +1,6 @@
-"""Real SGLang (CPU, float32) through the ``sglang`` backend: the agent, stop semantics, logprobs,
-``n``, greedy parity with ``hf``, and RL weight sync through ``/update_weights_from_disk``."""
+"""Real SGLang (through the ``sglang`` backend) and real vLLM (through ``openai``), CPU, float32:
+the agent, stop semantics, logprobs, ``n``, greedy parity with ``hf``, and, for SGLang, RL weight
+sync through ``/update_weights_from_disk``. Each engine is started once for all its tests."""
 
 from __future__ import annotations
 
@@ -10,19 +11,25 @@ from tests.engines import checks
 pytestmark = [pytest.mark.engines, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def backend(sglang_server, model_dir):
-    from harness.backends.sglang import SGLangBackend
+@pytest.fixture(scope="module", params=["sglang", "vllm"])
+def backend(request, model_dir, tmp_path_factory):
+    """One engine at a time: its server lives while its tests run, then stops before the next."""
+    with checks.serve(request.param, model_dir, tmp_path_factory.mktemp(f"{request.param}-logs")) as server:
+        if request.param == "sglang":
+            from harness.backends.sglang import SGLangBackend
 
-    b = SGLangBackend(sglang_server.url)
-    assert b.model_path == model_dir  # the tokenizer came from what the server reports on /model_info
-    yield b
-    b.close()
+            b = SGLangBackend(server.url)
+            assert b.model_path == model_dir  # the tokenizer came from what the server reports on /model_info
+        else:
+            from harness.backends.openai import OpenAIBackend
+
+            b = OpenAIBackend(server.url, model=model_dir)
+        yield b
+        b.close()
 
 
 def test_agent_runs_on_demo(backend):
-    trajs = checks.check_agent_on_demo(backend)
-    assert all(t.metadata.get("backend", "sglang") == "sglang" for t in trajs)
+    checks.check_agent_on_demo(backend)
 
 
 def test_length_finish(backend):
@@ -52,6 +59,8 @@ def test_greedy_parity_with_hf(backend, hf_backend):
 def test_weight_sync_changes_outputs_and_version(backend, model_dir, tmp_path):
     """training.weight_sync pushes a changed checkpoint: outputs and weight version change;
     pushing the original weights back restores the original outputs exactly."""
+    if backend.name != "sglang":
+        pytest.skip("weight sync goes into SGLang only; vLLM serves evaluation")
     import torch
     from transformers import AutoModelForCausalLM
 
