@@ -46,6 +46,29 @@ class HTTPBackendBase(BackendBase):
         # asyncio primitives belong to one event loop; FlashRAG's sync calls run their own loops.
         self._per_loop: dict[int, tuple[httpx.AsyncClient, asyncio.Semaphore]] = {}
 
+    def load_tokenizer(self, model: str | None, tokenizer: Any = None) -> Any:
+        """The tokenizer of the served model: ``tokenizer`` if given, else loaded from ``model`` (a
+        name, local directory or hub id; default the embedded model), recording ``model_path``."""
+        self.model_path: str | None = None
+        if tokenizer is not None:
+            return tokenizer
+        from harness.models import load_tokenizer, resolve_model
+
+        try:
+            self.model_path = resolve_model(model or "smollm2-135m-instruct")
+            return load_tokenizer(self.model_path)
+        except OSError as e:
+            raise BackendError(
+                f"cannot load the tokenizer {model!r} for the server at {self.urls[0]} ({e}); "
+                "pass model=<a local model directory or hub id> matching the served model"
+            ) from e
+
+    @staticmethod
+    def context_limit(tokenizer: Any, max_context: int | None) -> int:
+        """``max_context``, else the tokenizer's limit (tokenizers without one report a huge sentinel)."""
+        limit = max_context or getattr(tokenizer, "model_max_length", None) or 32768
+        return 32768 if limit > 1 << 20 else int(limit)
+
     def _client(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
         key = id(asyncio.get_running_loop())
         if key not in self._per_loop:

@@ -55,18 +55,10 @@ class OpenAIBackend(HTTPBackendBase):
         super().__init__(urls, max_concurrency, timeout, retries, backoff, headers=headers)
         if health_check:
             self.check_health("/v1/models", hint="Start an OpenAI-compatible server (vLLM, SGLang, llama.cpp).")
-        self.model_path = None
-        if tokenizer is None:
-            from transformers import AutoTokenizer
-
-            from harness.models import resolve_model
-
-            self.model_path = resolve_model(model or "smollm2-135m-instruct")
-            tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.tokenizer = tokenizer
+        self.tokenizer = self.load_tokenizer(model, tokenizer)
         # The name the server knows the model by (defaults to what it lists first).
         self.served_model = served_model or (self._first_model() if health_check else None) or model or "default"
-        self.max_context = max_context or 32768
+        self.max_context = self.context_limit(self.tokenizer, max_context)
 
     def _first_model(self) -> str | None:
         import httpx

@@ -55,24 +55,10 @@ class SGLangBackend(HTTPBackendBase):
                 hint="Start one with `python -m sglang.launch_server --model-path M --port N` "
                 "or `harness serve model --engine sglang`.",
             )
-        self.model_path = None
-        if model is None and health_check:
+        if model is None and health_check and tokenizer is None:
             model = self._server_model()
-        if tokenizer is None:
-            from harness.models import load_tokenizer, resolve_model
-
-            try:
-                self.model_path = resolve_model(model or "smollm2-135m-instruct")
-                tokenizer = load_tokenizer(self.model_path)
-            except OSError as e:
-                raise BackendError(
-                    f"cannot load the tokenizer {model!r} for the sglang server at {self.urls[0]} ({e}); "
-                    "pass model=<a local model directory or hub id> matching the served model"
-                ) from e
-        self.tokenizer = tokenizer
-        self.max_context = max_context or getattr(tokenizer, "model_max_length", 32768)
-        if self.max_context > 1 << 20:  # tokenizers without a limit report a huge sentinel
-            self.max_context = 32768
+        self.tokenizer = self.load_tokenizer(model, tokenizer)
+        self.max_context = self.context_limit(self.tokenizer, max_context)
 
     def _server_model(self) -> str | None:
         """The tokenizer (else model) path the first server reports on ``/model_info``, if any."""
