@@ -63,11 +63,27 @@ class HTTPBackendBase(BackendBase):
                 "pass model=<a local model directory or hub id> matching the served model"
             ) from e
 
-    @staticmethod
-    def context_limit(tokenizer: Any, max_context: int | None) -> int:
-        """``max_context``, else the tokenizer's limit (tokenizers without one report a huge sentinel)."""
-        limit = max_context or getattr(tokenizer, "model_max_length", None) or 32768
+    def context_limit(self, tokenizer: Any, max_context: int | None, ask_server: bool = True) -> int:
+        """The context the agent may fill: ``max_context`` if given, else what the server serves
+        (``max_model_len`` on ``/v1/models``, which vLLM and SGLang report: a vLLM started with
+        ``--max-model-len 2048`` rejects longer prompts whatever the model supports), else the
+        tokenizer's limit (tokenizers without one report a huge sentinel: 32768 then)."""
+        if max_context:
+            return int(max_context)
+        served = self._served_max_len() if ask_server else None
+        if served:
+            return served
+        limit = getattr(tokenizer, "model_max_length", None) or 32768
         return 32768 if limit > 1 << 20 else int(limit)
+
+    def _served_max_len(self) -> int | None:
+        """``max_model_len`` of the first model the first server lists on ``/v1/models``, if any."""
+        try:
+            r = httpx.get(self.urls[0] + "/v1/models", timeout=5.0, headers=self.headers)
+            value = r.json()["data"][0].get("max_model_len")
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+            return None
+        return int(value) if isinstance(value, int) and value > 0 else None
 
     def _client(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
         key = id(asyncio.get_running_loop())

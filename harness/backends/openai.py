@@ -58,7 +58,7 @@ class OpenAIBackend(HTTPBackendBase):
         self.tokenizer = self.load_tokenizer(model, tokenizer)
         # The name the server knows the model by (defaults to what it lists first).
         self.served_model = served_model or (self._first_model() if health_check else None) or model or "default"
-        self.max_context = self.context_limit(self.tokenizer, max_context)
+        self.max_context = self.context_limit(self.tokenizer, max_context, ask_server=health_check)
 
     def _first_model(self) -> str | None:
         import httpx

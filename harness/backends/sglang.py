@@ -58,7 +58,7 @@ class SGLangBackend(HTTPBackendBase):
         if model is None and health_check and tokenizer is None:
             model = self._server_model()
         self.tokenizer = self.load_tokenizer(model, tokenizer)
-        self.max_context = self.context_limit(self.tokenizer, max_context)
+        self.max_context = self.context_limit(self.tokenizer, max_context, ask_server=health_check)
 
     def _server_model(self) -> str | None:
         """The tokenizer (else model) path the first server reports on ``/model_info``, if any."""

@@ -149,3 +149,13 @@ def test_n_choices_in_index_order(replay):
     replay.push(choice("only one"))
     with pytest.raises(BackendError, match="n=2"):
         asyncio.run(b.agenerate_n([1, 2, 3], P, 2))
+
+
+def test_context_limit_is_what_the_server_serves(replay):
+    # vLLM started with --max-model-len 2048 says so on /v1/models (seen on vLLM 0.32 and SGLang 0.5.23).
+    replay.models = [{"id": "m", "max_model_len": 2048}]
+    assert OpenAIBackend(replay.url, tokenizer=TOK).max_context == 2048
+    assert OpenAIBackend(replay.url, tokenizer=TOK, max_context=1000).max_context == 1000  # the user's wins
+    replay.models = [{"id": "m"}]  # llama.cpp-style: nothing reported → the tokenizer's limit or 32768
+    limit = getattr(TOK, "model_max_length", 0)
+    assert OpenAIBackend(replay.url, tokenizer=TOK).max_context == (limit if 0 < limit <= 1 << 20 else 32768)

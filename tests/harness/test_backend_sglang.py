@@ -207,3 +207,10 @@ def test_n_samples_are_one_request_answered_with_a_list(replay, smol_tokenizer):
     replay.push([rec("length")])  # fewer samples than asked: an error, never silently short
     with pytest.raises(BackendError, match="n=2"):
         asyncio.run(b.agenerate_n([1, 2, 3], SamplingParams(max_new_tokens=4), 2))
+
+
+def test_context_limit_comes_from_the_server(replay, smol_tokenizer):
+    replay.models = [{"id": "m", "max_model_len": 4096}]
+    assert backend(replay, smol_tokenizer).max_context == 4096
+    replay.models = []  # nothing served: the tokenizer's limit, here the "no limit" sentinel → 32768
+    assert smol_tokenizer.model_max_length > 1 << 20 and backend(replay, smol_tokenizer).max_context == 32768

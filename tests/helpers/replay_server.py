@@ -28,6 +28,7 @@ class Replay:
         self.peak = 0
         self.healthy = True
         self.model_info: dict[str, Any] = {"model_path": None}
+        self.models: list[dict[str, Any]] = [{"id": "served-model"}]  # what /v1/models lists
 
     def push(self, body: Any = None, status: int = 200, delay: float = 0.0) -> None:
         """Queue one answer: ``body`` as JSON with ``status``, after ``delay`` seconds."""
@@ -43,7 +44,7 @@ class Replay:
         @app.get("/v1/models")
         async def models():
             status = 200 if self.healthy else 503
-            return JSONResponse({"data": [{"id": "served-model"}]}, status_code=status)
+            return JSONResponse({"data": self.models}, status_code=status)
 
         @app.get("/model_info")
         async def model_info():
