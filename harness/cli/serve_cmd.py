@@ -79,6 +79,7 @@ def model(
     try:
         with sigterm_as_exit(), launched(engine, model, cfg) as proc:  # type: ignore[arg-type]
             console.print(f"[bold]{engine}[/] serving {model} at [bold]{proc.url}[/] (Ctrl-C to stop)")
+            typer.echo(proc.url)  # stdout carries only the URL, for a script that reads it
             while proc.alive():
                 time.sleep(1.0)
             fail(f"{engine} exited with code {proc.proc.returncode}; last lines of {proc.log_path}:\n{proc.log_tail()}")

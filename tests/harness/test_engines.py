@@ -165,7 +165,7 @@ def test_serve_model_cli_serves_until_sigterm_then_stops_the_group(tmp_path, fak
     cmd = [sys.executable, "-m", "harness.cli.main", "serve", "model", "--engine", "sglang", "--model"]
     cmd += [str(fake_model), "--python", sys.executable, "--port", str(port), "--log-dir", str(tmp_path / "logs")]
     env = {**os.environ, "PYTHONPATH": fake_engine_env["PYTHONPATH"] + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         lines = []
         for line in proc.stderr:  # type: ignore[union-attr]
@@ -173,6 +173,7 @@ def test_serve_model_cli_serves_until_sigterm_then_stops_the_group(tmp_path, fak
             if "serving" in line:
                 break
         assert f"http://127.0.0.1:{port}" in "".join(lines), lines
+        assert proc.stdout.readline().strip() == f"http://127.0.0.1:{port}"  # type: ignore[union-attr]
         assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
         child = int((tmp_path / "model.child").read_text())
         assert (tmp_path / "logs" / f"sglang-{port}.log").exists()
