@@ -127,3 +127,31 @@ class ProgressBar:
     def __exit__(self, *exc: Any) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+def memory_metrics() -> dict[str, float]:
+    """This process's resident memory now and at its peak, in GB (Linux ``/proc``; empty elsewhere)."""
+    out: dict[str, float] = {}
+    try:
+        with open("/proc/self/status") as f:
+            for row in f:
+                key, _, value = row.partition(":")
+                if key in ("VmRSS", "VmHWM"):  # kB
+                    out["mem/rss_gb" if key == "VmRSS" else "mem/peak_rss_gb"] = int(value.split()[0]) / 2**20
+    except OSError:
+        pass
+    return out
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed by the step back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
+
+    Each step allocates tensors of new shapes (rollout lengths vary); glibc keeps the freed
+    chunks in per-thread arenas, so a CPU run's RSS creeps up step after step without it.
+    """
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

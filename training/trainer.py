@@ -48,7 +48,7 @@ from training.engine import (
     rank_and_world,
     unwrap,
 )
-from training.logging_utils import MetricsLog, ProgressBar, rollout_metrics
+from training.logging_utils import MetricsLog, ProgressBar, memory_metrics, release_freed_memory, rollout_metrics
 from training.rewards import build_reward
 from training.rollout import PromptSampler, collect
 from training.weight_sync import sync_weights
@@ -168,6 +168,8 @@ class Trainer:
             "tokens/generated": float(sum(t.generated_tokens for t in rollout.trajectories)),
             "tokens/trained": float(batch.n_tokens),
         }
+        release_freed_memory()
+        metrics.update(memory_metrics())
         metrics["rollout_tokens_per_s"] = metrics["tokens/generated"] / max(1e-9, t_rollout - t0)
         metrics["update_tokens_per_s"] = float(batch.attention_mask.sum()) / max(1e-9, t_update - t_reward)
         if self.log is not None:

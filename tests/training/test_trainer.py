@@ -98,6 +98,8 @@ def test_two_step_smoke_changes_parameters_logs_and_checkpoints(tmp_path):
         "rollout_tokens_per_s",
     ):
         assert key in rows[0], key
+    if Path("/proc/self/status").exists():  # Linux: the process's memory, per step
+        assert 0 < rows[1]["mem/rss_gb"] <= rows[1]["mem/peak_rss_gb"]
     assert rows[0]["grad_norm"] > 0
     # The backend's logprobs (its own model copy) match the policy's forward: weight sync is real.
     assert rows[1]["rollout_logprob_diff"] < 1e-3
