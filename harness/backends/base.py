@@ -126,11 +126,15 @@ class BackendBase:
         return list(await asyncio.gather(*(self.agenerate(ids, params) for ids in inputs)))
 
     async def agenerate_n(self, input_ids: list[int], params: SamplingParams, n: int) -> list[Completion]:
-        """``n`` samples of one prompt (a GRPO group). Servers that take ``n`` in one request
-        (SGLang, vLLM) override this so the prompt is prefilled once; here, ``n`` requests, with
-        seeds ``seed, seed+1, ...`` when a seed is set so the samples differ."""
+        """``n`` samples of one prompt (a GRPO group); see :meth:`_sample_n`."""
         if n < 1:
             raise ValueError(f"n must be at least 1, got {n}")
+        return await self._sample_n(input_ids, params, n)
+
+    async def _sample_n(self, input_ids: list[int], params: SamplingParams, n: int) -> list[Completion]:
+        """Servers that take ``n`` in one request (SGLang, vLLM) override this so the prompt is
+        prefilled once; here, ``n`` requests, with seeds ``seed, seed+1, ...`` when a seed is set
+        so the samples differ."""
         seeded = [params if params.seed is None else params.with_(seed=params.seed + i) for i in range(n)]
         return list(await asyncio.gather(*(self.agenerate(input_ids, p) for p in seeded)))
 

@@ -45,6 +45,7 @@ class HTTPBackendBase(BackendBase):
         self.headers = headers or {}
         # asyncio primitives belong to one event loop; FlashRAG's sync calls run their own loops.
         self._per_loop: dict[int, tuple[httpx.AsyncClient, asyncio.Semaphore]] = {}
+        self._models: list[dict[str, Any]] | None = None  # /v1/models of the first server, asked once
 
     def load_tokenizer(self, model: str | None, tokenizer: Any = None) -> Any:
         """The tokenizer of the served model: ``tokenizer`` if given, else loaded from ``model`` (a
@@ -76,13 +77,20 @@ class HTTPBackendBase(BackendBase):
         limit = getattr(tokenizer, "model_max_length", None) or 32768
         return 32768 if limit > 1 << 20 else int(limit)
 
+    def served_models(self) -> list[dict[str, Any]]:
+        """The models the first server lists on ``/v1/models`` (asked once; empty if unreadable)."""
+        if self._models is None:
+            try:
+                data = httpx.get(self.urls[0] + "/v1/models", timeout=5.0, headers=self.headers).json()["data"]
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                data = []
+            self._models = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+        return self._models
+
     def _served_max_len(self) -> int | None:
-        """``max_model_len`` of the first model the first server lists on ``/v1/models``, if any."""
-        try:
-            r = httpx.get(self.urls[0] + "/v1/models", timeout=5.0, headers=self.headers)
-            value = r.json()["data"][0].get("max_model_len")
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError):
-            return None
+        """``max_model_len`` of the first model the first server lists, if any."""
+        models = self.served_models()
+        value = models[0].get("max_model_len") if models else None
         return int(value) if isinstance(value, int) and value > 0 else None
 
     def _client(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:

@@ -61,13 +61,8 @@ class OpenAIBackend(HTTPBackendBase):
         self.max_context = self.context_limit(self.tokenizer, max_context, ask_server=health_check)
 
     def _first_model(self) -> str | None:
-        import httpx
-
-        try:
-            data = httpx.get(self.urls[0] + "/v1/models", timeout=5.0, headers=self.headers).json()["data"]
-            return data[0]["id"] if data else None
-        except (httpx.HTTPError, KeyError, IndexError, ValueError):
-            return None
+        models = self.served_models()
+        return models[0].get("id") if models else None
 
     def payload(self, input_ids: list[int], params: SamplingParams) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -95,10 +90,8 @@ class OpenAIBackend(HTTPBackendBase):
         data = await self.post_json("/v1/completions", self.payload(input_ids, params))
         return self.parse(data, len(input_ids), params)
 
-    async def agenerate_n(self, input_ids: list[int], params: SamplingParams, n: int) -> list[Completion]:
+    async def _sample_n(self, input_ids: list[int], params: SamplingParams, n: int) -> list[Completion]:
         """``n`` samples in one request (the ``n`` of the completions API: ``n`` choices)."""
-        if n < 1:
-            raise ValueError(f"n must be at least 1, got {n}")
         data = await self.post_json("/v1/completions", {**self.payload(input_ids, params), "n": n})
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or len(choices) != n:

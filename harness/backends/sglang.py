@@ -91,10 +91,8 @@ class SGLangBackend(HTTPBackendBase):
         data = await self.post_json("/generate", self.payload(input_ids, params))
         return self.parse(data, len(input_ids), params)
 
-    async def agenerate_n(self, input_ids: list[int], params: SamplingParams, n: int) -> list[Completion]:
+    async def _sample_n(self, input_ids: list[int], params: SamplingParams, n: int) -> list[Completion]:
         """``n`` samples in one request (``sampling_params.n``); SGLang answers with a list."""
-        if n < 1:
-            raise ValueError(f"n must be at least 1, got {n}")
         payload = self.payload(input_ids, params)
         payload["sampling_params"]["n"] = n
         data = await self.post_json("/generate", payload)
