@@ -72,9 +72,7 @@ def engine_python(engine: Engine, python: str | None = None) -> str:
     if env:
         return env
     venv = engine_dir() / engine / "bin" / "python"
-    if (engine_dir() / engine / ".harness-built").is_file() and venv.exists():
-        return str(venv)
-    return sys.executable
+    return str(venv) if engine_ready(engine) and venv.exists() else sys.executable
 
 
 def engine_ready(engine: Engine) -> bool:

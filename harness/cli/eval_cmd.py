@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from harness.cli.common import console, fail
+from harness.cli.common import console, fail, start_engine
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def run_configs(configs: list[Any]) -> list[tuple[Any, dict]]:
     from pathlib import Path
 
     from harness.cli.eval_run import make_backend, run_dir_for, run_eval
-    from harness.engines import EngineError, engine_for_backend, launched, sigterm_as_exit
+    from harness.engines import engine_for_backend, sigterm_as_exit
 
     results: list[tuple[Any, dict]] = []
     bcfg = configs[0].backend
@@ -135,14 +135,11 @@ def run_configs(configs: list[Any]) -> list[tuple[Any, dict]]:
         try:
             if bcfg.launch:
                 engine = engine_for_backend(bcfg.kind)
-                console.print(f"launching {engine} for {bcfg.model} ...")
-                log_dir = Path(configs[0].out) / "engines"
-                proc = stack.enter_context(launched(engine, bcfg.model, bcfg.engine, log_dir=log_dir))
-                console.print(f"{engine} up at {proc.url} (log {proc.log_path})")
+                proc = start_engine(stack, engine, bcfg.model, bcfg.engine, Path(configs[0].out) / "engines")
                 # The run's config (and its hash, for resuming) keeps launch=true, not this URL.
                 bcfg = replace(bcfg, url=[proc.url])
             backend = make_backend(bcfg)
-        except (EngineError, ValueError, FileNotFoundError, OSError, RuntimeError) as e:
+        except (ValueError, OSError, RuntimeError) as e:  # EngineError is a RuntimeError
             fail(f"backend {bcfg.kind}: {e}")
         stack.callback(backend.close)
         for cfg in configs:

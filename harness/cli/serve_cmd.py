@@ -83,7 +83,7 @@ def model(
             while proc.alive():
                 time.sleep(1.0)
             fail(f"{engine} exited with code {proc.proc.returncode}; last lines of {proc.log_path}:\n{proc.log_tail()}")
-    except (EngineError, FileNotFoundError, OSError) as e:
+    except (EngineError, OSError) as e:
         fail(str(e))
     except KeyboardInterrupt:
         console.print(f"stopped {engine}")

@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from harness.cli.common import console, fail
+from harness.cli.common import console, fail, start_engine
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def build_trainer(cfg: Any, out: Path, backend: Any = None) -> Any:
     """The :class:`~training.trainer.Trainer` for a composed ``TrainConfig``, writing into ``out``."""
     from benchmarks.datasets import load_examples
     from harness.cli.eval_run import make_retriever
-    from harness.config import from_dict
+    from harness.config import from_dict, to_dict
     from pipelines.search_agent import AgentConfig, SearchAgent
     from training.trainer import Trainer
 
@@ -71,7 +71,7 @@ def build_trainer(cfg: Any, out: Path, backend: Any = None) -> Any:
             {
                 "method": cfg.rollout.method,
                 "dataset": {"name": d.dataset, "split": d.val_split, "limit": d.val_limit, "data_dir": d.data_dir},
-                "retriever": _retriever_dict(cfg.retriever),
+                "retriever": to_dict(cfg.retriever),
                 "backend": {"kind": cfg.rollout.backend, "model": f"{cfg.model.path}@step-{step}"},
                 "agent": {**cfg.rollout.agent, "temperature": 0.0},
                 "out": str(Path(out) / "validation" / f"step-{step}"),
@@ -82,12 +82,6 @@ def build_trainer(cfg: Any, out: Path, backend: Any = None) -> Any:
         return run_eval(ecfg, backend=backend, show_progress=False)["metrics"]
 
     return Trainer(cfg, agent, examples, out, validate=validate if d.val_split else None)
-
-
-def _retriever_dict(rcfg: Any) -> dict:
-    from harness.config import to_dict
-
-    return to_dict(rcfg)
 
 
 def train_command(
@@ -118,7 +112,7 @@ def train_command(
         fail(f"--resume {run}: no checkpoints/ folder there")
     import contextlib
 
-    from harness.engines import EngineError, launched, sigterm_as_exit
+    from harness.engines import sigterm_as_exit
 
     try:
         with contextlib.ExitStack() as stack:
@@ -133,15 +127,13 @@ def train_command(
                         "rollout.launch=true starts one engine from a single-process run; with several "
                         "ranks start it once with `harness serve model --engine sglang` and set rollout.url"
                     )
-                console.print(f"launching sglang for {cfg.model.path} ...")
-                proc = stack.enter_context(launched("sglang", cfg.model.path, cfg.rollout.engine, log_dir=run))
-                console.print(f"sglang up at {proc.url} (log {proc.log_path})")
+                proc = start_engine(stack, "sglang", cfg.model.path, cfg.rollout.engine, run)
                 backend = build_rollout_backend(cfg, urls=[proc.url])
             trainer = build_trainer(cfg, run, backend=backend)
             if resume:
                 trainer.resume(run)
             final = trainer.train()
-    except (ValueError, FileNotFoundError, RuntimeError, KeyError, EngineError) as e:
+    except (ValueError, FileNotFoundError, RuntimeError, KeyError) as e:  # EngineError is a RuntimeError
         fail(f"{type(e).__name__}: {e}")
     console.print(
         f"trained {trainer.step_no} steps → {run} (model: {final}; eval it with harness eval --model {final})"
