@@ -256,8 +256,15 @@ def load_examples(
     return select(read_examples(dataset_file(name, split, data_dir)), limit=limit, sample=sample, seed=seed)
 
 
-def corpus_path(name: str, split: str | None = None, data_dir: str | Path | None = None) -> Path | None:
-    """The retrieval corpus that goes with a dataset split, when one is known locally."""
+def corpus_path(
+    name: str, split: str | None = None, data_dir: str | Path | None = None, warn: bool = True
+) -> Path | None:
+    """The retrieval corpus that goes with a dataset split, when one is known locally.
+
+    A split's registered corpus is used when present; otherwise the folder's only
+    ``corpus*.jsonl`` is a fallback, with a warning that names it (it may belong to another
+    split: pass ``retriever.corpus=FILE`` or ``--index`` to choose explicitly).
+    """
     spec = get_spec(name)
     if spec.name == "demo":
         return demo_path("corpus.jsonl")
@@ -269,7 +276,18 @@ def corpus_path(name: str, split: str | None = None, data_dir: str | Path | None
     if split in spec.corpora and (folder / spec.corpora[split]).exists():
         return folder / spec.corpora[split]
     found = sorted(folder.glob("corpus*.jsonl")) if folder.is_dir() else []
-    return found[0] if len(found) == 1 else None
+    if len(found) != 1:
+        return None
+    if warn:
+        logger.warning(
+            "%s split %r has no registered corpus: falling back to %s, the only corpus in %s "
+            "(choose one with retriever.corpus=FILE or --index)",
+            spec.name,
+            split,
+            found[0].name,
+            folder,
+        )
+    return found[0]
 
 
 def describe_sources(data_dir: str | Path | None = None) -> list[dict[str, str]]:
@@ -287,6 +305,6 @@ def describe_sources(data_dir: str | Path | None = None) -> list[dict[str, str]]
                 source = f"hub: {HUB_REPO}/{spec.hub_name}/{split}.jsonl"
             else:
                 source = "local only (not found)"
-            corpus = corpus_path(name, split, data_dir)
+            corpus = corpus_path(name, split, data_dir, warn=False)
             rows.append({"dataset": name, "split": split, "source": source, "corpus": str(corpus) if corpus else "-"})
     return rows

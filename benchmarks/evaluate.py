@@ -1,81 +1,140 @@
-"""Scoring trajectories and aggregating a run's results.
+"""The evaluation core: :func:`evaluate` runs a built method over examples into a run directory.
 
-Scores are computed per item from the trajectory (``score_trajectory``) and aggregated into
-``results.json`` (``aggregate``). Both read only what is in the run directory, so
-``rescore`` can recompute everything with the current metric code without re-running a model.
+Like lm-evaluation-harness's ``evaluator.evaluate``, it takes built objects and builds nothing
+from names (``benchmarks.setup`` does that, like ``simple_evaluate``). Per item it scores the
+trajectory and appends both to the run directory as the item finishes; at the end it
+aggregates the latest score of every item into ``results.json``. Everything it writes is read
+back through :class:`~harness.runlog.RunDir` and the typed records, so a report can recompute
+scores from the trajectories alone (``harness report --rescore``).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from harness.run_records import ItemScore, RunManifest, RunResults
 from harness.runlog import RunDir
-from harness.types import Trajectory
+from harness.types import Example, Trajectory
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_METRICS = ("em", "f1", "acc", "cover_em")
 
 
-def score_trajectory(traj: Trajectory, metrics: Iterable[str] = DEFAULT_METRICS) -> dict[str, Any]:
-    """The ``scores.jsonl`` record of one item. A failed item scores 0 on every metric."""
+def score_trajectory(traj: Trajectory, metrics: Iterable[str] = DEFAULT_METRICS) -> ItemScore:
+    """The score of one item. A failed item scores 0 on every metric."""
     from benchmarks.metrics import score_prediction
 
     metrics = tuple(metrics)
     if traj.error is not None:
-        values = dict.fromkeys(metrics, 0.0)
+        values: dict[str, float | None] = dict.fromkeys(metrics, 0.0)
     else:
         values = score_prediction(traj.prediction, list(traj.answers), metrics=metrics)
-    return {
-        "id": traj.example_id,
-        "sample_index": traj.sample_index,
-        **values,
-        "prediction": traj.prediction,
-        "finish_reason": traj.finish_reason,
-        "n_searches": len(traj.searches),
-        "generated_tokens": traj.generated_tokens,
-        "wall_time_s": round(traj.wall_time_s, 4),
-        "error": traj.error,
-    }
+    return ItemScore(
+        id=traj.example_id,
+        sample_index=traj.sample_index,
+        metrics=values,
+        prediction=traj.prediction,
+        finish_reason=traj.finish_reason,
+        n_searches=len(traj.searches),
+        generated_tokens=traj.generated_tokens,
+        wall_time_s=round(traj.wall_time_s, 4),
+        error=traj.error,
+        error_kind=traj.error_kind if traj.error is not None else None,
+    )
 
 
-def aggregate(scores: list[dict[str, Any]], n_total: int, info: dict[str, Any], metrics=DEFAULT_METRICS) -> dict:
+def aggregate(
+    scores: Sequence[ItemScore], manifest: RunManifest, metrics: Iterable[str] = DEFAULT_METRICS
+) -> RunResults:
     """``results.json``: means over items, latency percentiles, counts, completeness."""
-    n = len(scores)
+    metrics = tuple(metrics)
 
-    def mean(key: str) -> float | None:
-        vals = [s[key] for s in scores if s.get(key) is not None]
+    def mean(values: Iterable[float | None]) -> float | None:
+        vals = [v for v in values if v is not None]
         return float(np.mean(vals)) if vals else None
 
-    lat = [s["wall_time_s"] for s in scores if s.get("wall_time_s") is not None]
-    return {
-        **info,
-        "n": n,
-        "n_total": n_total,
-        "complete": n >= n_total,
-        "errors": sum(1 for s in scores if s.get("error")),
-        "metrics": {m: mean(m) for m in metrics},
-        "mean_searches": mean("n_searches"),
-        "mean_generated_tokens": mean("generated_tokens"),
-        "latency_p50_s": float(np.percentile(lat, 50)) if lat else None,
-        "latency_p95_s": float(np.percentile(lat, 95)) if lat else None,
-        "finish_reasons": dict(Counter(s.get("finish_reason") for s in scores)),
-    }
+    lat = [s.wall_time_s for s in scores if s.wall_time_s is not None]
+    failed = [s for s in scores if s.error]
+    return RunResults(
+        method=manifest.method,
+        dataset=manifest.dataset,
+        split=manifest.split,
+        model=manifest.model,
+        backend=manifest.backend,
+        retriever=manifest.retriever,
+        topk=manifest.topk,
+        n=len(scores),
+        n_total=manifest.n_total,
+        complete=len(scores) >= manifest.n_total and not failed,
+        errors=len(failed),
+        error_kinds=dict(Counter(error_label(s) for s in failed)),
+        metrics={m: mean(s.metric(m) for s in scores) for m in metrics},
+        mean_searches=mean(s.n_searches for s in scores),
+        mean_generated_tokens=mean(s.generated_tokens for s in scores),
+        latency_p50_s=float(np.percentile(lat, 50)) if lat else None,
+        latency_p95_s=float(np.percentile(lat, 95)) if lat else None,
+        finish_reasons=dict(Counter(str(s.finish_reason) for s in scores)),
+    )
 
 
-def results_info(manifest: dict[str, Any]) -> dict[str, Any]:
-    keys = ("method", "dataset", "split", "model", "backend", "retriever", "topk")
-    return {k: manifest.get(k) for k in keys}
+def error_label(score: ItemScore) -> str:
+    """The exception type of a failed item (``RetrievalError``), for one-line summaries."""
+    return (score.error or "").split(":", 1)[0].strip() or (score.error_kind or "error")
 
 
-def rescore(run: RunDir, metrics: Iterable[str] = DEFAULT_METRICS) -> dict[str, Any]:
-    """Recompute scores.jsonl and results.json from stored trajectories."""
+def error_summary(results: RunResults) -> str | None:
+    """``14 items failed: RetrievalError ×14; rerun to retry them`` (None when nothing failed)."""
+    if not results.errors:
+        return None
+    kinds = ", ".join(f"{k} ×{n}" for k, n in sorted(results.error_kinds.items(), key=lambda kv: -kv[1]))
+    return f"{results.errors} item{'s' if results.errors != 1 else ''} failed: {kinds}; rerun to retry them"
+
+
+def evaluate(
+    method: Any,
+    examples: Sequence[Example],
+    run_dir: str | Path | RunDir,
+    metrics: Iterable[str] = DEFAULT_METRICS,
+    manifest: RunManifest | None = None,
+    on_item: Callable[[ItemScore], None] | None = None,
+    n_samples: int = 1,
+) -> RunResults:
+    """Run (or resume) ``method`` on ``examples`` into ``run_dir``; returns the results.
+
+    ``method`` is anything with the method protocol (``pipelines.methods.Method``):
+    ``run_examples(examples, n_samples=..., on_done=..., skip=...)``. ``manifest`` describes the
+    run (a minimal one is made from the method's name when omitted); an existing run directory
+    resumes when its manifest matches, skipping finished items and re-running failed ones.
+    ``on_item`` is called with each new score (a progress display).
+    """
     metrics = tuple(metrics)
-    manifest = run.manifest
-    scores = [score_trajectory(t, metrics) for t in run.trajectories()]
-    run.rewrite_scores(scores)
-    results = aggregate(scores, int(manifest.get("n_total", len(scores))), results_info(manifest), metrics)
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    if manifest is None:
+        manifest = RunManifest(method=getattr(method, "method", type(method).__name__), dataset="?", split="")
+    manifest.n_total = len(examples) * n_samples
+    resumed = run.open(manifest)
+    skip = run.finished_keys()
+    if resumed:
+        logger.info("resuming %s: %d of %d items already done", run.path, len(skip), manifest.n_total)
+
+    def on_done(traj: Trajectory) -> None:
+        score = score_trajectory(traj, metrics)
+        run.append(traj, score)
+        if on_item is not None:
+            on_item(score)
+
+    t0 = time.perf_counter()
+    method.run_examples(examples, n_samples=n_samples, on_done=on_done, skip=skip)
+    logger.debug("%s: ran in %.1f s", run.path, time.perf_counter() - t0)
+    wanted = {(e.id, j) for e in examples for j in range(n_samples)}
+    results = aggregate([s for s in run.scores() if s.key in wanted], manifest, metrics)
     run.write_results(results)
     return results

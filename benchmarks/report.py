@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.stats import CI, DEFAULT_B, DEFAULT_SEED, PairedDiff, bootstrap_ci, paired_bootstrap
+from harness.run_records import ItemScore, RunResults
 from harness.runlog import RunDir, RunDirError
 
 logger = logging.getLogger(__name__)
@@ -59,8 +60,8 @@ class RunSummary:
     model: str
     retriever: str
     n_total: int
-    scores: list[dict[str, Any]]
-    results: dict[str, Any] | None = None  # results.json; None for an interrupted run
+    scores: list[ItemScore]
+    results: RunResults | None = None  # results.json; None for an interrupted run
     rescored: bool = False
 
     @property
@@ -70,12 +71,12 @@ class RunSummary:
 
     @property
     def errors(self) -> int:
-        return sum(1 for s in self.scores if s.get("error"))
+        return sum(1 for s in self.scores if s.error)
 
     @property
     def complete(self) -> bool:
         """Finished by ``harness eval`` (results.json says complete) and every item scored."""
-        finished = self.results is not None and bool(self.results.get("complete", True))
+        finished = self.results is not None and self.results.complete
         return finished and self.n >= self.n_total
 
     @property
@@ -91,13 +92,13 @@ class RunSummary:
         return ", ".join(bits)
 
     def mean(self, key: str) -> float | None:
-        """Mean of a numeric score field over items that have it."""
-        vals = [s[key] for s in self.scores if s.get(key) is not None]
+        """Mean of a metric, or of a numeric score field (``n_searches``), over items that have it."""
+        vals = [v for s in self.scores if (v := s.metrics.get(key, getattr(s, key, None))) is not None]
         return float(np.mean(vals)) if vals else None
 
     def latency(self, q: float) -> float | None:
         """The q-th percentile (0..100) of per-item wall time in seconds."""
-        vals = [s["wall_time_s"] for s in self.scores if s.get("wall_time_s") is not None]
+        vals = [s.wall_time_s for s in self.scores if s.wall_time_s is not None]
         return float(np.percentile(vals, q)) if vals else None
 
     def item_values(self, metric: str) -> dict[str, float]:
@@ -108,13 +109,13 @@ class RunSummary:
         """
         per_id: dict[str, list[float]] = {}
         for s in self.scores:
-            per_id.setdefault(str(s["id"]), []).append(float(s.get(metric) or 0.0))
+            per_id.setdefault(s.id, []).append(float(s.metric(metric) or 0.0))
         return {k: float(np.mean(v)) for k, v in per_id.items()}
 
     def finish_reasons(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for s in self.scores:
-            reason = str(s.get("finish_reason"))
+            reason = str(s.finish_reason)
             out[reason] = out.get(reason, 0) + 1
         return out
 
@@ -148,7 +149,7 @@ def expand(patterns: list[str]) -> list[Path]:
     return list(dict.fromkeys(p.resolve() for p in found))
 
 
-def _rescored(run: RunDir) -> list[dict[str, Any]]:
+def _rescored(run: RunDir) -> list[ItemScore]:
     from benchmarks.evaluate import score_trajectory
 
     return [score_trajectory(t) for t in run.trajectories()]
@@ -160,14 +161,14 @@ def load_run(path: Path, rescore: bool = False) -> RunSummary:
     m = run.manifest
     results = run.results()
     scores = _rescored(run) if rescore else run.scores()
-    n_total = m.get("n_total") or (results or {}).get("n_total") or len(scores)
+    n_total = m.n_total or (results.n_total if results else 0) or len(scores)
     return RunSummary(
         path=Path(path),
-        method=str(m.get("method") or Path(path).name),
-        dataset=str(m.get("dataset") or "?"),
-        split=str(m.get("split") or ""),
-        model=str(m.get("model") or "?"),
-        retriever=str(m.get("retriever") or "none"),
+        method=str(m.method or Path(path).name),
+        dataset=str(m.dataset or "?"),
+        split=str(m.split or ""),
+        model=str(m.model or "?"),
+        retriever=str(m.retriever or "none"),
         n_total=int(n_total),
         scores=scores,
         results=results,

@@ -14,6 +14,7 @@ from importlib import resources
 from typing import Any
 
 from benchmarks.report import Cell, Leaderboard, reference_datasets, reference_setting
+from harness.run_records import ItemScore
 from harness.runlog import RunDir
 from harness.types import Trajectory
 
@@ -53,7 +54,8 @@ def _steps(t: Trajectory) -> list[dict[str, Any]]:
     return steps
 
 
-def _item(k: int, label: str, ds: str, t: Trajectory, s: dict[str, Any]) -> dict[str, Any]:
+def _item(k: int, label: str, ds: str, t: Trajectory, s: ItemScore | None) -> dict[str, Any]:
+    metrics = s.metrics if s is not None else {}
     return {
         "k": k,
         "method": label,
@@ -65,8 +67,8 @@ def _item(k: int, label: str, ds: str, t: Trajectory, s: dict[str, Any]) -> dict
         "prediction": t.prediction,
         "finish_reason": t.finish_reason,
         "error": t.error,
-        "scores": {m: s.get(m) for m in ("em", "f1", "acc", "cover_em") if s.get(m) is not None},
-        "correct": bool(s.get("em") or 0.0),
+        "scores": {m: metrics[m] for m in ("em", "f1", "acc", "cover_em") if metrics.get(m) is not None},
+        "correct": bool(metrics.get("em") or 0.0),
         "n_searches": len(t.searches),
         "generated_tokens": t.generated_tokens,
         "wall_time_s": t.wall_time_s,
@@ -80,12 +82,12 @@ def _items(lb: Leaderboard) -> tuple[list[dict[str, Any]], list[str]]:
     capped = []
     for row in lb.rows:
         for ds, cell in row.cells.items():
-            scores = {(s["id"], s.get("sample_index", 0)): s for s in cell.run.scores}
+            scores = {s.key: s for s in cell.run.scores}
             trajs = RunDir(cell.run.path).trajectories()
             if len(trajs) > MAX_ITEMS_PER_RUN:
                 capped.append(f"{row.label} · {ds}: first {MAX_ITEMS_PER_RUN} of {len(trajs)} items")
             for t in trajs[:MAX_ITEMS_PER_RUN]:
-                items.append(_item(len(items), row.label, ds, t, scores.get((t.example_id, t.sample_index), {})))
+                items.append(_item(len(items), row.label, ds, t, scores.get((t.example_id, t.sample_index))))
     return items, capped
 
 

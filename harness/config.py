@@ -158,7 +158,22 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     for name, f in fields.items():
         if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"missing required config key {(where + '.' if where else '') + name!r}")
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ValueError as e:  # a range check in __post_init__: name where it came from
+        raise ConfigError(f"{where}.{e}" if where else str(e)) from None
+
+
+def require_at_least(obj: Any, minimum: float, *names: str) -> None:
+    """Range checks for ``__post_init__``: each named field is ``None`` or at least ``minimum``.
+
+    Raises ``ValueError("<field> must be at least <minimum>, got <value>")``; :func:`from_dict`
+    prefixes the config path (``agent.max_turns must be ...``).
+    """
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and value < minimum:
+            raise ValueError(f"{name} must be at least {minimum}, got {value}")
 
 
 def to_dict(obj: Any) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from harness.config import require_at_least
 from harness.engines import EngineConfig
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -22,6 +23,9 @@ class DatasetConfig:
     sample: int | None = None
     seed: int = 0
     data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        require_at_least(self, 1, "limit", "sample")
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,10 @@ class BackendConfig:
     launch: bool = False
     engine: EngineConfig = field(default_factory=EngineConfig)
 
+    def __post_init__(self) -> None:
+        require_at_least(self, 1, "max_concurrency", "max_batch_size", "threads")
+        require_at_least(self, 0, "retries")
+
 
 @dataclass(frozen=True)
 class RetrieverConfig:
@@ -51,6 +59,9 @@ class RetrieverConfig:
     url: str | None = None  # http retriever
     api: Literal["search_r1", "flashrag", "r1_searcher"] = "search_r1"
     topk: int = 3
+
+    def __post_init__(self) -> None:
+        require_at_least(self, 1, "topk")
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from harness.fsutil import atomic_dir
+
 logger = logging.getLogger(__name__)
 
 EMBEDDED = "smollm2-135m-instruct"
@@ -61,16 +63,14 @@ def _convert_embedded(out: Path) -> None:
     model = AutoModelForCausalLM.from_config(config)
     model.load_state_dict(quantized.state_dict(), strict=True)
     # Written to a temporary sibling and renamed, so a reader never sees a half-written model.
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
-    cfg_path = tmp / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg.pop("quantization_config", None)
-    cfg["_name_or_path"] = EMBEDDED  # FlashRAG decides chat vs base from "instruct" in this name
-    cfg_path.write_text(json.dumps(cfg, indent=2))
-    os.replace(tmp, out)
+    with atomic_dir(out, unique=True) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        cfg_path = tmp / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg.pop("quantization_config", None)
+        cfg["_name_or_path"] = EMBEDDED  # FlashRAG decides chat vs base from "instruct" in this name
+        cfg_path.write_text(json.dumps(cfg, indent=2))
 
 
 def resolve_model(name: str) -> str:
@@ -122,3 +122,28 @@ def load_tokenizer(name: str) -> Any:
         if Path(path).is_dir():
             raise
         raise hub_hint(name, e) from e
+
+
+def untie(weights: dict[str, Any]) -> dict[str, Any]:
+    """safetensors refuses shared storage: tied embeddings are saved once (the head is re-tied on load)."""
+    import torch
+
+    head, emb = weights.get("lm_head.weight"), weights.get("model.embed_tokens.weight")
+    if head is not None and emb is not None and (head.data_ptr() == emb.data_ptr() or torch.equal(head, emb)):
+        return {k: v for k, v in weights.items() if k != "lm_head.weight"}
+    return weights
+
+
+def save_model_dir(weights: dict[str, Any], out: Path, tokenizer: Any, model_config: Any) -> Path:
+    """A model directory an inference engine can load (config, tokenizer, safetensors weights),
+    written atomically, so a server never reads a half-written model."""
+    from safetensors.torch import save_file
+
+    from harness.fsutil import atomic_dir
+
+    with atomic_dir(out) as tmp:
+        model_config.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        save_file(untie({k: v.detach().contiguous() for k, v in weights.items()}), str(tmp / "model.safetensors"))
+    return out

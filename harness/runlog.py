@@ -2,19 +2,26 @@
 
 A run directory holds:
 
-- ``manifest.json``: the resolved config, its hash, package versions, git revision, data and
-  index hashes, start time; written when the run starts.
+- ``manifest.json``: a :class:`~harness.run_records.RunManifest` (the resolved config, its hash,
+  package versions, git revision, data / corpus / index identity, start time); written when the
+  run starts.
 - ``trajectories.jsonl``: one :class:`~harness.types.Trajectory` per line, appended and flushed
   (and fsync'ed) item by item, so an interrupt loses nothing that finished.
-- ``scores.jsonl``: one line per item with its metrics (same order as trajectories).
-- ``results.json``: the aggregate, rewritten at the end (and by ``--rescore``).
+- ``scores.jsonl``: one :class:`~harness.run_records.ItemScore` per line.
+- ``results.json``: the :class:`~harness.run_records.RunResults` aggregate, rewritten at the end.
 
-Resuming: the same config hash reopens the directory and skips finished items; another
-config refuses with a clear message. A torn last line (killed mid-write) is dropped on open.
+Logs are append-only: an item that is run again (a failed attempt retried on resume, or an item
+killed between its trajectory and its score) appends new lines, and readers keep the last record
+of each (example id, sample index). Earlier attempts stay in the files for inspection.
+
+Resuming: the same config hash reopens the directory and skips finished items; another config,
+or other data, corpus or index, is refused with a message that names what differs. A torn last
+line (killed mid-write) is dropped on open.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -27,6 +34,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from harness.fsutil import write_json_atomic
+from harness.run_records import ItemScore, RecordError, RunManifest, RunResults
 from harness.types import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -38,6 +47,10 @@ RESULTS = "results.json"
 
 _VERSIONED_PACKAGES = ("harness", "flashrag-dev", "torch", "transformers", "bm25s", "faiss-cpu", "deepspeed")
 
+# Error kinds that mean the infrastructure failed, not the model: such items are run again when
+# the run is resumed (model-side outcomes, such as no answer or a context overflow, are results).
+RETRIABLE_ERROR_KINDS = frozenset({"retrieval", "backend", "timeout"})
+
 
 class RunDirError(RuntimeError):
     """The run directory cannot be used as asked (another config, corrupt file, ...)."""
@@ -48,7 +61,14 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def file_hash(path: str | Path, chunk: int = 1 << 20) -> str:
+def file_hash(path: str | Path) -> str:
+    """sha256 of a file; remembered per (path, size, mtime), so a corpus is hashed once per process."""
+    st = os.stat(path)
+    return _file_hash(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _file_hash(path: str, size: int, mtime_ns: int, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
@@ -77,17 +97,16 @@ def git_revision() -> str | None:
         return None
 
 
-def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     """Yield records; a torn final line (interrupted write) is skipped with a warning."""
     if not path.exists():
         return
-    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise RunDirError(f"{path}:{line}: not UTF-8 text ({e.reason})") from None
+    lines = text.splitlines()
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -100,6 +119,35 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
             raise RunDirError(f"{path}:{i + 1}: not valid JSON") from None
 
 
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``key: old → new`` for every dotted config key whose value differs."""
+    a, b = _flatten(old), _flatten(new)
+    return [
+        f"{k}: {a.get(k, '<unset>')!r} → {b.get(k, '<unset>')!r}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    ]
+
+
+def _last_by_key(records: list[Any], key: Any) -> list[Any]:
+    """The last record of each key, in the order the keys first appeared."""
+    latest: dict[Any, Any] = {}
+    for r in records:
+        k = key(r)
+        latest.pop(k, None)  # re-insert: order of the latest attempt
+        latest[k] = r
+    return list(latest.values())
+
+
 class RunDir:
     """One (method, dataset) run directory."""
 
@@ -108,59 +156,79 @@ class RunDir:
 
     # ---- reading -------------------------------------------------------------------------
     @property
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self) -> RunManifest:
         p = self.path / MANIFEST
         if not p.exists():
             raise RunDirError(f"{self.path} is not a run directory (no {MANIFEST})")
-        return json.loads(p.read_text(encoding="utf-8"))
+        try:
+            return RunManifest.from_dict(json.loads(p.read_text(encoding="utf-8")), where=str(p))
+        except (json.JSONDecodeError, RecordError) as e:
+            raise RunDirError(f"{p}: {e}") from None
 
-    def trajectories(self) -> list[Trajectory]:
-        return [Trajectory.from_dict(d) for d in read_jsonl(self.path / TRAJECTORIES)]
+    def trajectories(self, attempts: bool = False) -> list[Trajectory]:
+        """The trajectory of each item (its latest attempt; every attempt with ``attempts``)."""
+        out = [Trajectory.from_dict(d) for d in read_jsonl(self.path / TRAJECTORIES)]
+        return out if attempts else _last_by_key(out, lambda t: (t.example_id, t.sample_index))
 
-    def scores(self) -> list[dict[str, Any]]:
-        return list(read_jsonl(self.path / SCORES))
+    def scores(self, attempts: bool = False) -> list[ItemScore]:
+        """The score of each item (its latest attempt; every attempt with ``attempts``)."""
+        path = self.path / SCORES
+        try:
+            out = [ItemScore.from_dict(d, where=str(path)) for d in read_jsonl(path)]
+        except RecordError as e:
+            raise RunDirError(str(e)) from None
+        return out if attempts else _last_by_key(out, lambda s: s.key)
 
-    def results(self) -> dict[str, Any] | None:
+    def results(self) -> RunResults | None:
         p = self.path / RESULTS
-        return json.loads(p.read_text(encoding="utf-8")) if p.exists() else None
+        if not p.exists():
+            return None
+        try:
+            return RunResults.from_dict(json.loads(p.read_text(encoding="utf-8")), where=str(p))
+        except (json.JSONDecodeError, RecordError) as e:
+            raise RunDirError(f"{p}: {e}") from None
 
     def finished_keys(self) -> set[tuple[str, int]]:
-        """(example id, sample index) of every item whose trajectory and score are on disk."""
-        scored = {(s["id"], s.get("sample_index", 0)) for s in read_jsonl(self.path / SCORES)}
+        """(example id, sample index) of every item that is done: its trajectory and its score are
+        on disk, and its latest attempt did not fail for an infrastructure reason (those are retried)."""
         done = {(t["example_id"], t.get("sample_index", 0)) for t in read_jsonl(self.path / TRAJECTORIES)}
-        return scored & done
+        return {s.key for s in self.scores() if s.key in done and s.error_kind not in RETRIABLE_ERROR_KINDS}
 
     # ---- writing -------------------------------------------------------------------------
-    def open(self, config: dict[str, Any], extra: dict[str, Any] | None = None, resume: bool = True) -> bool:
-        """Create the directory and manifest, or reopen it for resuming.
+    def open(self, manifest: RunManifest) -> bool:
+        """Create the directory and write ``manifest``, or reopen the run it already holds.
 
-        Returns True when resuming an existing run. Raises :class:`RunDirError` when the
-        directory holds a run with another config.
+        Returns True when resuming. Raises :class:`RunDirError`, naming what differs, when the
+        directory holds a run with another config, other items, or another corpus or index.
         """
-        h = config_hash(config)
+        manifest.config_hash = config_hash(manifest.config)
         manifest_path = self.path / MANIFEST
         if manifest_path.exists():
-            old = self.manifest
-            if old.get("config_hash") != h:
-                raise RunDirError(
-                    f"{self.path} holds a run with another config (hash {old.get('config_hash')} != {h}); "
-                    "use another --out, or delete that directory to start over"
-                )
-            if not resume:
-                raise RunDirError(f"{self.path} already holds this run; pass resume to continue it")
+            self._check_same_run(self.manifest, manifest)
             self._repair_torn_lines()
             return True
         self.path.mkdir(parents=True, exist_ok=True)
-        manifest = {
-            "config_hash": h,
-            "config": config,
-            "versions": package_versions(),
-            "git_revision": git_revision(),
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            **(extra or {}),
-        }
-        _write_json_atomic(manifest_path, manifest)
+        manifest.versions = manifest.versions or package_versions()
+        manifest.git_revision = manifest.git_revision or git_revision()
+        manifest.started_at = manifest.started_at or time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        write_json_atomic(manifest_path, manifest.to_dict())
         return False
+
+    def _check_same_run(self, old: RunManifest, new: RunManifest) -> None:
+        where = f"{self.path} holds a run with"
+        hint = "use another --out, or delete that directory to start over"
+        if old.config_hash != new.config_hash:
+            diffs = config_differences(old.config, new.config) or [
+                f"config hash {old.config_hash} != {new.config_hash}"
+            ]
+            raise RunDirError(f"{where} another config ({'; '.join(diffs)}); {hint}")
+        for name, label in (("data_hash", "items"), ("corpus_hash", "corpus"), ("index_id", "index")):
+            before, now = getattr(old, name), getattr(new, name)
+            if before is not None and now is not None and before != now:
+                raise RunDirError(
+                    f"{where} other {label}: {name} was {before}, is now {now} (the data changed since that "
+                    f"run started); {hint}"
+                )
 
     def _repair_torn_lines(self) -> None:
         """Rewrite files whose last line is torn so appends start on a clean line."""
@@ -174,23 +242,17 @@ class RunDir:
                 logger.warning("%s: truncating a torn last line before resuming", p)
                 p.write_bytes(keep)
 
-    def update_manifest(self, **fields: Any) -> None:
-        m = self.manifest
-        m.update(fields)
-        _write_json_atomic(self.path / MANIFEST, m)
+    def append(self, trajectory: Trajectory, score: ItemScore) -> None:
+        """Append one finished item (trajectory first, then its score), flushed to disk.
 
-    def append(self, trajectory: Trajectory, score: dict[str, Any]) -> None:
-        """Append one finished item (trajectory first, then its score), flushed to disk."""
-        for name, record in ((TRAJECTORIES, trajectory.to_dict()), (SCORES, score)):
+        An item killed between the two writes has a trajectory and no score: it is not finished,
+        is run again on resume, and readers keep its latest trajectory.
+        """
+        for name, record in ((TRAJECTORIES, trajectory.to_dict()), (SCORES, score.to_dict())):
             with open(self.path / name, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
 
-    def write_results(self, results: dict[str, Any]) -> None:
-        _write_json_atomic(self.path / RESULTS, results)
-
-    def rewrite_scores(self, scores: list[dict[str, Any]]) -> None:
-        tmp = self.path / (SCORES + ".tmp")
-        tmp.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in scores), encoding="utf-8")
-        os.replace(tmp, self.path / SCORES)
+    def write_results(self, results: RunResults) -> None:
+        write_json_atomic(self.path / RESULTS, results.to_dict())

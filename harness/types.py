@@ -143,6 +143,7 @@ class Trajectory:
     generation_time_s: float = 0.0
     retrieval_time_s: float = 0.0
     error: str | None = None
+    error_kind: str | None = None  # harness.errors.error_kind of ``error``: retrieval / backend / timeout / other
     policy_version: int = 0
     sample_index: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)

@@ -1,20 +1,51 @@
-"""The method registry: every name ``harness eval --method`` accepts.
+"""The method registry: every name ``harness eval --method`` accepts, and the method protocol.
 
 Agent methods are the one search agent with a dialect; baselines are FlashRAG's pipelines.
-Each builder takes (backend, retriever, options dict) and returns an object with
-``run_examples(examples, on_done=..., skip=...) -> list[Trajectory]``.
+Each registered builder takes (backend, retriever, options dict) and returns a :class:`Method`;
+its registry info says whether it is an ``agent`` or a ``baseline`` and whether it needs a
+retriever.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
+from harness.backends.base import SamplingParams
 from harness.config import from_dict
 from harness.registry import Registry
+from harness.types import Example, Trajectory
+from pipelines.baselines.flashrag_methods import BASELINES, WITHOUT_RETRIEVAL
 
 METHODS: Registry = Registry("method")
 
 AGENT_METHODS = ("research", "search_r1", "r1_searcher", "rag_r1")
+
+
+@runtime_checkable
+class Method(Protocol):
+    """What ``harness eval`` (``benchmarks.evaluate``) and RL rollouts (``training.rollout``) call.
+
+    ``arun`` runs one (example, sample) and never raises (errors are recorded on the trajectory);
+    ``run_examples`` runs many concurrently, calling ``on_done`` as each finishes and skipping
+    the (example id, sample index) pairs in ``skip``.
+    """
+
+    method: str
+
+    async def arun(
+        self, example: Example, sample_index: int = 0, sampling: SamplingParams | None = None, policy_version: int = 0
+    ) -> Trajectory: ...
+
+    def run_examples(
+        self,
+        examples: Sequence[Example],
+        n_samples: int = 1,
+        sampling: SamplingParams | None = None,
+        policy_version: int = 0,
+        on_done: Callable[[Trajectory], None] | None = None,
+        skip: set[tuple[str, int]] | None = None,
+    ) -> list[Trajectory]: ...
 
 
 def _agent_builder(dialect: str):
@@ -39,14 +70,31 @@ def _baseline_builder(name: str):
 
 for _d in AGENT_METHODS:
     METHODS.register(_d, _agent_builder(_d), kind="agent", needs_retriever=True)
-for _b in ("naive", "standard", "iter_retgen", "ircot", "flare", "self_ask"):
-    METHODS.register(_b, _baseline_builder(_b), kind="baseline", needs_retriever=_b != "naive")
+for _b in BASELINES:
+    METHODS.register(_b, _baseline_builder(_b), kind="baseline", needs_retriever=_b not in WITHOUT_RETRIEVAL)
 
 
-def build_method(name: str, backend: Any, retriever: Any, options: dict[str, Any] | None = None) -> Any:
+def validate_options(name: str, options: dict[str, Any]) -> Any:
+    """The method's typed options (``AgentConfig`` or ``BaselineConfig``); raises ``ConfigError``
+    naming a wrong key or value. Cheap: nothing is built."""
+    if method_kind(name) == "agent":
+        from pipelines.search_agent import AgentConfig
+
+        return from_dict(AgentConfig, options, where="agent")
+    from pipelines.baselines.flashrag_methods import BaselineConfig
+
+    return from_dict(BaselineConfig, options, where="baseline")
+
+
+def build_method(name: str, backend: Any, retriever: Any, options: dict[str, Any] | None = None) -> Method:
     return METHODS.get(name)(backend, retriever, options or {})
 
 
 def method_kind(name: str) -> str:
     METHODS.get(name)
     return METHODS.info(name)["kind"]
+
+
+def needs_retriever(name: str) -> bool:
+    METHODS.get(name)
+    return bool(METHODS.info(name)["needs_retriever"])

@@ -8,10 +8,15 @@ ids are exactly what the model was fed, and the loss mask (1 on model tokens onl
 
 Items run independently as asyncio tasks: a slow item never holds the others back, and the
 backend batches whatever requests are in flight. An exception in one item is recorded on its
-trajectory (``finish_reason="error"``) and the run goes on.
+trajectory (``finish_reason="error"``, ``error_kind`` saying whether the infrastructure failed)
+and the run goes on.
 
-:class:`SearchAgentPipeline` wraps the loop as a FlashRAG ``BasicPipeline`` whose
-``run(dataset)`` fills ``pred`` and a ``trajectory`` output on each item.
+:class:`SearchAgent` is one object with two faces. It is a FlashRAG ``BasicPipeline``:
+``run(dataset)`` fills ``pred`` and a ``trajectory`` output on each item of a FlashRAG
+``Dataset`` and, with ``do_eval``, scores them with FlashRAG's ``Evaluator``. It is also the
+harness method (``pipelines.methods.Method``): ``arun(example)`` for one item and
+``run_examples(examples)`` for many, which ``harness eval`` and RL rollouts call. Both faces run
+the same loop.
 """
 
 from __future__ import annotations
@@ -23,10 +28,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.backends.base import Backend, Completion, SamplingParams
+from harness.backends.base import Backend, BackendError, Completion, SamplingParams
+from harness.config import require_at_least
+from harness.errors import error_kind
 from harness.retrieval.base import Retriever
 from harness.types import Doc, Example, SearchRecord, Segment, Trajectory
 from pipelines.dialects import Dialect, get_dialect
+from pipelines.flashrag_compat import FlashRAGGenerator, from_flashrag_dataset, pipeline_base, safe_config
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +63,20 @@ class AgentConfig:
     max_concurrency: int = 64
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        require_at_least(self, 0, "max_turns", "temperature")
+        require_at_least(self, 1, "max_new_tokens", "max_total_tokens", "min_room", "topk", "max_doc_tokens")
+        require_at_least(self, 1, "max_concurrency", "max_context")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
-class SearchAgent:
-    """Runs the loop for one dialect over a backend and a retriever."""
+
+class SearchAgent(pipeline_base()):  # type: ignore[misc]
+    """The loop for one dialect over a backend and a retriever; a FlashRAG pipeline (see module docstring).
+
+    ``flashrag_config``: the FlashRAG ``Config`` its ``BasicPipeline`` side uses (its
+    ``Evaluator`` metrics); by default :func:`~pipelines.flashrag_compat.safe_config`.
+    """
 
     def __init__(
         self,
@@ -66,15 +85,30 @@ class SearchAgent:
         dialect: str | Dialect = "research",
         config: AgentConfig | None = None,
         method: str | None = None,
+        flashrag_config: Any = None,
     ) -> None:
-        self.backend = backend
-        self.retriever = retriever
         self.dialect = get_dialect(dialect) if isinstance(dialect, str) else dialect
+        # The dialect owns the prompt, so FlashRAG's PromptTemplate (which reads a model config
+        # from disk) is not built: the dialect stands in its place.
+        super().__init__(flashrag_config or safe_config(), prompt_template=self.dialect)
+        self.backend = backend
+        self.retriever = retriever  # after BasicPipeline.__init__, which sets it to None
         self.config = config or AgentConfig()
         self.method = method or self.dialect.name
         self.tokenizer = backend.tokenizer
         self.max_context = self.config.max_context or backend.max_context
         self.use_chat = self.config.chat and bool(getattr(self.tokenizer, "chat_template", None))
+        # FlashRAG's pipelines expose their generator; the loop itself works on token ids.
+        self.generator = FlashRAGGenerator(backend, self.sampling())
+
+    # ---- FlashRAG's pipeline interface -----------------------------------------------------
+    def run(self, dataset: Any, do_eval: bool = True, pred_process_fun: Any = None, **kw: Any) -> Any:
+        """FlashRAG's ``run``: every item's ``pred`` and ``trajectory`` (a dict) are filled in,
+        then FlashRAG's ``evaluate`` scores them when ``do_eval``. ``kw`` go to :meth:`run_examples`."""
+        trajectories = self.run_examples(from_flashrag_dataset(dataset), **kw)
+        dataset.update_output("pred", [t.prediction for t in trajectories])
+        dataset.update_output("trajectory", [t.to_dict() for t in trajectories])
+        return self.evaluate(dataset, do_eval=do_eval, pred_process_fun=pred_process_fun)
 
     # ---- public API ------------------------------------------------------------------------
     def sampling(self, sample_index: int = 0, **overrides: Any) -> SamplingParams:
@@ -150,6 +184,7 @@ class SearchAgent:
             logger.warning("item %s failed: %s: %s", example.id, type(e).__name__, e)
             traj.finish_reason = "error"
             traj.error = f"{type(e).__name__}: {e}"
+            traj.error_kind = error_kind(e)
         traj.wall_time_s = time.perf_counter() - start
         traj.response_text = "".join(s.text for s in traj.segments[1:])  # after the prompt proper
         if traj.finish_reason != "error" or not traj.prediction:
@@ -194,7 +229,7 @@ class SearchAgent:
             used += len(comp.token_ids)
 
             if comp.finish_reason == "abort":
-                raise RuntimeError(f"backend aborted the request: {comp.meta.get('message', '')}".strip())
+                raise BackendError(f"backend aborted the request: {comp.meta.get('message', '')}".strip())
             action = d.parse_action(comp.text)
             if action.kind == "answer":
                 traj.prediction = action.answer or ""
@@ -270,10 +305,3 @@ class SearchAgent:
             return doc
         text = self.tokenizer.decode(ids[: self.config.max_doc_tokens])
         return Doc(id=doc.id, title=doc.title, text=text + " ...", score=doc.score)
-
-
-def build_pipeline(agent: SearchAgent, flashrag_config: Any | None = None) -> Any:
-    """The agent as a FlashRAG pipeline (see :class:`SearchAgentPipeline`)."""
-    from pipelines.flashrag_compat import SearchAgentPipeline, safe_config
-
-    return SearchAgentPipeline(flashrag_config or safe_config(), agent)

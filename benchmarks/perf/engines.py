@@ -21,8 +21,8 @@ import logging
 import tempfile
 import time
 
+from benchmarks.build import dataset_retriever
 from benchmarks.datasets import load_examples
-from harness.cli.eval_run import make_retriever
 from harness.engines import EngineConfig, engine_ready, launched
 from harness.eval_config import RetrieverConfig
 from harness.models import resolve_model
@@ -63,7 +63,7 @@ def main() -> None:
 
     model = resolve_model("smollm2-135m-instruct")
     examples = load_examples("demo", limit=args.n)
-    retriever = make_retriever(RetrieverConfig(kind="bm25"), "demo", None, None)
+    retriever = dataset_retriever(RetrieverConfig(kind="bm25"), "demo")
     retriever.search(["warm up"], 3)  # numba compiles on first use
     levels = [int(c) for c in args.concurrency.split(",")]
     print(f"questions={len(examples)} max_new_tokens={args.max_new_tokens} dtype={args.dtype}")

@@ -18,7 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.cli.eval_run import run_eval
+from benchmarks.build import build_eval, simple_evaluate
+from harness.backends import build_backend
 from harness.config import from_dict
 from harness.eval_config import EvalConfig
 from harness.runlog import RunDir
@@ -54,16 +55,14 @@ def main() -> None:
                 "out": out,
             },
         )
-        from harness.cli.eval_run import make_backend, make_retriever
-
         t_setup = time.perf_counter()
-        backend = make_backend(cfg.backend)
-        retriever = make_retriever(cfg.retriever, "hotpotqa", "dev_distractor1352", args.data_dir)
-        retriever.search(["warm up"], 3)  # numba compiles on first use; keep it out of the timing
+        backend = build_backend(cfg.backend)
+        run = build_eval(cfg, backend=backend)
+        run.retriever.search(["warm up"], 3)  # numba compiles on first use; keep it out of the timing
         setup = time.perf_counter() - t_setup
 
         t0 = time.perf_counter()
-        results = run_eval(cfg, backend=backend, retriever=retriever, show_progress=False)
+        results = simple_evaluate(cfg, run=run)
         wall = time.perf_counter() - t0
         trajs = RunDir(Path(out) / f"{args.method}-hotpotqa-dev_distractor1352").trajectories()
         backend.close()
@@ -75,9 +74,7 @@ def main() -> None:
     other = max(0.0, item_time - gen_time - ret_time)
     print(f"method={args.method} questions={len(trajs)} batch={args.max_batch_size} setup_s={setup:.1f}")
     print(f"wall_s={wall:.1f} questions_per_s={len(trajs) / wall:.3f} generated_tokens_per_s={gen_tokens / wall:.1f}")
-    print(
-        f"generated_tokens={gen_tokens} mean_searches={results['mean_searches']:.2f} EM={results['metrics']['em']:.3f}"
-    )
+    print(f"generated_tokens={gen_tokens} mean_searches={results.mean_searches:.2f} EM={results.metrics['em']:.3f}")
     print(
         "share_of_item_time: "
         f"generation={gen_time / item_time:.1%} retrieval={ret_time / item_time:.1%} overhead={other / item_time:.1%}"

@@ -60,8 +60,8 @@ def main() -> None:
         summary(rows)
         return
 
-    from harness.cli.train_cmd import build_trainer
     from harness.config import compose
+    from training.build import build_trainer
     from training.config import TrainConfig
 
     overrides = [f"data.data_dir={args.data_dir}", f"trainer.max_steps={args.steps}", "trainer.save_every=0"]

@@ -2,28 +2,33 @@
 
 Every backend (``hf``, ``sglang``, ``openai``, ``scripted``) implements :meth:`Backend.agenerate`
 for one request; callers run many requests concurrently and the backend batches what is in
-flight. :class:`BackendBase` adds FlashRAG's generator interface (``generate(list[str], **kw)``)
-on top, keeping the matched stop string in the returned text, so FlashRAG's own pipelines run on
-any of our backends.
+flight. Each backend builds itself from a :class:`~harness.eval_config.BackendConfig`
+(``from_config``) and, when it can serve a policy being trained, receives new weights through
+``update_weights`` (:class:`WeightUpdate`). FlashRAG's string interface is an adapter in
+``pipelines.flashrag_compat``, not part of the protocol.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
+
+from harness.errors import InfrastructureError
 
 logger = logging.getLogger(__name__)
 
 FinishType = Literal["stop", "length", "abort"]
 
 
-class BackendError(RuntimeError):
+class BackendError(InfrastructureError):
     """A generation request failed for good (after any retries). Recorded on the item, not fatal."""
+
+    kind = "backend"
 
 
 @dataclass(frozen=True)
@@ -83,8 +88,6 @@ class Backend(Protocol):
 
     async def agenerate(self, input_ids: list[int], params: SamplingParams) -> Completion: ...
 
-    def generate(self, input_list: Sequence[str] | str, **kw: Any) -> Any: ...
-
     def close(self) -> None: ...
 
 
@@ -100,20 +103,30 @@ def find_stop(text: str, stops: Sequence[str], start: int = 0) -> tuple[int, str
     return best
 
 
-# FlashRAG passes generation options under several names (HF, vLLM and OpenAI spellings).
-_FLASHRAG_MAX_TOKEN_KEYS = ("max_new_tokens", "max_tokens", "max_length")
+@dataclass(frozen=True)
+class WeightUpdate:
+    """New policy weights for a rollout backend (RL weight sync).
+
+    ``weights``: the full state dict (or a safetensors file / directory for in-process loading).
+    ``version``: the policy version (optimizer steps taken) the backend reports from now on.
+    Engines that load from disk write the weights under ``scratch`` as a model directory, which
+    needs ``model_config`` and ``tokenizer``.
+    """
+
+    weights: Any
+    version: int
+    model_config: Any = None
+    tokenizer: Any = None
+    scratch: Path | None = None
 
 
 class BackendBase:
-    """Shared plumbing: FlashRAG's ``generate(list[str], **kw)`` on top of ``agenerate``.
-
-    Subclasses set ``name``, ``tokenizer``, ``max_context`` and implement ``agenerate``.
-    """
+    """Shared plumbing. Subclasses set ``name``, ``tokenizer``, ``max_context`` and implement
+    ``agenerate`` and ``from_config``; trainable ones implement ``update_weights``."""
 
     name = "base"
     tokenizer: Any = None
     max_context: int = 2048
-    default_params = SamplingParams(max_new_tokens=64)
 
     # ---- the protocol -----------------------------------------------------------------------
     async def agenerate(self, input_ids: list[int], params: SamplingParams) -> Completion:
@@ -138,42 +151,18 @@ class BackendBase:
         seeded = [params if params.seed is None else params.with_(seed=params.seed + i) for i in range(n)]
         return list(await asyncio.gather(*(self.agenerate(input_ids, p) for p in seeded)))
 
-    # ---- FlashRAG's generator interface ------------------------------------------------------
-    def flashrag_params(self, kw: dict[str, Any]) -> SamplingParams:
-        params = self.default_params
-        for key in _FLASHRAG_MAX_TOKEN_KEYS:
-            if kw.get(key) is not None:
-                params = params.with_(max_new_tokens=int(kw[key]))
-                break
-        stop = kw.get("stop")
-        if stop:
-            params = params.with_(stop=tuple([stop] if isinstance(stop, str) else stop))
-        if kw.get("temperature") is not None:
-            params = params.with_(temperature=float(kw["temperature"]))
-        if kw.get("do_sample") is False:
-            params = params.with_(temperature=0.0)
-        if kw.get("top_p") is not None:
-            params = params.with_(top_p=float(kw["top_p"]))
-        if kw.get("return_scores") or kw.get("logprobs"):
-            params = params.with_(logprobs=True)
-        return params
+    # ---- building and weight sync ----------------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg: Any) -> BackendBase:
+        """Build from a :class:`~harness.eval_config.BackendConfig`."""
+        raise NotImplementedError(f"backend {cls.name!r} cannot be built from a config")
 
-    def generate(self, input_list: Sequence[str] | str, return_scores: bool = False, **kw: Any) -> Any:
-        """FlashRAG's generator call: prompts (strings) in, texts out.
+    def check(self) -> None:
+        """Preflight: raise :class:`BackendError` when the backend cannot answer (in-process: nothing to do)."""
 
-        The matched stop string is kept at the end of each text (FlashRAG's reasoning pipelines
-        rely on it). With ``return_scores=True`` it also returns per-token probabilities.
-        """
-        if isinstance(input_list, str):
-            input_list = [input_list]
-        params = self.flashrag_params({**kw, "return_scores": return_scores})
-        ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in input_list]
-        completions = run_sync(self.agenerate_many(ids, params))
-        texts = [c.text for c in completions]
-        if return_scores:
-            scores = [[math.exp(lp) for lp in (c.logprobs or [])] for c in completions]
-            return texts, scores
-        return texts
+    def update_weights(self, update: WeightUpdate) -> None:
+        """Serve ``update``'s weights from now on, tagged with its version (RL weight sync)."""
+        raise NotImplementedError(f"weight sync into a {self.name!r} backend is not implemented")
 
 
 def run_sync(coro: Any) -> Any:

@@ -26,7 +26,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.backends.base import BackendBase, BackendError, Completion, SamplingParams, find_stop
+from harness.backends.base import BackendBase, BackendError, Completion, SamplingParams, WeightUpdate, find_stop
 
 logger = logging.getLogger(__name__)
 
@@ -125,10 +125,16 @@ class HFBackend(BackendBase):
             self._queue.put(None)
             self._worker.join(timeout=30)
 
-    def update_weights(self, weights: Any, version: str | int | None = None) -> None:
-        """Load new weights (a state dict or a safetensors directory/file) between batches."""
+    @classmethod
+    def from_config(cls, cfg: Any) -> HFBackend:
+        """From a :class:`~harness.eval_config.BackendConfig` (model, dtype, max_batch_size, threads)."""
+        return cls(model=cfg.model, dtype=cfg.dtype, max_batch_size=cfg.max_batch_size, threads=cfg.threads)
+
+    def update_weights(self, update: WeightUpdate) -> None:
+        """Load new weights (a state dict, or a safetensors file or directory) between batches."""
         from pathlib import Path
 
+        weights = update.weights
         if isinstance(weights, str | Path):
             from safetensors.torch import load_file
 
@@ -147,7 +153,7 @@ class HFBackend(BackendBase):
                     f"weights do not fit the model: missing {real_missing[:5]}, unexpected {unexpected[:5]}"
                 )
             self.model.tie_weights()
-            self.weight_version = str(version) if version is not None else str(int(self.weight_version) + 1)
+            self.weight_version = str(update.version)
 
     # ---- worker --------------------------------------------------------------------------
     def _run(self) -> None:

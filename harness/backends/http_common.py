@@ -47,6 +47,17 @@ class HTTPBackendBase(BackendBase):
         self._per_loop: dict[int, tuple[httpx.AsyncClient, asyncio.Semaphore]] = {}
         self._models: list[dict[str, Any]] | None = None  # /v1/models of the first server, asked once
 
+    @classmethod
+    def from_config(cls, cfg: Any) -> HTTPBackendBase:
+        """From a :class:`~harness.eval_config.BackendConfig`: ``url`` (several: round-robin),
+        ``model`` (the tokenizer), ``max_concurrency``, ``timeout``, ``retries``."""
+        if not cfg.url:
+            raise ValueError(f"backend {cls.name!r} needs --url (the server's base URL)")
+        url = cfg.url if len(cfg.url) > 1 else cfg.url[0]
+        return cls(
+            url=url, model=cfg.model, max_concurrency=cfg.max_concurrency, timeout=cfg.timeout, retries=cfg.retries
+        )
+
     def load_tokenizer(self, model: str | None, tokenizer: Any = None) -> Any:
         """The tokenizer of the served model: ``tokenizer`` if given, else loaded from ``model`` (a
         name, local directory or hub id; default the embedded model), recording ``model_path``."""
@@ -127,6 +138,12 @@ class HTTPBackendBase(BackendBase):
                     logger.warning("%s; retry %d/%d in %.1f s", last, attempt + 1, self.retries, delay)
                     await asyncio.sleep(delay)
         raise BackendError(f"request failed after {self.retries + 1} attempts: {last}")
+
+    health_path = "/health"
+
+    def check(self) -> None:
+        """Preflight: every server answers its health endpoint (raises :class:`BackendError`)."""
+        self.check_health(self.health_path)
 
     def check_health(self, path: str = "/health", hint: str = "") -> None:
         """Fail fast, with a clear message, when a server is not there."""

@@ -33,6 +33,7 @@ class OpenAIBackend(HTTPBackendBase):
     """
 
     name = "openai"
+    health_path = "/v1/models"
 
     def __init__(
         self,

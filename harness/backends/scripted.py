@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.backends.base import BackendBase, Completion, SamplingParams, find_stop
+from harness.backends.base import BackendBase, Completion, SamplingParams, WeightUpdate, find_stop
 from harness.tokenization import byte_tokenizer
 
 
@@ -73,6 +73,15 @@ class ScriptedBackend(BackendBase):
         # A local model directory (config + tokenizer) for FlashRAG's prompt templates, if any.
         self.model_path = model_path
         self.calls = 0
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> ScriptedBackend:
+        """From a :class:`~harness.eval_config.BackendConfig` (``script``: a JSONL script file)."""
+        return cls(script=cfg.script)
+
+    def update_weights(self, update: WeightUpdate) -> None:
+        """Nothing to load (scripted text does not depend on weights); only the version moves."""
+        self.weight_version = str(update.version)
 
     def _pick(self, context: str) -> tuple[str, ScriptEntry | None]:
         for entry in self.script:

@@ -70,6 +70,7 @@ def eval_command(
     config_files: list[str] = typer.Option(None, "-c", "--config", help="YAML config file(s)."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. agent.max_turns=2"),
 ) -> None:
+    from benchmarks.evaluate import error_summary
     from harness.config import ConfigError, deep_merge, load_yaml, parse_overrides
     from harness.config import from_dict as build
     from harness.eval_config import EvalConfig
@@ -116,45 +117,106 @@ def eval_command(
                 fail(str(e))
     results = run_configs(configs)
     print_results_table(results)
+    failed = [(r, error_summary(r)) for r in results if r.errors]
+    for r, summary in failed:
+        console.print(f"[bold red]{r.method} on {r.dataset}:[/] {summary}", highlight=False)
+    if failed:
+        raise typer.Exit(1)
 
 
-def run_configs(configs: list[Any]) -> list[tuple[Any, dict]]:
-    """Run each config in turn with one shared backend (and one launched engine, if asked);
-    the engine is stopped and the backend closed however the runs end."""
-    import contextlib
+def launched_backend_config(stack: Any, bcfg: Any, out: str) -> Any:
+    """``bcfg`` itself, or (``launch: true``) a copy pointing at an engine started inside ``stack``.
+
+    The run's config (and its hash, for resuming) keeps ``launch: true``, not the ephemeral URL.
+    """
     from dataclasses import replace
     from pathlib import Path
 
-    from harness.cli.eval_run import make_backend, run_dir_for, run_eval
-    from harness.engines import engine_for_backend, sigterm_as_exit
+    from harness.engines import engine_for_backend
 
-    results: list[tuple[Any, dict]] = []
-    bcfg = configs[0].backend
+    if not bcfg.launch:
+        return bcfg
+    proc = start_engine(stack, engine_for_backend(bcfg.kind), bcfg.model, bcfg.engine, Path(out) / "engines")
+    return replace(bcfg, url=[proc.url])
+
+
+def run_configs(configs: list[Any]) -> list[Any]:
+    """Run each config in turn with one shared backend (and one launched engine, if asked); the
+    engine is stopped and the backend closed however the runs end. Returns their results."""
+    import contextlib
+
+    from benchmarks.build import build_eval, simple_evaluate
+    from harness.backends import build_backend
+    from harness.engines import sigterm_as_exit
+
+    results = []
     with contextlib.ExitStack() as stack:
         stack.enter_context(sigterm_as_exit())
+        bcfg = configs[0].backend
         try:
-            if bcfg.launch:
-                engine = engine_for_backend(bcfg.kind)
-                proc = start_engine(stack, engine, bcfg.model, bcfg.engine, Path(configs[0].out) / "engines")
-                # The run's config (and its hash, for resuming) keeps launch=true, not this URL.
-                bcfg = replace(bcfg, url=[proc.url])
-            backend = make_backend(bcfg)
-        except (ValueError, OSError, RuntimeError) as e:  # EngineError is a RuntimeError
+            bcfg = launched_backend_config(stack, bcfg, configs[0].out)
+            backend = build_backend(bcfg)
+        except (ValueError, OSError, RuntimeError) as e:  # EngineError, BackendError are RuntimeErrors
             fail(f"backend {bcfg.kind}: {e}")
         stack.callback(backend.close)
         for cfg in configs:
+            label = f"{cfg.method} on {cfg.dataset.name}"
             try:
-                console.print(
-                    f"[bold]{cfg.method}[/] on [bold]{cfg.dataset.name}[/] → {run_dir_for(cfg)}", highlight=False
-                )
-                results.append((run_dir_for(cfg), run_eval(cfg, backend=backend)))
+                run = build_eval(cfg, backend=backend)
+                console.print(f"[bold]{cfg.method}[/] on [bold]{cfg.dataset.name}[/] → {run.run_dir}", highlight=False)
+                with Progress(len(run.examples), run.run_dir, label) as progress:
+                    results.append(simple_evaluate(cfg, run=run, on_item=progress.add))
             except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
-                fail(f"{cfg.method} on {cfg.dataset.name}: {e}")
+                fail(f"{label}: {e}")
     return results
 
 
-def print_results_table(results: list[tuple[Any, dict]]) -> None:
-    """The comparison table of this invocation's runs (stdout, for people)."""
+class Progress:
+    """A rich progress bar with the running EM (quiet when stderr is not a terminal)."""
+
+    def __init__(self, total: int, run_dir: Any, label: str) -> None:
+        from harness.runlog import RunDir
+
+        done = RunDir(run_dir).scores() if (run_dir / "scores.jsonl").exists() else []
+        self.total, self.label = total, label
+        self.n = len(done)
+        self.em_sum = sum(s.metric("em") or 0.0 for s in done)
+        self._progress = None
+
+    def __enter__(self) -> Progress:
+        if console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as Bar
+
+            self._progress = Bar(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(self._desc(), total=self.total, completed=min(self.n, self.total))
+        return self
+
+    def _desc(self) -> str:
+        em = self.em_sum / self.n if self.n else 0.0
+        return f"{self.label}  EM {em:.3f}"
+
+    def add(self, score: Any) -> None:
+        self.n += 1
+        self.em_sum += score.metric("em") or 0.0
+        if self._progress is not None:
+            self._progress.update(self._task, advance=1, description=self._desc())
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def print_results_table(results: list[Any]) -> None:
+    """The comparison table of this invocation's runs (stdout, for people). Not a terminal (piped,
+    logged): rendered at full width, so no column is cut."""
     from rich.console import Console
     from rich.table import Table
 
@@ -165,19 +227,22 @@ def print_results_table(results: list[tuple[Any, dict]]) -> None:
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{100 * v:.1f}"
 
-    for _, r in results:
-        m = r["metrics"]
+    for r in results:
+        m = r.metrics
         table.add_row(
-            r["method"],
-            r["dataset"],
-            f"{r['n']}/{r['n_total']}",
+            str(r.method),
+            str(r.dataset),
+            f"{r.n}/{r.n_total}",
             pct(m.get("em")),
             pct(m.get("f1")),
             pct(m.get("acc")),
             pct(m.get("cover_em")),
-            "-" if r["mean_searches"] is None else f"{r['mean_searches']:.2f}",
-            "-" if r["mean_generated_tokens"] is None else f"{r['mean_generated_tokens']:.0f}",
-            "-" if r["latency_p50_s"] is None else f"{r['latency_p50_s']:.2f}",
-            str(r["errors"]),
+            "-" if r.mean_searches is None else f"{r.mean_searches:.2f}",
+            "-" if r.mean_generated_tokens is None else f"{r.mean_generated_tokens:.0f}",
+            "-" if r.latency_p50_s is None else f"{r.latency_p50_s:.2f}",
+            str(r.errors),
         )
-    Console().print(table)
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=max(200, out.width))
+    out.print(table)

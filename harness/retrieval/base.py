@@ -11,11 +11,14 @@ import threading
 from collections import OrderedDict
 from typing import Protocol, runtime_checkable
 
+from harness.errors import InfrastructureError
 from harness.types import Doc
 
 
-class RetrievalError(RuntimeError):
+class RetrievalError(InfrastructureError):
     """A retrieval call failed for good (bad index, server unreachable after retries, ...)."""
+
+    kind = "retrieval"
 
 
 @runtime_checkable

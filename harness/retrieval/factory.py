@@ -1,4 +1,9 @@
-"""Building a (cached) retriever from a :class:`~harness.eval_config.RetrieverConfig`.
+"""The retriever registry: every ``retriever.kind`` and how it builds itself from its config.
+
+Each registered target is called as ``target(cfg, corpus)`` with a
+:class:`~harness.eval_config.RetrieverConfig` and the dataset's default corpus (used when the
+config names neither an index nor a corpus), and returns a retriever. :func:`build_retriever`
+wraps it in the query cache.
 
 BM25 and dense indexes over a corpus are built once and cached under
 ``$HARNESS_CACHE/indexes/<kind>-<model>-<corpus sha>``; ``index`` points at a built index;
@@ -12,10 +17,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from harness.eval_config import RetrieverConfig
+from harness.registry import Registry
 from harness.retrieval.base import CachedRetriever
 
 logger = logging.getLogger(__name__)
+
+RETRIEVERS: Registry = Registry("retriever")
 
 
 def cache_dir() -> Path:
@@ -23,6 +30,7 @@ def cache_dir() -> Path:
 
 
 def ensure_index(corpus: str, kind: str, model: str | None) -> Any:
+    """The cached index of ``kind`` over ``corpus``, built on first use."""
     from harness.retrieval.index import build_index, load_index
     from harness.runlog import file_hash
 
@@ -34,24 +42,29 @@ def ensure_index(corpus: str, kind: str, model: str | None) -> Any:
     return load_index(out)
 
 
-def make_retriever(cfg: RetrieverConfig, corpus: str | None = None) -> CachedRetriever:
-    """A cached retriever; ``corpus`` is the default corpus when the config names none."""
-    if cfg.kind == "http":
-        from harness.retrieval.http_client import HTTPRetriever
+def index_from_config(cfg: Any, corpus: str | None = None) -> Any:
+    """``bm25`` / ``dense``: a built index (``cfg.index``), or one built (once) over the corpus."""
+    from harness.retrieval.index import load_index
 
-        if not cfg.url:
-            raise ValueError("retriever 'http' needs a URL (--index URL or retriever.url=URL)")
-        return CachedRetriever(HTTPRetriever(cfg.url, api=cfg.api))
     if cfg.index:
-        from harness.retrieval.index import load_index
-
-        return CachedRetriever(load_index(cfg.index))
+        return load_index(cfg.index)
     corpus = cfg.corpus or corpus
     if corpus is None:
         raise ValueError("no corpus to search: pass --index DIR (a built index) or retriever.corpus=FILE")
-    if cfg.kind == "memory":
-        from harness.retrieval.corpus import read_corpus
-        from harness.retrieval.memory import InMemoryRetriever
+    return ensure_index(str(corpus), cfg.kind, cfg.model)
 
-        return CachedRetriever(InMemoryRetriever(read_corpus(corpus), index_id=f"memory:{corpus}"))
-    return CachedRetriever(ensure_index(str(corpus), cfg.kind, cfg.model))
+
+RETRIEVERS.register("bm25", index_from_config, needs_corpus=True)
+RETRIEVERS.register("dense", index_from_config, needs_corpus=True)
+RETRIEVERS.register("memory", "harness.retrieval.memory:InMemoryRetriever.from_config", needs_corpus=True)
+RETRIEVERS.register("http", "harness.retrieval.http_client:HTTPRetriever.from_config", needs_corpus=False)
+
+
+def needs_corpus(cfg: Any) -> bool:
+    """Whether ``cfg`` searches a corpus it must be given (no index, no corpus of its own)."""
+    return bool(RETRIEVERS.info(cfg.kind).get("needs_corpus")) and not cfg.index and not cfg.corpus
+
+
+def build_retriever(cfg: Any, corpus: str | None = None) -> CachedRetriever:
+    """A cached retriever from a ``RetrieverConfig``; ``corpus`` is the default corpus."""
+    return CachedRetriever(RETRIEVERS.get(cfg.kind)(cfg, corpus))

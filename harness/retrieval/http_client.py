@@ -51,9 +51,21 @@ class HTTPRetriever:
         self.index_id = f"http:{api}:{self.url}"
         self._client = httpx.Client(timeout=timeout)
 
-    def _post(self, path: str, payload: dict[str, Any]) -> Any:
+    @classmethod
+    def from_config(cls, cfg: Any, corpus: str | None = None) -> HTTPRetriever:
+        """From a :class:`~harness.eval_config.RetrieverConfig` (``url``, ``api``); ``corpus`` is unused."""
+        if not cfg.url:
+            raise ValueError("retriever 'http' needs a URL (--index URL or retriever.url=URL)")
+        return cls(cfg.url, api=cfg.api)
+
+    def check(self) -> None:
+        """Preflight: one small search, no retries, so a dead server fails in about a second."""
+        self._search(["preflight"], 1, retries=0)
+
+    def _post(self, path: str, payload: dict[str, Any], retries: int | None = None) -> Any:
         last: str = ""
-        for attempt in range(self.retries + 1):
+        retries = self.retries if retries is None else retries
+        for attempt in range(retries + 1):
             try:
                 r = self._client.post(self.url + path, json=payload)
                 if r.status_code < 500:
@@ -66,11 +78,11 @@ class HTTPRetriever:
                 last = f"HTTP {r.status_code}: {r.text[:200]}"
             except httpx.HTTPError as e:
                 last = f"{type(e).__name__}: {e}"
-            if attempt < self.retries:
+            if attempt < retries:
                 delay = self.backoff * (2**attempt)
                 logger.warning("retrieval %s%s failed (%s); retrying in %.1f s", self.url, path, last, delay)
                 time.sleep(delay)
-        raise RetrievalError(f"retrieval server {self.url}{path} failed after {self.retries + 1} attempts: {last}")
+        raise RetrievalError(f"retrieval server {self.url}{path} failed after {retries + 1} attempts: {last}")
 
     def search(self, queries: list[str], k: int) -> list[list[Doc]]:
         """Top-``k`` documents per query from the server."""
@@ -84,9 +96,9 @@ class HTTPRetriever:
             raise RetrievalError(f"{self.url} answered {len(out)} result lists for {len(queries)} queries")
         return out
 
-    def _search(self, queries: list[str], k: int) -> list[list[Doc]]:
+    def _search(self, queries: list[str], k: int, retries: int | None = None) -> list[list[Doc]]:
         if self.api == "search_r1":
-            data = self._post("/retrieve", {"queries": queries, "topk": k, "return_scores": True})
+            data = self._post("/retrieve", {"queries": queries, "topk": k, "return_scores": True}, retries)
             return [
                 [
                     _doc(x["document"], i, float(x.get("score", 0.0))) if "document" in x else _doc(x, i)
@@ -95,13 +107,13 @@ class HTTPRetriever:
                 for r in data["result"]
             ]
         if self.api == "flashrag":
-            data = self._post("/batch_search", {"query": queries, "top_n": k, "return_score": True})
+            data = self._post("/batch_search", {"query": queries, "top_n": k, "return_score": True}, retries)
             docs, scores = data if _is_scored(data) else (data, None)
             return [
                 [_doc(d, i, float(scores[q][i]) if scores else 0.0) for i, d in enumerate(row)]
                 for q, row in enumerate(docs)
             ]
-        data = self._post("/queries", {"queries": queries, "k": k})
+        data = self._post("/queries", {"queries": queries, "k": k}, retries)
         return [[_doc(s, i) for i, s in enumerate(row)] for row in data["answers"]]
 
     def close(self) -> None:

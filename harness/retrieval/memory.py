@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
 from harness.types import Doc
 
@@ -25,6 +26,16 @@ class InMemoryRetriever:
         self.docs = list(docs)
         self.index_id = index_id
         self._bags = [_words(d.title + " " + d.text) for d in self.docs]
+
+    @classmethod
+    def from_config(cls, cfg: Any, corpus: str | None = None) -> InMemoryRetriever:
+        """Over ``retriever.corpus`` (or the dataset's ``corpus``) from a ``RetrieverConfig``."""
+        from harness.retrieval.corpus import read_corpus
+
+        path = cfg.corpus or corpus
+        if path is None:
+            raise ValueError("retriever 'memory' needs a corpus: retriever.corpus=FILE (a FlashRAG-format JSONL)")
+        return cls(read_corpus(path), index_id=f"memory:{path}")
 
     def search(self, queries: list[str], k: int) -> list[list[Doc]]:
         out = []

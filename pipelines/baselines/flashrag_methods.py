@@ -2,32 +2,43 @@
 
 ``naive`` (no retrieval), ``standard`` (retrieve then read), ``iter_retgen``, ``ircot``, ``flare``
 and ``self_ask`` run through FlashRAG's own pipeline classes; only the generator (any harness
-backend, via its FlashRAG ``generate`` interface) and the retriever (via
-:class:`~pipelines.flashrag_compat.FlashRAGRetriever`) are ours.
+backend, through :class:`~pipelines.flashrag_compat.FlashRAGGenerator`) and the retriever
+(through :class:`~pipelines.flashrag_compat.FlashRAGRetriever`) are ours.
 
-FlashRAG pipelines process a whole dataset at once, so items are run in chunks of
-``chunk_size``: each finished chunk is streamed to the run directory, an interrupt loses at most
-the chunk in flight, and an exception fails only that chunk's items (recorded on each). Token
-ids in baseline trajectories are the tokenizer's encoding of the prompt/output texts (FlashRAG
-works on strings), flagged with ``metadata["token_exact"] = False``.
+Each item runs as its own one-item FlashRAG dataset on a worker thread, up to ``max_concurrency``
+items at once, while the method's event loop serves their generation requests: the backend
+batches requests from every running item, a finished item is streamed to the run directory at
+once, and an exception fails only its own item (recorded on it). Every retrieval call an item
+makes is recorded on its trajectory (queries, documents, scores, latency). Token ids in baseline
+trajectories are the tokenizer's encoding of the prompt/output texts (FlashRAG works on
+strings), flagged with ``metadata["token_exact"] = False``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import io
 import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from harness.backends.base import SamplingParams
+from harness.config import require_at_least
+from harness.errors import error_kind
 from harness.retrieval.base import Retriever
-from harness.types import Example, SearchRecord, Segment, Trajectory
-from pipelines.flashrag_compat import FlashRAGRetriever, safe_config, to_flashrag_dataset
+from harness.types import Example, Segment, Trajectory
+from pipelines.flashrag_compat import FlashRAGGenerator, FlashRAGRetriever, safe_config, to_flashrag_dataset
 
 logger = logging.getLogger(__name__)
 
+# The one list of baselines, and the ones that never search (``pipelines.methods`` registers
+# both; ``needs_retriever`` is read from that registry).
 BASELINES = ("naive", "standard", "iter_retgen", "ircot", "flare", "self_ask")
+WITHOUT_RETRIEVAL = frozenset({"naive"})
 
 
 @dataclass(frozen=True)
@@ -37,12 +48,15 @@ class BaselineConfig:
     topk: int = 3
     max_new_tokens: int = 32
     max_input_len: int = 2048
-    chunk_size: int = 8
+    max_concurrency: int = 8  # items running at once (each on a worker thread)
     iter_num: int = 3  # iter_retgen
     max_iter: int = 2  # ircot / self_ask
     flare_threshold: float = 0.2
     flare_look_ahead: int = 32
     flare_max_generation_length: int = 64
+
+    def __post_init__(self) -> None:
+        require_at_least(self, 1, "topk", "max_new_tokens", "max_input_len", "max_concurrency", "iter_num", "max_iter")
 
 
 def _build(name: str, config: Any, generator: Any, retriever: FlashRAGRetriever, opts: BaselineConfig) -> Any:
@@ -76,7 +90,7 @@ class _NoRetriever:
 
 
 class FlashRAGBaseline:
-    """Runs one FlashRAG baseline over examples and emits harness trajectories."""
+    """One FlashRAG baseline as a harness method (``pipelines.methods.Method``)."""
 
     def __init__(
         self,
@@ -87,7 +101,7 @@ class FlashRAGBaseline:
     ) -> None:
         if name not in BASELINES:
             raise ValueError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}")
-        if name != "naive" and retriever is None:
+        if name not in WITHOUT_RETRIEVAL and retriever is None:
             raise ValueError(f"baseline {name!r} needs a retriever")
         model_path = getattr(backend, "model_path", None)
         if model_path is None:
@@ -108,42 +122,85 @@ class FlashRAGBaseline:
             retrieval_topk=self.options.topk,
             generation_params={"max_tokens": self.options.max_new_tokens},
         )
-        backend.default_params = SamplingParams(max_new_tokens=self.options.max_new_tokens, logprobs=name == "flare")
-        self.pipeline = _build(name, self.config, backend, self.retriever, self.options)
+        self.generator = FlashRAGGenerator(
+            backend, SamplingParams(max_new_tokens=self.options.max_new_tokens, logprobs=name == "flare")
+        )
+        self.pipeline = _build(name, self.config, self.generator, self.retriever, self.options)
 
+    # ---- the method protocol -----------------------------------------------------------------
     def run_examples(
         self,
         examples: Sequence[Example],
+        n_samples: int = 1,
+        sampling: SamplingParams | None = None,
+        policy_version: int = 0,
         on_done: Callable[[Trajectory], None] | None = None,
         skip: set[tuple[str, int]] | None = None,
-        **_: Any,
+    ) -> list[Trajectory]:
+        """Run every (example, sample) not in ``skip``, up to ``max_concurrency`` at once;
+        ``on_done`` is called as each finishes. Returns trajectories in input order."""
+        return asyncio.run(self.arun_examples(examples, n_samples, sampling, policy_version, on_done, skip))
+
+    async def arun_examples(
+        self,
+        examples: Sequence[Example],
+        n_samples: int = 1,
+        sampling: SamplingParams | None = None,
+        policy_version: int = 0,
+        on_done: Callable[[Trajectory], None] | None = None,
+        skip: set[tuple[str, int]] | None = None,
     ) -> list[Trajectory]:
         skip = skip or set()
-        todo = [e for e in examples if (e.id, 0) not in skip]
-        out: list[Trajectory] = []
-        step = max(1, self.options.chunk_size)
-        for i in range(0, len(todo), step):
-            for traj in self._run_chunk(todo[i : i + step]):
-                out.append(traj)
+        todo = [(ex, j) for ex in examples for j in range(n_samples) if (ex.id, j) not in skip]
+        sem = asyncio.Semaphore(self.options.max_concurrency)
+        with ThreadPoolExecutor(self.options.max_concurrency, thread_name_prefix=f"baseline-{self.name}") as pool:
+
+            async def one(ex: Example, j: int) -> Trajectory:
+                async with sem:
+                    traj = await self._arun_on(pool, ex, j, sampling, policy_version)
                 if on_done is not None:
                     on_done(traj)
-        return out
+                return traj
 
-    def _run_chunk(self, chunk: list[Example]) -> list[Trajectory]:
-        dataset = to_flashrag_dataset(chunk, self.config)
-        self.retriever.log.clear()
+            return list(await asyncio.gather(*(one(ex, j) for ex, j in todo)))
+
+    async def arun(
+        self,
+        example: Example,
+        sample_index: int = 0,
+        sampling: SamplingParams | None = None,
+        policy_version: int = 0,
+    ) -> Trajectory:
+        """One item on a worker thread. Never raises: errors are recorded on the trajectory."""
+        return await self._arun_on(None, example, sample_index, sampling, policy_version)
+
+    async def _arun_on(
+        self, pool: Any, ex: Example, j: int, sampling: SamplingParams | None, policy_version: int
+    ) -> Trajectory:
+        loop = asyncio.get_running_loop()
+        self.generator.loop = loop  # the worker threads' requests come back to this loop
+        return await loop.run_in_executor(pool, self._run_item, ex, j, sampling, policy_version)
+
+    # ---- one item ------------------------------------------------------------------------------
+    def _run_item(self, ex: Example, j: int, sampling: SamplingParams | None, policy_version: int) -> Trajectory:
+        with contextlib.redirect_stdout(io.StringIO()):  # FlashRAG prints progress lines
+            dataset = to_flashrag_dataset([ex], self.config)
+        error, kind = None, None
         t0 = time.perf_counter()
-        error = None
-        try:
-            if self.name == "naive":
-                self.pipeline.naive_run(dataset, do_eval=False)
-            else:
-                self.pipeline.run(dataset, do_eval=False)
-        except Exception as e:  # the chunk's items carry the error; the run goes on
-            logger.warning("%s failed on a chunk of %d items: %s", self.name, len(chunk), e)
-            error = f"{type(e).__name__}: {e}"
-        per_item = (time.perf_counter() - t0) / max(1, len(chunk))
-        return [self._trajectory(ex, item, error, per_item) for ex, item in zip(chunk, dataset, strict=True)]
+        with self.retriever.recording() as searches, self.generator.using(sampling):
+            try:
+                if self.name == "naive":
+                    self.pipeline.naive_run(dataset, do_eval=False)
+                else:
+                    self.pipeline.run(dataset, do_eval=False)
+            except Exception as e:  # the item carries the error; the run goes on
+                logger.warning("%s failed on item %s: %s: %s", self.name, ex.id, type(e).__name__, e)
+                error, kind = f"{type(e).__name__}: {e}", error_kind(e)
+        traj = self._trajectory(ex, dataset[0], error, time.perf_counter() - t0)
+        traj.error_kind, traj.sample_index, traj.policy_version = kind, j, policy_version
+        traj.searches = searches
+        traj.retrieval_time_s = sum(s.latency_s for s in searches)
+        return traj
 
     def _trajectory(self, ex: Example, item: Any, error: str | None, wall: float) -> Trajectory:
         output = dict(getattr(item, "output", {}) or {})
@@ -171,15 +228,4 @@ class FlashRAGBaseline:
             traj.segments.append(Segment("model", ids, pred))
             traj.generated_tokens = len(ids)
             traj.n_turns = 1
-        docs = output.get("retrieval_result") or []
-        if docs and isinstance(docs, list) and isinstance(docs[0], dict):
-            traj.searches.append(
-                SearchRecord(
-                    turn=0,
-                    query=ex.question,
-                    doc_ids=[str(d.get("id")) for d in docs],
-                    scores=[float(d.get("score", 0.0)) for d in docs],
-                    latency_s=0.0,
-                )
-            )
         return traj

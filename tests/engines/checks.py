@@ -152,13 +152,13 @@ def check_greedy_parity(backend, hf_backend) -> None:
 
 def check_agent_on_demo(backend, n: int = 3) -> list:
     """THE search agent through this backend on a few demo questions, with real BM25."""
+    from benchmarks.build import dataset_retriever
     from benchmarks.datasets import load_examples
-    from harness.cli.eval_run import make_retriever
     from harness.eval_config import RetrieverConfig
     from pipelines.search_agent import AgentConfig, SearchAgent
 
     examples = load_examples("demo", limit=n)
-    retriever = make_retriever(RetrieverConfig(kind="bm25"), "demo", None, None)
+    retriever = dataset_retriever(RetrieverConfig(kind="bm25"), "demo")
     agent = SearchAgent(backend, retriever, "research", AgentConfig(max_turns=2, max_new_tokens=64, few_shot=True))
     trajs = agent.run_examples(examples)
     assert len(trajs) == n

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import torch
 
-from harness.backends.base import SamplingParams
+from harness.backends.base import SamplingParams, WeightUpdate
 from harness.backends.hf import HFBackend
 from harness.tokenization import byte_tokenizer
 
@@ -179,11 +179,14 @@ def test_sampling_is_seeded_per_request(tiny):
 
 
 def test_flashrag_interface_keeps_the_stop(tiny):
+    from pipelines.flashrag_compat import FlashRAGGenerator
+
     backend, _, tok = tiny
-    free = backend.generate(["hello world"], max_tokens=12)[0]
-    out = backend.generate(["hello world", "a"], stop=[free[3:5]], max_tokens=12)
+    gen = FlashRAGGenerator(backend)
+    free = gen.generate(["hello world"], max_tokens=12)[0]
+    out = gen.generate(["hello world", "a"], stop=[free[3:5]], max_tokens=12)
     assert out[0].endswith(free[3:5])
-    texts, scores = backend.generate(["a"], return_scores=True, max_tokens=4)
+    texts, scores = gen.generate(["a"], return_scores=True, max_tokens=4)
     assert len(scores[0]) == 4 and all(0 < s <= 1 for s in scores[0])
 
 
@@ -196,10 +199,10 @@ def test_update_weights_changes_outputs_and_version(tiny, tmp_path):
     state = {k: v.clone() for k, v in model.state_dict().items()}
     changed = {k: (v + 0.5 * torch.randn_like(v) if v.dim() == 2 else v) for k, v in state.items()}
     save_file({k: v.contiguous() for k, v in changed.items() if k != "lm_head.weight"}, str(tmp_path / "m.safetensors"))
-    backend.update_weights(tmp_path, version=7)
+    backend.update_weights(WeightUpdate(tmp_path, version=7))
     after = gather(backend, [p], SamplingParams(max_new_tokens=8))[0]
     assert after.weight_version == "7" and after.token_ids != before.token_ids
-    backend.update_weights(state, version=8)
+    backend.update_weights(WeightUpdate(state, version=8))
     assert gather(backend, [p], SamplingParams(max_new_tokens=8))[0].token_ids == before.token_ids
 
 

@@ -74,42 +74,33 @@ def test_load_script_reads_jsonl_and_names_bad_lines(tmp_path):
         load_script(bad)
 
 
-# ---- BackendBase.generate: FlashRAG's interface -------------------------------------------------
-
-
-def test_flashrag_generate_keeps_the_matched_stop_and_maps_option_names():
-    b = ScriptedBackend([{"match": "Q1", "turns": ["<search>a</search> more"]}, {"match": "Q2", "turns": ["xyz"]}])
-    out = b.generate(["Q1", "Q2"], stop=["</search>"], max_tokens=50)
-    assert out == ["<search>a</search>", "xyz"]
-    assert b.generate("Q1", stop="</search>") == ["<search>a</search>"]  # a single prompt and stop
-    assert b.generate(["Q2"], max_new_tokens=2) == ["xy"]
-    assert b.generate(["Q2"], max_length=1, do_sample=False) == ["x"]
-    p = b.flashrag_params({"temperature": 0.7, "top_p": 0.9, "logprobs": True})
-    assert (p.temperature, p.top_p, p.logprobs, p.max_new_tokens) == (0.7, 0.9, True, 64)
-
-
-def test_flashrag_generate_return_scores_gives_probabilities():
-    b = ScriptedBackend([{"match": "Q", "turns": ["abc"]}])
-    texts, scores = b.generate(["Q"], return_scores=True, stop=["c"])
-    assert texts == ["abc"] and scores == [[1.0, 1.0, 1.0]]  # logprob 0.0 -> probability 1
-
-
-def test_generate_works_inside_a_running_event_loop():
-    b = ScriptedBackend([{"match": "Q", "turns": ["ok"]}])
-
-    async def main():  # FlashRAG code called from async code: run_sync uses a helper thread
-        return b.generate(["Q"])
-
-    assert asyncio.run(main()) == ["ok"]
-    with pytest.raises(ZeroDivisionError):
-        asyncio.run(_raise_inside_run_sync())
-
-
 async def _raise_inside_run_sync():
     async def boom():
         return 1 / 0
 
     return run_sync(boom())
+
+
+def test_run_sync_inside_a_running_loop_returns_and_reraises():
+    async def main():
+        async def one():
+            return 1
+
+        return run_sync(one())  # a helper thread runs it: this loop is busy
+
+    assert asyncio.run(main()) == 1
+    with pytest.raises(ZeroDivisionError):
+        asyncio.run(_raise_inside_run_sync())
+
+
+def test_update_weights_moves_the_version_and_unknown_backends_refuse():
+    from harness.backends.base import WeightUpdate
+
+    b = ScriptedBackend([])
+    b.update_weights(WeightUpdate({}, version=3))
+    assert b.weight_version == "3"
+    with pytest.raises(NotImplementedError, match="weight sync into a 'base' backend"):
+        BackendBase().update_weights(WeightUpdate({}, version=1))
 
 
 def test_base_backend_needs_agenerate():

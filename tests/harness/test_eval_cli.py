@@ -63,7 +63,7 @@ def test_eval_writes_a_complete_run_directory(tmp_path, demo_examples):
     script = write_script(tmp_path / "s.jsonl", demo_examples, n_right=3)
     result = runner.invoke(app, eval_args(script, tmp_path / "runs", "--limit", "6"))
     assert result.exit_code == 0, result.output
-    run = tmp_path / "runs" / "research-demo-default"
+    run = tmp_path / "runs" / "research-demo-test"
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["method"] == "research" and manifest["n_total"] == 6
     assert manifest["config"]["dataset"]["limit"] == 6 and manifest["data_hash"]
@@ -84,7 +84,7 @@ def test_comma_separated_methods_and_a_changed_config(tmp_path, demo_examples):
     args[args.index("research")] = "research,search_r1"
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["research-demo-default", "search_r1-demo-default"]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["research-demo-test", "search_r1-demo-test"]
     changed = runner.invoke(app, [*eval_args(script, tmp_path / "runs", "--limit", "2"), "retriever.topk=5"])
     assert changed.exit_code != 0
     assert "another config" in changed.output
@@ -115,7 +115,7 @@ def test_interrupted_run_resumes_with_identical_results(tmp_path, demo_examples)
 
     # Interrupted run: SIGINT once a few items are on disk, then the same command again.
     out = tmp_path / "int"
-    traj_file = out / "research-demo-default" / "trajectories.jsonl"
+    traj_file = out / "research-demo-test" / "trajectories.jsonl"
     args = [*eval_args(script, out, "--limit", str(n)), "agent.max_concurrency=2"]
     # SIG_DFL first: a CI started as a background job inherits an ignored SIGINT, and Python then
     # installs no KeyboardInterrupt handler.
@@ -142,7 +142,7 @@ def test_interrupted_run_resumes_with_identical_results(tmp_path, demo_examples)
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         return {r["id"]: {k: v for k, v in r.items() if k != "wall_time_s"} for r in rows}
 
-    ref_run, int_run = tmp_path / "ref" / "research-demo-default", out / "research-demo-default"
+    ref_run, int_run = tmp_path / "ref" / "research-demo-test", out / "research-demo-test"
     assert by_id(int_run / "scores.jsonl") == by_id(ref_run / "scores.jsonl")
     ref_results = json.loads((ref_run / "results.json").read_text())
     int_results = json.loads((int_run / "results.json").read_text())

@@ -240,14 +240,12 @@ def test_flashrag_pipeline_form_fills_pred_without_side_effects(toy_retriever):
     from flashrag.pipeline import BasicPipeline
 
     from pipelines.flashrag_compat import safe_config, to_flashrag_dataset
-    from pipelines.search_agent import build_pipeline
 
     before = os.environ.get("CUDA_VISIBLE_DEVICES")
     backend = ScriptedBackend([{"match": "glass harp-clock", "turns": SCRIPTS["search_r1"]}])
-    agent = SearchAgent(backend, toy_retriever, "search_r1")
     config = safe_config()
-    pipe = build_pipeline(agent, config)
-    assert isinstance(pipe, BasicPipeline)
+    pipe = SearchAgent(backend, toy_retriever, "search_r1", flashrag_config=config)
+    assert isinstance(pipe, BasicPipeline) and pipe.retriever is toy_retriever
     dataset = to_flashrag_dataset([Q, Example("q2", "Say hi", ("hi",))], config)
     out = pipe.run(dataset, do_eval=False)
     assert out.pred == ["Lunne", "unknown"]

@@ -1,0 +1,187 @@
+"""From names to objects: the one place an evaluation is built from an :class:`EvalConfig`.
+
+:func:`build_eval` turns a config into an :class:`EvalRun` (examples, the method with its
+backend and retriever, the run directory and its manifest); :func:`simple_evaluate` builds one
+and runs it through :func:`benchmarks.evaluate.evaluate`. The CLI, training validation, the perf
+scripts and the tests all come through here (compare lm-evaluation-harness's
+``simple_evaluate``, which builds what ``evaluate`` takes).
+
+Everything is validated before anything is written: a typo in a method option fails here and
+leaves no run folder behind. The manifest's config omits keys that only change how a run
+executes (:data:`EXECUTION_ONLY_KEYS`), so changing them resumes the same run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.backends import build_backend
+from harness.config import to_dict
+from harness.eval_config import EvalConfig, RetrieverConfig
+from harness.retrieval.factory import build_retriever, needs_corpus
+from harness.run_records import ItemScore, RunManifest, RunResults
+from harness.runlog import file_hash
+from harness.types import Example
+
+logger = logging.getLogger(__name__)
+
+# Config keys that change how a run executes, never what it computes: left out of the config
+# hash, so a run resumes with another concurrency, server URL or data folder.
+EXECUTION_ONLY_KEYS = (
+    "out",
+    "dataset.data_dir",
+    "backend.url",
+    "backend.launch",
+    "backend.engine",
+    "backend.max_concurrency",
+    "backend.timeout",
+    "backend.retries",
+    "backend.max_batch_size",
+    "backend.threads",
+    "agent.max_concurrency",
+    "baseline.max_concurrency",
+)
+
+
+@dataclass
+class EvalRun:
+    """Everything one (method, dataset) evaluation needs, built and validated."""
+
+    config: EvalConfig
+    examples: list[Example]
+    method: Any  # pipelines.methods.Method
+    backend: Any
+    retriever: Any
+    run_dir: Path
+    manifest: RunManifest
+
+
+def identity_config(cfg: EvalConfig) -> dict[str, Any]:
+    """The config that identifies a run: the resolved config less :data:`EXECUTION_ONLY_KEYS`."""
+    out = to_dict(cfg)
+    for key in EXECUTION_ONLY_KEYS:
+        *parents, leaf = key.split(".")
+        node = out
+        for p in parents:
+            node = node.get(p, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return out
+
+
+def eval_split(cfg: EvalConfig) -> str:
+    """The split a config evaluates: the given one, or the dataset's default eval split."""
+    from benchmarks.datasets import get_spec
+
+    return cfg.dataset.split or get_spec(cfg.dataset.name).default_split
+
+
+def run_dir_for(cfg: EvalConfig) -> Path:
+    return Path(cfg.out) / f"{cfg.method}-{cfg.dataset.name}-{eval_split(cfg)}"
+
+
+def examples_hash(examples: list[Example]) -> str:
+    h = hashlib.sha256()
+    for e in examples:
+        h.update(json.dumps([e.id, e.question, list(e.answers)], ensure_ascii=False).encode())
+    return h.hexdigest()[:16]
+
+
+def load_eval_examples(cfg: EvalConfig) -> list[Example]:
+    from benchmarks.datasets import load_examples
+
+    d = cfg.dataset
+    return load_examples(d.name, d.split, data_dir=d.data_dir, limit=d.limit, sample=d.sample, seed=d.seed)
+
+
+def default_corpus(rcfg: RetrieverConfig, dataset: str, split: str | None, data_dir: str | None) -> Path | None:
+    """The dataset split's own corpus when the retriever needs one and names none; else None."""
+    from benchmarks.datasets import corpus_path
+
+    if not needs_corpus(rcfg):
+        return None
+    corpus = corpus_path(dataset, split, data_dir=data_dir)
+    if corpus is None:
+        raise ValueError(
+            f"no corpus known for dataset {dataset!r} split {split!r}: pass --index DIR "
+            "(a built index) or retriever.corpus=FILE (a FlashRAG-format corpus JSONL)"
+        )
+    return corpus
+
+
+def dataset_retriever(
+    rcfg: RetrieverConfig, dataset: str, split: str | None = None, data_dir: str | None = None
+) -> Any:
+    """The configured retriever, over the dataset split's own corpus unless the config names one."""
+    corpus = default_corpus(rcfg, dataset, split, data_dir)
+    return build_retriever(rcfg, str(corpus) if corpus else None)
+
+
+def build_eval(cfg: EvalConfig, backend: Any = None, retriever: Any = None) -> EvalRun:
+    """Validate ``cfg`` and build its evaluation. ``backend`` / ``retriever``: already built ones
+    to use instead (a shared backend, training's current policy)."""
+    from pipelines.methods import build_method, method_kind, needs_retriever, validate_options
+
+    kind = method_kind(cfg.method)
+    options = dict(cfg.agent if kind == "agent" else cfg.baseline)
+    options.setdefault("topk", cfg.retriever.topk)
+    validate_options(cfg.method, options)  # before anything slow is built or anything is written
+    examples = load_eval_examples(cfg)
+    uses_retriever = needs_retriever(cfg.method)
+    corpus = None
+    if uses_retriever and retriever is None:
+        d = cfg.dataset
+        corpus = default_corpus(cfg.retriever, d.name, d.split, d.data_dir)
+        retriever = build_retriever(cfg.retriever, str(corpus) if corpus else None)
+    corpus = Path(cfg.retriever.corpus) if uses_retriever and cfg.retriever.corpus else corpus
+    if backend is None:
+        backend = build_backend(cfg.backend)
+    method = build_method(cfg.method, backend, retriever if uses_retriever else None, options)
+    manifest = RunManifest(
+        method=cfg.method,
+        method_kind=kind,
+        dataset=cfg.dataset.name,
+        split=eval_split(cfg),
+        config=identity_config(cfg),
+        model=cfg.backend.model if cfg.backend.kind != "scripted" else "scripted",
+        backend=cfg.backend.kind,
+        retriever=cfg.retriever.kind if uses_retriever else None,
+        topk=cfg.retriever.topk if uses_retriever else None,
+        n_total=len(examples),
+        data_hash=examples_hash(examples),
+        index_id=getattr(retriever, "index_id", None) if uses_retriever else None,
+        corpus=str(corpus) if corpus else None,
+        corpus_hash=file_hash(corpus) if corpus else None,
+    )
+    return EvalRun(cfg, examples, method, backend, retriever, run_dir_for(cfg), manifest)
+
+
+def preflight(backend: Any, retriever: Any) -> None:
+    """One health call each before the first item, so a dead server fails in a second."""
+    check = getattr(backend, "check", None)
+    if check is not None:
+        check()
+    check = getattr(retriever, "check", None) if retriever is not None else None
+    if check is not None:
+        check()
+
+
+def simple_evaluate(
+    cfg: EvalConfig,
+    backend: Any = None,
+    retriever: Any = None,
+    on_item: Callable[[ItemScore], None] | None = None,
+    run: EvalRun | None = None,
+) -> RunResults:
+    """Build (unless ``run`` is given) and run one evaluation; returns its results."""
+    from benchmarks.evaluate import evaluate
+
+    run = run or build_eval(cfg, backend, retriever)
+    preflight(run.backend, run.retriever if run.manifest.retriever else None)
+    return evaluate(run.method, run.examples, run.run_dir, cfg.metrics, run.manifest, on_item=on_item)

@@ -1,0 +1,60 @@
+"""Atomic writes: a reader (or a resumed run) never sees a half-written file or directory.
+
+Every writer of a model directory, an index, a checkpoint or a JSON record goes through these
+helpers: write into a temporary sibling, then rename it into place (``os.replace`` is atomic
+within one file system).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def tmp_sibling(out: Path, unique: bool = False) -> Path:
+    """The temporary sibling ``out`` is written to. ``unique`` adds the pid (for concurrent
+    writers of the same target); leave it off when several processes (ranks) share the folder."""
+    suffix = f".tmp-{os.getpid()}" if unique else ".tmp"
+    return out.parent / f".{out.name}{suffix}"
+
+
+def commit_dir(tmp: Path, out: Path) -> None:
+    """Move a finished temporary directory into place, replacing ``out`` if it exists."""
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+
+
+@contextlib.contextmanager
+def atomic_dir(out: str | Path, unique: bool = False) -> Iterator[Path]:
+    """Yield an empty temporary directory; when the block succeeds it becomes ``out``.
+
+    On an exception the temporary directory is removed and ``out`` is left as it was.
+    """
+    out = Path(out)
+    tmp = tmp_sibling(out, unique=unique)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        commit_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write a text file through a temporary sibling and a rename."""
+    path = Path(path)
+    tmp = tmp_sibling(path, unique=True)
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write ``data`` as indented JSON through a temporary sibling and a rename."""
+    write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
