@@ -18,7 +18,8 @@ Conventions chosen here (and why):
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -145,58 +146,10 @@ def gae(
 
 
 # ---- ProRAG dual-granularity -------------------------------------------------------------------
-Step = tuple[int, int, float]  # (token_start, token_end) in the trajectory's token axis, score
+def step_score_tensor(trajs: list[Any], scorer: Any, T: int) -> torch.Tensor:
+    """Paint each step's score on its tokens, in the TARGET axis (token i is target i − 1).  → [B, T]
 
-
-class StepScorer(Protocol):
-    """Scores the reasoning steps of a rollout (ProRAG). A step is a half-open span of token
-    positions in ``trajectory.token_ids``. A learned PRM plugs in by implementing this."""
-
-    def score_steps(self, trajectory: Any) -> list[Step]: ...
-
-
-class RuleStepScorer:
-    """The shipped rule-based step scorer: one step per model turn (model segment).
-
-    - a turn that issued a search scores ``hit`` (1.0) when a retrieved document contains a
-      normalised gold answer, else 0.0;
-    - the turn that ends the rollout with an answer scores ``format_score`` (0.5), the format
-      term of ProRAG's step reward; any other turn scores 0.
-
-    A search belongs to the model turn whose text contains its query; without text, search
-    turn k is matched to the k-th model turn.
-    """
-
-    def __init__(self, hit: float = 1.0, format_score: float = 0.5) -> None:
-        self.hit, self.format_score = hit, format_score
-
-    def score_steps(self, trajectory: Any, positions: list[tuple[int, int]] | None = None) -> list[Any]:
-        """Returns [(token_start, token_end, score)] per model turn. Legacy form: given target
-        ``positions`` (one span per model turn, as ``Batch.step_spans``), returns the scores only."""
-        from benchmarks.metrics import normalize_answer
-
-        golds = [g for g in (normalize_answer(a) for a in trajectory.answers) if g]
-        spans, texts, pos = [], [], 0
-        for seg in trajectory.segments:
-            if seg.role == "model":
-                spans.append((pos, pos + len(seg.token_ids)))
-                texts.append(seg.text)
-            pos += len(seg.token_ids)
-        scores = [0.0] * len(spans)
-        for s in trajectory.searches:
-            k = next((i for i, t in enumerate(texts) if t and s.query and s.query in t), s.turn)
-            if 0 <= k < len(scores):
-                hit = any(g in normalize_answer(d.contents) for d in s.docs for g in golds)
-                scores[k] = max(scores[k], self.hit if hit else 0.0)
-        if scores and trajectory.finish_reason == "answer":
-            scores[-1] = max(scores[-1], self.format_score)
-        if positions is not None:
-            return scores[: len(positions)]
-        return [(a, b, sc) for (a, b), sc in zip(spans, scores, strict=True)]
-
-
-def step_score_tensor(trajs: list[Any], scorer: StepScorer, T: int) -> torch.Tensor:
-    """Paint each step's score on its tokens, in the TARGET axis (token i is target i − 1).  → [B, T]"""
+    ``scorer`` is a ``training.rewards.StepScorer`` (the rule scorer or a learned PRM)."""
     out = torch.zeros(len(trajs), T)  # [B, T]
     for i, traj in enumerate(trajs):
         for start, end, score in scorer.score_steps(traj):
@@ -231,8 +184,53 @@ def dual_granularity(
     return (a_out + beta * a_step) * mask
 
 
-ADVANTAGES: Registry[Callable] = Registry("advantage")
-ADVANTAGES.register("grpo", grpo)
-ADVANTAGES.register("reinforce_pp", reinforce_pp)
-ADVANTAGES.register("gae", gae)
-ADVANTAGES.register("dual_granularity", dual_granularity)
+# ---- the registry: one signature for every estimator ---------------------------------------------
+@dataclass
+class AdvantageInputs:
+    """What an estimator may read. Tensors are in the trainer's response window W.
+
+    ``rewards`` [B] outcome rewards; ``group_ids`` [B] prompt index; ``mask`` [B, W] model tokens;
+    ``values`` [B, W] the critic's (PPO); ``token_rewards`` [B, W] per-token rewards with the
+    outcome on the last model token and any KL folded in (PPO); ``step_scores`` [B, W] each
+    step's score painted on its tokens (ProRAG).
+    """
+
+    rewards: torch.Tensor
+    group_ids: torch.Tensor
+    mask: torch.Tensor
+    values: torch.Tensor | None = None
+    token_rewards: torch.Tensor | None = None
+    step_scores: torch.Tensor | None = None
+
+
+AdvantageFn = Callable[[AdvantageInputs, Any], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def _grpo(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
+    return grpo(x.rewards, x.group_ids, x.mask, norm_by_std=algo.norm_by_std), None
+
+
+def _reinforce_pp(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
+    return reinforce_pp(x.rewards, x.group_ids, x.mask, algo.gamma), None
+
+
+def _gae(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    token_rewards = x.token_rewards if x.token_rewards is not None else outcome_to_tokens(x.rewards, x.mask)
+    if x.values is None:
+        raise ValueError("gae advantages need the critic's values")
+    return gae(token_rewards, x.values, x.mask, algo.gamma, algo.lam)
+
+
+def _dual_granularity(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
+    if x.step_scores is None:
+        raise ValueError("dual_granularity advantages need step scores (a step scorer)")
+    return dual_granularity(x.rewards, x.step_scores, x.group_ids, x.mask, algo.dual_beta), None
+
+
+# Every estimator is called as ``fn(inputs, algo_config) -> (advantages [B, W], returns [B, W] or None)``.
+# Registry info says what the trainer must provide: a critic (values, token rewards), step scores.
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage")
+ADVANTAGES.register("grpo", _grpo)
+ADVANTAGES.register("reinforce_pp", _reinforce_pp)
+ADVANTAGES.register("gae", _gae, needs_critic=True)
+ADVANTAGES.register("dual_granularity", _dual_granularity, needs_step_scores=True)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from harness.engines import EngineConfig
-from harness.eval_config import RetrieverConfig
+from harness.eval_config import BackendConfig, RetrieverConfig
 
 
 @dataclass(frozen=True)
@@ -36,12 +35,10 @@ class RolloutConfig:
     prompts_per_step: int = 2
     temperature: float = 1.0
     top_p: float = 1.0
-    backend: Literal["hf", "sglang"] = "hf"
-    url: list[str] = field(default_factory=list)  # sglang servers
-    # Start SGLang serving model.path for the run and stop it at the end (rollout.url is ignored).
-    launch: bool = False
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    max_batch_size: int = 16
+    # The backend rollouts come from, configured as ``harness eval``'s (``kind``, ``url``,
+    # ``launch``, ``engine``, ``max_batch_size``, ...). It always serves the policy: its model and
+    # dtype are ``model.path`` and ``model.dtype``. ``launch: true`` starts SGLang for the run.
+    backend: BackendConfig = field(default_factory=lambda: BackendConfig(max_batch_size=16))
     agent: dict[str, Any] = field(default_factory=dict)  # AgentConfig overrides
 
 
@@ -62,6 +59,7 @@ class AlgoConfig:
     vf_coef: float = 0.5
     vf_clip: float = 0.2
     dual_beta: float = 0.3
+    step_scorer: str = "rule"  # dual_granularity: a training.rewards.STEP_SCORERS name
     norm_by_std: bool = True
     max_len: int | None = None  # truncate collated sequences (Dr. GRPO's constant denominator too)
 

@@ -78,18 +78,19 @@ def rollout_metrics(
 ) -> dict[str, float]:
     """What the rollouts of a step did: reward, EM/F1, format validity, searches, lengths.
 
-    EM/F1 score the agent's prediction (the same extraction ``harness eval`` scores), whatever
-    the training reward is, so runs with different rewards stay comparable.
+    EM/F1 are the item scores ``harness eval`` writes (``benchmarks.evaluate.score_trajectory``),
+    whatever the training reward is, so runs with different rewards stay comparable.
     """
-    from benchmarks.metrics import exact_match, f1_score
+    from benchmarks.evaluate import score_trajectory
     from pipelines.dialects import get_dialect
 
     d = get_dialect(dialect)
+    scores = [score_trajectory(t, ("em", "f1")) for t in trajectories]
     out = {
         "reward/mean": float(np.mean(rewards)),
         "reward/std": float(np.std(rewards)),
-        "em": float(np.mean([exact_match(t.prediction, t.answers) if t.prediction else 0.0 for t in trajectories])),
-        "f1": float(np.mean([f1_score(t.prediction, t.answers) if t.prediction else 0.0 for t in trajectories])),
+        "em": float(np.mean([s.metric("em") or 0.0 for s in scores])),
+        "f1": float(np.mean([s.metric("f1") or 0.0 for s in scores])),
         "format_valid": float(np.mean([bool(d.validate_format(t.response_text)[0]) for t in trajectories])),
         "searches": float(np.mean([len(t.searches) for t in trajectories])),
         "response_tokens": float(np.mean([t.generated_tokens for t in trajectories])),

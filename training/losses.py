@@ -15,10 +15,14 @@ Aggregations (how per-token losses become one number):
 - ``dr_grpo`` (Dr. GRPO): sum over valid tokens / (B × ``max_len``), a constant denominator, so
   long and short answers are not re-weighted by their length.
 
-Config picks these by name: ``AGGREGATIONS`` (aggregations) and ``KL_ESTIMATORS``.
+Config picks these by name: ``AGGREGATIONS`` (aggregations) and ``KL_ESTIMATORS``; :class:`RLLoss`
+composes them into the trainer's one configured objective.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -152,3 +156,65 @@ def value_loss(
     m = mask.bool()  # [B, T]
     frac = float((((clipped - returns) ** 2 > (values - returns) ** 2) & m).sum() / m.sum().clamp(min=1))
     return aggregate(per_token, mask, agg), {"vf_clip_frac": frac}
+
+
+@dataclass(frozen=True)
+class RLLoss:
+    """The whole objective of one micro-batch, configured once (compare torchtune's loss modules):
+
+    clipped policy loss (``agg``; DAPO's sum is rescaled by the gradient-accumulation steps,
+    since DeepSpeed divides by them and ``dapo`` already normalises over the step) + ``kl_coef``
+    · KL to the reference (unless the KL is folded into the rewards, PPO style) − ``entropy_coef``
+    · entropy. Returns the loss and its stats (``clip_frac``, ``kl``, ``entropy``, ...).
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    agg: str = "token_mean"
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    kl_in_reward: bool = False
+    entropy_coef: float = 0.0
+    max_len: int | None = None
+
+    @classmethod
+    def from_config(cls, algo: Any) -> RLLoss:
+        """From a ``training.config.AlgoConfig``."""
+        return cls(
+            algo.clip_low,
+            algo.clip_high,
+            algo.loss_agg,
+            algo.kl_coef,
+            algo.kl_estimator,
+            algo.kl_in_reward,
+            algo.entropy_coef,
+            algo.max_len,
+        )
+
+    def __call__(
+        self,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        adv: torch.Tensor,
+        mask: torch.Tensor,
+        logits: torch.Tensor,
+        ref_logp: torch.Tensor | None = None,
+        global_tokens: float | None = None,
+        grad_accum: int = 1,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """``logp``, ``old_logp``, ``adv``, ``mask``, ``ref_logp``: [b, W]; ``logits``: [b, w, V], w ≤ W."""
+        loss, stats = policy_loss(
+            logp, old_logp, adv, mask, self.clip_low, self.clip_high, self.agg, global_tokens, self.max_len
+        )
+        if self.agg == "dapo":
+            loss = loss * grad_accum
+        if ref_logp is not None and not self.kl_in_reward:
+            kl = aggregate(kl_penalty(logp, ref_logp, self.kl_estimator), mask)
+            loss, stats["kl"] = loss + self.kl_coef * kl, float(kl)
+        ent_mask = mask[:, : logits.shape[1]]  # [b, w]: the rows end within w
+        with torch.set_grad_enabled(bool(self.entropy_coef) and torch.is_grad_enabled()):
+            entropy = aggregate(entropy_from_logits(logits), ent_mask)
+        if self.entropy_coef:
+            loss = loss - self.entropy_coef * entropy
+        stats["entropy"] = float(entropy.detach())
+        return loss, stats

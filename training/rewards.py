@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from benchmarks.metrics import exact_match, f1_score, normalize_answer
 from harness.registry import Registry
@@ -220,3 +220,56 @@ def build_reward(spec: str | dict | Sequence[str | dict]) -> RewardFn:
             for s in spec
         )
     )
+
+
+# ---- step scores (ProRAG's process rewards) ---------------------------------------------------
+Step = tuple[int, int, float]  # (token_start, token_end) in the trajectory's token axis, score
+
+
+class StepScorer(Protocol):
+    """Scores the reasoning steps of a rollout (ProRAG). A step is a half-open span of token
+    positions in ``trajectory.token_ids``. A learned PRM plugs in by implementing this."""
+
+    def score_steps(self, trajectory: Any) -> list[Step]: ...
+
+
+class RuleStepScorer:
+    """The shipped rule-based step scorer: one step per model turn (model segment).
+
+    - a turn that issued a search scores ``hit`` (1.0) when a retrieved document contains a
+      normalised gold answer, else 0.0;
+    - the turn that ends the rollout with an answer scores ``format_score`` (0.5), the format
+      term of ProRAG's step reward; any other turn scores 0.
+
+    A search belongs to the model turn whose text contains its query; without text, search
+    turn k is matched to the k-th model turn.
+    """
+
+    def __init__(self, hit: float = 1.0, format_score: float = 0.5) -> None:
+        self.hit, self.format_score = hit, format_score
+
+    def score_steps(self, trajectory: Any, positions: list[tuple[int, int]] | None = None) -> list[Any]:
+        """Returns [(token_start, token_end, score)] per model turn. Legacy form: given target
+        ``positions`` (one span per model turn, as ``Batch.step_spans``), returns the scores only."""
+        golds = [g for g in (normalize_answer(a) for a in trajectory.answers) if g]
+        spans, texts, pos = [], [], 0
+        for seg in trajectory.segments:
+            if seg.role == "model":
+                spans.append((pos, pos + len(seg.token_ids)))
+                texts.append(seg.text)
+            pos += len(seg.token_ids)
+        scores = [0.0] * len(spans)
+        for s in trajectory.searches:
+            k = next((i for i, t in enumerate(texts) if t and s.query and s.query in t), s.turn)
+            if 0 <= k < len(scores):
+                hit = any(g in normalize_answer(d.contents) for d in s.docs for g in golds)
+                scores[k] = max(scores[k], self.hit if hit else 0.0)
+        if scores and trajectory.finish_reason == "answer":
+            scores[-1] = max(scores[-1], self.format_score)
+        if positions is not None:
+            return scores[: len(positions)]
+        return [(a, b, sc) for (a, b), sc in zip(spans, scores, strict=True)]
+
+
+STEP_SCORERS: Registry = Registry("step scorer")
+STEP_SCORERS.register("rule", RuleStepScorer)

@@ -3,7 +3,7 @@
 sample prompts → rollouts (THE search agent) → rewards → collate (role-based loss mask, group
 ids) → forward (reference log-probs, values) → advantages → loss and DeepSpeed step (old
 log-probs = the policy's own, before the update) → weight sync into the rollout backend → log →
-checkpoint → periodic validation (``harness eval``'s ``run_eval``, injected by the CLI).
+checkpoint → periodic validation (the eval path, ``benchmarks.evaluate``; see ``training.build``).
 
 Data parallelism: every rank draws the same prompts for a step and rolls out its own contiguous
 slice of them (whole groups per rank), so group advantages are exact; batch-wide statistics
@@ -26,15 +26,7 @@ import torch
 
 from harness.backends.base import SamplingParams
 from training import losses
-from training.advantages import (
-    RuleStepScorer,
-    dual_granularity,
-    gae,
-    grpo,
-    outcome_to_tokens,
-    reinforce_pp,
-    step_score_tensor,
-)
+from training.advantages import ADVANTAGES, AdvantageInputs, outcome_to_tokens, step_score_tensor
 from training.batch import Batch, collate, token_logprobs
 from training.checkpoint import export_hf, latest_checkpoint, load_checkpoint, save_checkpoint
 from training.config import TrainConfig
@@ -49,7 +41,7 @@ from training.engine import (
     unwrap,
 )
 from training.logging_utils import MetricsLog, ProgressBar, memory_metrics, release_freed_memory, rollout_metrics
-from training.rewards import build_reward
+from training.rewards import STEP_SCORERS, build_reward
 from training.rollout import PromptSampler, collect
 from training.weight_sync import sync_weights
 
@@ -70,7 +62,7 @@ class Trainer:
     """Holds the collaborators (agent, engines, reward, sampler, log); see the module docstring."""
 
     def __init__(
-        self, cfg: TrainConfig, agent: Any, examples: list, out: Path, validate: Callable[[int], dict] | None = None
+        self, cfg: TrainConfig, agent: Any, examples: list, out: Path, validate: Callable[[int], Any] | None = None
     ) -> None:
         self.cfg, self.agent, self.out, self.validate = cfg, agent, Path(out), validate
         self.backend, self.tokenizer = agent.backend, agent.tokenizer
@@ -88,7 +80,11 @@ class Trainer:
         self.ref = frozen_copy(model) if a.kl_coef > 0 else None  # taken before any update
         self.policy = initialize(model, o, o.lr, batch_size)
         self.critic = None
-        if a.advantage == "gae":  # PPO: a critic on the same LM architecture
+        self.advantage_fn = ADVANTAGES.get(a.advantage)
+        adv_info = ADVANTAGES.info(a.advantage)
+        self.step_scorer = STEP_SCORERS.get(a.step_scorer)() if adv_info.get("needs_step_scores") else None
+        self.loss_fn = losses.RLLoss.from_config(a)
+        if adv_info.get("needs_critic"):  # PPO: a critic on the same LM architecture
             critic = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))
             self.critic = initialize(critic, o, o.critic_lr, batch_size)
         self.reward_fn = build_reward(a.reward)
@@ -236,19 +232,17 @@ class Trainer:
         return Forward(offset, ref, values, old)
 
     def advantages(self, batch: Batch, trajs: list, fwd: Forward) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-token advantages [B, W] (and returns [B, W] for PPO's critic)."""
+        """Per-token advantages [B, W] (and returns [B, W] for PPO's critic), from the registered estimator."""
         a, m = self.cfg.algo, batch.mask[:, fwd.offset :]  # [B, W]
-        if a.advantage == "grpo":
-            return grpo(batch.rewards, batch.group_ids, m, norm_by_std=a.norm_by_std), None
-        if a.advantage == "reinforce_pp":
-            return reinforce_pp(batch.rewards, batch.group_ids, m, a.gamma), None
-        if a.advantage == "dual_granularity":
-            steps = step_score_tensor(trajs, RuleStepScorer(), batch.mask.shape[1])[:, fwd.offset :]  # [B, W]
-            return dual_granularity(batch.rewards, steps, batch.group_ids, m, a.dual_beta), None
-        token_r = outcome_to_tokens(batch.rewards, m)  # [B, W] outcome on the last model token
-        if fwd.ref_logp is not None and a.kl_in_reward:  # PPO: KL (k1) folded into the token rewards
-            token_r = losses.kl_in_reward(token_r, fwd.old_logp, fwd.ref_logp, a.kl_coef, "k1") * m
-        return gae(token_r, fwd.values, m, a.gamma, a.lam)
+        x = AdvantageInputs(batch.rewards, batch.group_ids, m, values=fwd.values)
+        if self.critic is not None:
+            token_r = outcome_to_tokens(batch.rewards, m)  # [B, W] outcome on the last model token
+            if fwd.ref_logp is not None and a.kl_in_reward:  # PPO: KL (k1) folded into the token rewards
+                token_r = losses.kl_in_reward(token_r, fwd.old_logp, fwd.ref_logp, a.kl_coef, "k1") * m
+            x.token_rewards = token_r
+        if self.step_scorer is not None:
+            x.step_scores = step_score_tensor(trajs, self.step_scorer, batch.mask.shape[1])[:, fwd.offset :]  # [B, W]
+        return self.advantage_fn(x, a)
 
     def update(self, batch: Batch, fwd: Forward, adv: torch.Tensor, returns: torch.Tensor | None) -> dict[str, float]:
         """``update_epochs`` passes over the micro-batches; one DeepSpeed optimizer step per pass."""
@@ -261,21 +255,11 @@ class Trainer:
         for _epoch in range(a.update_epochs):
             for s in self._slices(batch):
                 logp, logits = self._logprobs(self.policy, batch, s, o)  # [b, W], [b, w, V]
-                ent_mask = mask[s, : logits.shape[1]]  # [b, w]: the rows end within w
                 if not have_old:
                     old[s] = logp.detach()  # pre-update: the optimizer steps only after the last micro-batch
-                loss, st = losses.policy_loss(
-                    logp, old[s], adv[s], mask[s], a.clip_low, a.clip_high, a.loss_agg, global_tokens, a.max_len
-                )
-                if a.loss_agg == "dapo":
-                    loss = loss * gas  # DeepSpeed divides by the accumulation steps; dapo already normalises
-                if fwd.ref_logp is not None and not a.kl_in_reward:
-                    kl = losses.aggregate(losses.kl_penalty(logp, fwd.ref_logp[s], a.kl_estimator), mask[s])
-                    loss, st["kl"] = loss + a.kl_coef * kl, float(kl)
-                if a.entropy_coef:
-                    loss = loss - a.entropy_coef * losses.aggregate(losses.entropy_from_logits(logits), ent_mask)
+                ref = fwd.ref_logp[s] if fwd.ref_logp is not None else None
+                loss, st = self.loss_fn(logp, old[s], adv[s], mask[s], logits, ref, global_tokens, gas)
                 with torch.no_grad():
-                    st["entropy"] = float(losses.aggregate(losses.entropy_from_logits(logits), ent_mask))
                     if batch.has_rollout_logprobs:  # the backend's logprobs vs the policy's: sync health
                         diff = (logp.detach() - batch.rollout_logprobs[s, o:]).abs()  # [b, W]
                         st["rollout_logprob_diff"] = float(losses.aggregate(diff, mask[s]))
@@ -337,8 +321,8 @@ class Trainer:
         logger.info("resumed from %s at step %d", ckpt, self.step_no)
 
     def run_validation(self) -> dict:
-        """The injected eval-path validation; its metrics are logged as ``val/...``."""
-        val = self.validate(self.step_no) if self.rank == 0 else {}
+        """Validation through the eval path (``training.build.Validation``); metrics logged as ``val/...``."""
+        val = self.validate(self.step_no).metrics if self.rank == 0 else {}
         if self.log is not None:
             self.log.write(self.step_no, {f"val/{k}": float(v) for k, v in val.items() if isinstance(v, int | float)})
         return val

@@ -1,4 +1,4 @@
-"""``harness train`` with ``rollout.launch=true``: SGLang is started for the run, rollouts come
+"""``harness train`` with ``rollout.backend.launch=true``: SGLang is started for the run, rollouts come
 from it, every update reaches it through ``/update_weights_from_disk`` (the rollouts of step N
 report the weights of step N-1), and it is stopped when training ends."""
 
@@ -35,10 +35,10 @@ def test_two_steps_with_a_launched_sglang(tmp_path):
         str(DATA),
         "--out",
         str(run),
-        "rollout.backend=sglang",
-        "rollout.launch=true",
-        "rollout.engine.device=cpu",
-        "rollout.engine.args=" + json.dumps(checks.ENGINE_ARGS["sglang"]),
+        "rollout.backend.kind=sglang",
+        "rollout.backend.launch=true",
+        "rollout.backend.engine.device=cpu",
+        "rollout.backend.engine.args=" + json.dumps(checks.ENGINE_ARGS["sglang"]),
         "rollout.prompts_per_step=2",
         "rollout.n_samples=2",
         "rollout.agent.max_new_tokens=16",

@@ -8,7 +8,6 @@ import torch
 from harness.types import Doc, SearchRecord, Segment, Trajectory
 from training.advantages import (
     ADVANTAGES,
-    RuleStepScorer,
     dual_granularity,
     gae,
     grpo,
@@ -17,10 +16,28 @@ from training.advantages import (
     step_score_tensor,
 )
 from training.batch import collate
+from training.rewards import STEP_SCORERS, RuleStepScorer
 
 
-def test_registry():
+def test_registry_one_signature_matches_the_estimators():
+    from types import SimpleNamespace
+
+    from training.advantages import AdvantageInputs
+
     assert ADVANTAGES.names() == ["dual_granularity", "gae", "grpo", "reinforce_pp"]
+    assert ADVANTAGES.info("gae")["needs_critic"] and ADVANTAGES.info("dual_granularity")["needs_step_scores"]
+    algo = SimpleNamespace(norm_by_std=True, gamma=1.0, lam=1.0, dual_beta=0.3)
+    r, g, m = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0, 0, 1]), torch.ones(3, 2)
+    x = AdvantageInputs(r, g, m, values=torch.zeros(3, 2), step_scores=torch.ones(3, 2))
+    adv, ret = ADVANTAGES.get("grpo")(x, algo)
+    assert torch.equal(adv, grpo(r, g, m)) and ret is None
+    assert torch.equal(ADVANTAGES.get("reinforce_pp")(x, algo)[0], reinforce_pp(r, g, m))
+    adv, ret = ADVANTAGES.get("gae")(x, algo)  # no token rewards given: the outcome on the last token
+    assert adv[:, 0].tolist() == pytest.approx([1.0, 0.0, 1.0]) and ret is not None
+    assert torch.equal(ADVANTAGES.get("dual_granularity")(x, algo)[0], dual_granularity(r, x.step_scores, g, m))
+    with pytest.raises(ValueError, match="step scores"):
+        ADVANTAGES.get("dual_granularity")(AdvantageInputs(r, g, m), algo)
+    assert STEP_SCORERS.get("rule") is RuleStepScorer
 
 
 def test_grpo_by_hand():

@@ -140,3 +140,34 @@ def test_observation_tokens_get_no_loss_and_no_gradient(agg):
         assert (logp.grad[0, pos] != 0) == bool(m), pos
         assert (logits.grad[0, pos].abs().sum() > 0) == bool(m), pos
     assert logits.grad[0, -1].abs().sum() == 0  # the last position predicts nothing
+
+
+def test_rl_loss_composes_policy_kl_and_entropy_by_hand():
+    from types import SimpleNamespace
+
+    from training.losses import RLLoss
+
+    logp, old = torch.tensor([[0.5, -0.5, 0.0]]), torch.zeros(1, 3)
+    adv, mask = torch.tensor([[1.0, -1.0, 2.0]]), torch.ones(1, 3)
+    logits = torch.zeros(1, 3, 4)  # uniform over 4: entropy ln 4 on every token
+    ref = logp - 1.0  # ref - logp = -1 -> k3 = e^-1 + 1 - 1 = e^-1
+    algo = SimpleNamespace(
+        clip_low=0.2,
+        clip_high=0.2,
+        loss_agg="token_mean",
+        kl_coef=0.1,
+        kl_estimator="k3",
+        kl_in_reward=False,
+        entropy_coef=0.01,
+        max_len=None,
+    )
+    loss, st = RLLoss.from_config(algo)(logp, old, adv, mask, logits, ref)
+    policy = (-1.2 + 0.8 - 2.0) / 3  # the clipped policy loss of test_policy_loss_clips_both_sides_by_hand
+    assert loss.item() == pytest.approx(policy + 0.1 * math.exp(-1) - 0.01 * math.log(4), rel=1e-5)
+    assert st["kl"] == pytest.approx(math.exp(-1)) and st["entropy"] == pytest.approx(math.log(4))
+    assert st["clip_frac"] == pytest.approx(2 / 3)
+    # KL folded into the rewards (PPO): no KL term; DAPO: rescaled by the accumulation steps.
+    no_kl, st = RLLoss(kl_coef=0.1, kl_in_reward=True)(logp, old, adv, mask, logits, ref)
+    assert no_kl.item() == pytest.approx(policy) and "kl" not in st
+    dapo, _ = RLLoss(agg="dapo")(logp, old, adv, mask, logits, None, global_tokens=6, grad_accum=2)
+    assert dapo.item() == pytest.approx(2 * (-1.2 + 0.8 - 2.0) / 6)

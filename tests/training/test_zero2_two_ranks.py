@@ -65,8 +65,8 @@ def test_zero2_two_ranks_identical(tmp_path):
 def _worker(out: str) -> None:
     import torch
 
-    from harness.cli.train_cmd import build_trainer
     from harness.config import compose
+    from training.build import build_trainer
     from training.config import TrainConfig
     from training.rewards import REWARDS
 

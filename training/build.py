@@ -1,0 +1,103 @@
+"""From a :class:`~training.config.TrainConfig` to a ready :class:`~training.trainer.Trainer`.
+
+The rollout backend and the retriever are built through the same registries ``harness eval``
+uses (``BackendConfig`` / ``RetrieverConfig``), the agent is THE search agent, and validation
+is the eval path itself: :func:`benchmarks.evaluate.evaluate` on the validation split, greedy,
+with the trainer's own backend (the current policy), into ``RUN/validation/step-N/``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks.evaluate import evaluate
+from harness.backends import build_backend
+from harness.config import from_dict
+from harness.run_records import RunManifest, RunResults
+from training.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+
+def rollout_backend(cfg: TrainConfig) -> Any:
+    """The backend rollouts come from; its weights are synced from the policy after each update.
+
+    It serves the policy, so its model and dtype are the policy's. ``model.tiny`` (tests,
+    offline) builds a random tiny Llama on the byte tokenizer, in process.
+    """
+    b = cfg.rollout.backend
+    if cfg.model.tiny is not None:
+        from harness.backends.hf import HFBackend
+        from harness.tokenization import byte_tokenizer
+        from training.engine import build_model
+
+        if b.kind != "hf":
+            raise ValueError(f"model.tiny builds an in-process model: rollout.backend.kind must be hf, not {b.kind!r}")
+        tok = byte_tokenizer()
+        return HFBackend(model_obj=build_model(cfg.model, len(tok)), tokenizer=tok, max_batch_size=b.max_batch_size)
+    return build_backend(
+        replace(b, model=cfg.model.path, dtype=cfg.model.dtype, threads=b.threads or cfg.optim.threads)
+    )
+
+
+@dataclass
+class Validation:
+    """Greedy evaluation of the current policy on the validation split, through ``evaluate``."""
+
+    method: Any
+    examples: list
+    manifest: RunManifest
+    metrics: tuple[str, ...]
+    out: Path
+
+    def __call__(self, step: int) -> RunResults:
+        manifest = replace(self.manifest, model=f"{self.manifest.model}@step-{step}", extra=dict(self.manifest.extra))
+        name = f"{manifest.method}-{manifest.dataset}-{manifest.split}"
+        return evaluate(self.method, self.examples, self.out / f"step-{step}" / name, self.metrics, manifest)
+
+
+def build_validation(cfg: TrainConfig, backend: Any, out: Path) -> Validation | None:
+    """The validation of ``data.val_split`` (None without one), built like ``harness eval``
+    builds a run: the split's own corpus, the rollout agent's options at temperature 0."""
+    from benchmarks.build import build_eval
+    from harness.config import to_dict
+    from harness.eval_config import EvalConfig
+
+    d = cfg.data
+    if not d.val_split:
+        return None
+    ecfg = from_dict(
+        EvalConfig,
+        {
+            "method": cfg.rollout.method,
+            "dataset": {"name": d.dataset, "split": d.val_split, "limit": d.val_limit, "data_dir": d.data_dir},
+            "retriever": to_dict(cfg.retriever),
+            "backend": {"kind": cfg.rollout.backend.kind, "model": cfg.model.path},
+            "agent": {**cfg.rollout.agent, "temperature": 0.0},
+            "out": str(out / "validation"),
+        },
+        where="validation",
+    )
+    run = build_eval(ecfg, backend=backend)
+    return Validation(run.method, run.examples, run.manifest, tuple(ecfg.metrics), out / "validation")
+
+
+def build_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
+    """The :class:`~training.trainer.Trainer` for ``cfg``, writing into ``out``. ``backend``: an
+    already built rollout backend (e.g. one pointing at a launched engine)."""
+    from benchmarks.build import dataset_retriever
+    from benchmarks.datasets import load_examples
+    from pipelines.search_agent import AgentConfig, SearchAgent
+    from training.trainer import Trainer
+
+    d = cfg.data
+    examples = load_examples(d.dataset, d.split, data_dir=d.data_dir, limit=d.limit)
+    retriever = dataset_retriever(cfg.retriever, d.dataset, d.split, d.data_dir)
+    backend = backend or rollout_backend(cfg)
+    agent_cfg = from_dict(AgentConfig, dict(cfg.rollout.agent), where="rollout.agent")
+    agent = SearchAgent(backend, retriever, cfg.rollout.method, agent_cfg, method=cfg.rollout.method)
+    validation = build_validation(cfg, backend, Path(out))
+    return Trainer(cfg, agent, examples, out, validate=validation)
