@@ -14,7 +14,7 @@ from harness.registry import Registry
 
 METHODS: Registry = Registry("method")
 
-AGENT_METHODS = ("research", "search_r1", "r1_searcher", "rag_r1")
+AGENT_METHODS = ("research", "search_r1", "r1_searcher", "rag_r1", "prorag")
 
 
 def _agent_builder(dialect: str):

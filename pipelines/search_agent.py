@@ -26,7 +26,7 @@ from typing import Any
 from harness.backends.base import Backend, Completion, SamplingParams
 from harness.retrieval.base import Retriever
 from harness.types import Doc, Example, SearchRecord, Segment, Trajectory
-from pipelines.dialects import Dialect, get_dialect
+from pipelines.dialects import Dialect, resolve_dialect
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,9 @@ class AgentConfig:
     top_p: float = 1.0
     max_concurrency: int = 64
     seed: int = 0
+    # "exact": the system's own protocol; "small": our wording for small models (<dialect>_small).
+    variant: str = "exact"
+    template: str | None = None  # a prompt-template file replacing the dialect's (configs/dialects/)
 
 
 class SearchAgent:
@@ -69,8 +72,8 @@ class SearchAgent:
     ) -> None:
         self.backend = backend
         self.retriever = retriever
-        self.dialect = get_dialect(dialect) if isinstance(dialect, str) else dialect
         self.config = config or AgentConfig()
+        self.dialect = resolve_dialect(dialect, self.config.variant, self.config.template)
         self.method = method or self.dialect.name
         self.tokenizer = backend.tokenizer
         self.max_context = self.config.max_context or backend.max_context
@@ -195,7 +198,7 @@ class SearchAgent:
 
             if comp.finish_reason == "abort":
                 raise RuntimeError(f"backend aborted the request: {comp.meta.get('message', '')}".strip())
-            action = d.parse_action(comp.text)
+            action = d.parse_action(comp.text, eos=comp.stopped_on_eos)
             if action.kind == "answer":
                 traj.prediction = action.answer or ""
                 traj.finish_reason = "answer"
@@ -209,14 +212,18 @@ class SearchAgent:
                 # The final no-search turn ended without an answer.
                 traj.finish_reason = "max_turns"
                 return
-            if comp.stopped_on_eos:
+            if comp.stopped_on_eos and not d.continue_after_eos or action.kind == "end":
                 traj.finish_reason = "eos_without_answer"
                 return
             if action.kind == "search":
                 obs = await self._search(action.queries, search_turns, traj)
+            elif action.kind == "continue":
+                obs = d.continue_text or ""
             else:
-                reason = action.reason or "no search query or answer found"
-                obs = d.corrective_text(reason)
+                obs = d.corrective_text(action.reason or "no search query or answer found")
+                if obs is None:  # the system ends the item on an invalid action
+                    traj.finish_reason = "eos_without_answer"
+                    return
             search_turns += 1
             obs_ids = self.tokenizer.encode(obs, add_special_tokens=False)
             if len(context) + len(obs_ids) > self.max_context - c.min_room:
@@ -243,6 +250,8 @@ class SearchAgent:
         return completion
 
     async def _search(self, queries: tuple[str, ...], turn: int, traj: Trajectory) -> str:
+        if not queries:  # a search with nothing to look up: the dialect says what comes back
+            return self.dialect.observation_text((), [])
         if self.retriever is None:
             raise RuntimeError("the agent asked for a search but no retriever is configured")
         t0 = time.perf_counter()

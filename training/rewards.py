@@ -5,6 +5,10 @@ is a dict of its components for logging. Format validity and answer extraction c
 trajectory's dialect (``pipelines.dialects``) and always look at the RESPONSE only
 (``traj.response_text``), never the prompt: Search-R1's own scorer decodes prompt + response and
 would otherwise pick up the prompt's example answer (REFERENCE §2, "Answer extraction trap").
+For the systems' own dialects these are the systems' exact checks (``pipelines.dialects.protocols``):
+Search-R1's ``is_valid_sequence``, ReSearch's ``validate_format`` (think/search/result order and
+``\boxed{}``), R1-Searcher's stage-2 format checks and ProRAG's ``format_reward``; the
+``<name>_small`` variants carry our looser check.
 
 Definitions (and where they come from):
 
@@ -101,7 +105,9 @@ class ResearchF1Format:
         ok = traj.finish_reason == "answer" and format_ok(traj, self.validator)
         answer = extract_answer(traj, self.validator)
         f1 = f1_score(answer, traj.answers) if answer else 0.0
-        r = (f1 if f1 > 0 else self.floor) if ok else 0.0
+        # ReSearch's compute_score returns 0 when the \boxed{} cannot be extracted, even with a
+        # valid format (validate_format only checks that "\boxed{" and a "}" are present).
+        r = (f1 if f1 > 0 else self.floor) if ok and answer is not None else 0.0
         return r, {"f1": f1, "format_valid": float(ok)}
 
 
