@@ -92,7 +92,7 @@ FLASHRAG_DIFFERENCES: dict[str, tuple[str, ...]] = {
 _SEARCH_R1_STOPS = ("</search>", "</answer>")
 
 
-def _exact(name: str, **kw: Any) -> Dialect:
+def _exact(name: str, extra_options: dict[str, Any] | None = None, **kw: Any) -> Dialect:
     t = shipped_template(name)
     return Dialect(
         name=name,
@@ -102,7 +102,7 @@ def _exact(name: str, **kw: Any) -> Dialect:
         placement=t["placement"],
         question_mark=bool(t.get("question_mark", False)),
         source={**t["source"], "template_file": f"configs/dialects/{name}.yaml"},
-        options={"flashrag_differences": FLASHRAG_DIFFERENCES.get(name, ())},
+        options={"flashrag_differences": FLASHRAG_DIFFERENCES.get(name, ()), **(extra_options or {})},
         **kw,
     )
 
@@ -169,6 +169,8 @@ def _register_exact() -> None:
             obs_open="<|begin_of_documents|>",
             obs_close="<|end_of_documents|>",
             answer_rule="the text between the last <answer> and </answer>, stripped",
+            # Read by training.rewards.R1SearcherStage1: the stage-1 server's own two checks.
+            extra_options={"stage1_checks": P.r1_searcher_stage1},
         ),
     )
     DIALECTS.register(

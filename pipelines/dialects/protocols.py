@@ -351,3 +351,25 @@ def prorag_validate(d: Dialect, response: str) -> tuple[bool, str]:
     if len(body) % 5 or any(body[k : k + 5] != ["S", "Q", "R", "S", "A"] for k in range(0, len(body), 5)):
         return False, "steps are not (step subquery retrieval step subanswer)*"
     return True, "ok"
+
+
+def r1_searcher_stage1(response: str) -> tuple[bool, bool]:
+    """R1-Searcher's stage-1 reward terms (``reward_server_llama_stage1.py``) on the response:
+    (retrieval well formed: the seven query/document tag counts equal and at least 1,
+    format: no ``<think>``, one ``</think>``, one ``<answer>``, one ``</answer>``)."""
+    s = response.strip()
+    counts = {
+        s.count(t)
+        for t in (
+            "<|begin_of_documents|>\n",
+            "<|end_of_documents|>\n\n",
+            "<|begin_of_query|>",
+            "<|end_of_query|>",
+            "<|begin_of_documents|>",
+            "<|end_of_documents|>",
+            "<|begin_of_documents|>\n(1)",
+        )
+    }
+    retrieval = len(counts) == 1 and counts.pop() >= 1
+    fmt = s.count("<think>") == 0 and s.count("</think>") == s.count("<answer>") == s.count("</answer>") == 1
+    return retrieval, fmt

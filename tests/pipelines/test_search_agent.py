@@ -360,3 +360,14 @@ def test_weight_versions_reported_by_the_backend_are_recorded(byte_tok, toy_retr
     plain = ScriptedBackend(script)  # reports no version: nothing recorded
     traj = SearchAgent(plain, toy_retriever, "research", AgentConfig(max_total_tokens=100000)).run_examples([Q])[0]
     assert "weight_versions" not in traj.metadata
+
+
+def test_template_file_and_variant_from_the_agent_config(tmp_path, toy_retriever):
+    tmpl = tmp_path / "trained_with.txt"
+    tmpl.write_text("Q: {question}\nThink, search, answer.\n")
+    backend = RecordingBackend([{"match": "glass harp-clock", "turns": SCRIPTS["search_r1"]}])
+    traj = run_one(backend, toy_retriever, "search_r1", template=str(tmpl), chat=False)
+    assert traj.segments[0].text == f"Q: {Q.question}\nThink, search, answer.\n"
+    assert traj.prediction == "Lunne" and traj.metadata["dialect"] == "search_r1"
+    traj = run_one(RecordingBackend([]), toy_retriever, "research", variant="small")
+    assert traj.metadata["dialect"] == "research_small"
