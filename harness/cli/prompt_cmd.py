@@ -75,5 +75,7 @@ def _print(out: dict) -> None:
     console.print(f"stops (final turn):  {out['stops']['final_turn']}; EOS {out['eos']}", highlight=False)
     console.print(f"answer: {out['answer']}", highlight=False)
     console.print(f"after an invalid action: {out['corrective']!r}", highlight=False)
+    for note in out["notes"]:
+        console.print(f"note: {note}", highlight=False)
     for diff in out["flashrag_differences"]:
         console.print(f"differs from FlashRAG's port: {diff}", highlight=False)

@@ -60,9 +60,9 @@ FLASHRAG_DIFFERENCES: dict[str, tuple[str, ...]] = {
         "question: FlashRAG does not strip the question or append '?'; Search-R1 does",
         "invalid action: FlashRAG ends the item with the raw output as prediction; Search-R1 appends its "
         "corrective message ('My previous action is invalid. ...') and goes on",
-        "answer: FlashRAG requires the turn to end with </answer> (or <|endoftext|>) and takes the first "
-        "<answer>...</answer> of that turn; Search-R1 acts on the first <search>/<answer> block of the turn "
-        "and scores the last <answer> of the sequence",
+        "parsing: FlashRAG answers only when the turn ends with </answer> (or <|endoftext|>) and takes the "
+        "last <answer> block of that turn, and searches the last <search> block, stripped; Search-R1 acts on "
+        "the FIRST <search>/<answer> block of the turn and scores the last <answer> of the sequence",
         "turn limit: FlashRAG runs max_retrieval_num=5 generations and then gives 'No valid answer found'; "
         "Search-R1 runs max_turns=4 search turns and then one final turn",
         "each turn's output is .strip()-ed before the observation is appended (Search-R1 keeps it)",
@@ -77,7 +77,8 @@ FLASHRAG_DIFFERENCES: dict[str, tuple[str, ...]] = {
         "'title   text' (KILT 100-word split, id removed)",
         "observation: FlashRAG appends '\\n\\n<|begin_of_documents|>\\n' + docs + '\\n<|end_of_documents|>\\n\\n' "
         "(an extra newline before the closing tag); R1-Searcher has none",
-        "query: FlashRAG searches the raw text between the tags; R1-Searcher removes quotes, tabs and '...'",
+        "query: FlashRAG searches the last query block, stripped; R1-Searcher takes the text after the last "
+        "<|begin_of_query|>, removes quotes, '...' and turns tabs into spaces, and does not strip it",
         "turn limit: FlashRAG max_retrieval_num=5; R1-Searcher stops at the 10th generation (k == 9)",
         "no documents: FlashRAG writes nothing; R1-Searcher writes 'None'",
     ),
@@ -102,7 +103,11 @@ def _exact(name: str, extra_options: dict[str, Any] | None = None, **kw: Any) ->
         placement=t["placement"],
         question_mark=bool(t.get("question_mark", False)),
         source={**t["source"], "template_file": f"configs/dialects/{name}.yaml"},
-        options={"flashrag_differences": FLASHRAG_DIFFERENCES.get(name, ()), **(extra_options or {})},
+        options={
+            "flashrag_differences": FLASHRAG_DIFFERENCES.get(name, ()),
+            "notes": tuple(t.get("notes", ())),
+            **(extra_options or {}),
+        },
         **kw,
     )
 

@@ -75,4 +75,5 @@ def describe(
         "answer": dialect.answer_rule,
         "corrective": dialect.corrective,
         "flashrag_differences": list(dialect.options.get("flashrag_differences", ())),
+        "notes": list(dialect.options.get("notes", ())),
     }
