@@ -217,7 +217,7 @@ def _register_small() -> None:
     for system, tags in specs.items():
         probe = Dialect(
             name="", system="", template="", placement="user", parse=small.parse, observe=small.observe,
-            extract=small.extract, validate=small.validate, search_stops=(), final_stops=(), **tags,
+            extract=small.extract, validate=small.validate, search_stops=(), final_stops=(), raw_bos=False, **tags,
         )  # fmt: skip
         tag_values = {k: getattr(probe, k) for k in ("query_open", "query_close", "obs_open", "obs_close")}
         tag_values |= {k: getattr(probe, k) for k in ("answer_open", "answer_close", "think_open", "think_close")}

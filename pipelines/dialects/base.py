@@ -91,6 +91,7 @@ class Dialect:
     think_open: str = "<think>"
     think_close: str = "</think>"
     boxed_answer: bool = False
+    raw_bos: bool = True  # a raw prompt is encoded with the tokenizer's special tokens (BOS)
     max_queries: int = 1
     doc_style: str = ""
     options: dict[str, Any] = field(default_factory=dict)
@@ -130,17 +131,25 @@ class Dialect:
             return template.replace("{shot}", shot).replace("{question}", question)
         return (shot.lstrip("\n") + "\n\n" if shot else "") + template.replace("{question}", question)
 
+    def uses_chat_template(self, tokenizer: Any, chat: bool = True) -> bool:
+        """Whether the prompt goes through ``tokenizer``'s chat template (never for a raw prompt)."""
+        return self.placement != "raw" and chat and bool(getattr(tokenizer, "chat_template", None))
+
     def render(self, question: str, tokenizer: Any = None, chat: bool = True, few_shot: bool = False) -> str:
         """The exact prompt string: the chat template applied when the dialect puts the prompt
         in messages, ``chat`` is on and ``tokenizer`` has a chat template; else the raw form."""
-        messages = self.messages(question, few_shot)
-        if messages is not None and chat and tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        if tokenizer is not None and self.uses_chat_template(tokenizer, chat):
+            messages = self.messages(question, few_shot)
             return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.raw_text(question, few_shot)
 
     def prompt_ids(self, tokenizer: Any, question: str, chat: bool, few_shot: bool = False) -> list[int]:
-        """Token ids of :meth:`render` (no special tokens added: a chat template writes its own)."""
-        return list(tokenizer.encode(self.render(question, tokenizer, chat, few_shot), add_special_tokens=False))
+        """Token ids of :meth:`render`. A chat template writes its own special tokens; a raw
+        prompt gets the tokenizer's own (a BOS where it adds one), as the originals' vLLM / HF
+        ``encode`` calls give it, unless ``raw_bos`` is off (our small variants)."""
+        text = self.render(question, tokenizer, chat, few_shot)
+        add = self.raw_bos and not self.uses_chat_template(tokenizer, chat)
+        return list(tokenizer.encode(text, add_special_tokens=add))
 
     def demonstration(self) -> str:
         """A one-shot worked example in this dialect's own tags (for small models that need it)."""

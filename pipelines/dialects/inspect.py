@@ -55,7 +55,7 @@ def describe(
     documents), or ``None`` without ``docs``.
     """
     messages = dialect.messages(question)
-    chat = messages is not None and tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
+    chat = tokenizer is not None and dialect.uses_chat_template(tokenizer)
     observation = None
     if docs is not None:
         qs = queries or (question,)

@@ -104,3 +104,27 @@ def test_prompt_without_docs_has_null_observation_and_small_variant_shows_our_wo
     assert out["observation"] is None and out["method"] == "search_r1" and out["model"] is None
     small = prompt_json("--method", "search_r1", "--question", "q", "--model", "none", "--variant", "small")
     assert small["dialect"] == "search_r1_small" and "Work out the answer step by step" in small["text"]
+
+
+class BosTokenizer:
+    """Encodes characters as ids and, like Llama's tokenizer, adds BOS (id 1) when asked for
+    special tokens; ``chat_template`` is switchable."""
+
+    def __init__(self, chat_template=None):
+        self.chat_template = chat_template
+
+    def encode(self, text, add_special_tokens=True):
+        return ([1] if add_special_tokens else []) + [ord(c) for c in text]
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False):
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+
+def test_raw_prompts_get_the_tokenizers_bos_as_the_originals_encode_them():
+    # R1-Searcher/ProRAG hand vLLM a string (BOS added by the tokenizer); a chat template writes
+    # its own special tokens; our small variants keep their old encoding (no special tokens).
+    assert get_dialect("r1_searcher").prompt_ids(BosTokenizer("tmpl"), "q", chat=True)[0] == 1
+    assert get_dialect("search_r1").prompt_ids(BosTokenizer(None), "q", chat=True)[0] == 1  # no template: raw
+    templated = get_dialect("search_r1").prompt_ids(BosTokenizer("tmpl"), "q", chat=True)
+    assert templated[0] == ord("<")
+    assert get_dialect("search_r1_small").prompt_ids(BosTokenizer(None), "q", chat=False)[0] != 1
