@@ -19,7 +19,7 @@ from pipelines.baselines.flashrag_methods import BASELINES, WITHOUT_RETRIEVAL
 
 METHODS: Registry = Registry("method")
 
-AGENT_METHODS = ("research", "search_r1", "r1_searcher", "rag_r1")
+AGENT_METHODS = ("research", "search_r1", "r1_searcher", "rag_r1", "prorag")
 
 
 @runtime_checkable

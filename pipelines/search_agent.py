@@ -33,7 +33,7 @@ from harness.config import require_at_least
 from harness.errors import error_kind
 from harness.retrieval.base import Retriever
 from harness.types import Doc, Example, SearchRecord, Segment, Trajectory
-from pipelines.dialects import Dialect, get_dialect
+from pipelines.dialects import Dialect, resolve_dialect
 from pipelines.flashrag_compat import FlashRAGGenerator, from_flashrag_dataset, pipeline_base, safe_config
 
 logger = logging.getLogger(__name__)
@@ -62,6 +62,9 @@ class AgentConfig:
     top_p: float = 1.0
     max_concurrency: int = 64
     seed: int = 0
+    # "exact": the system's own protocol; "small": our wording for small models (<dialect>_small).
+    variant: str = "exact"
+    template: str | None = None  # a prompt-template file replacing the dialect's (configs/dialects/)
 
     def __post_init__(self) -> None:
         require_at_least(self, 0, "max_turns", "temperature")
@@ -75,7 +78,8 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
     """The loop for one dialect over a backend and a retriever; a FlashRAG pipeline (see module docstring).
 
     ``flashrag_config``: the FlashRAG ``Config`` its ``BasicPipeline`` side uses (its
-    ``Evaluator`` metrics); by default :func:`~pipelines.flashrag_compat.safe_config`.
+    ``Evaluator`` metrics), kept as ``flashrag_config``; by default
+    :func:`~pipelines.flashrag_compat.safe_config`. ``config`` is the :class:`AgentConfig`.
     """
 
     def __init__(
@@ -87,13 +91,17 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
         method: str | None = None,
         flashrag_config: Any = None,
     ) -> None:
-        self.dialect = get_dialect(dialect) if isinstance(dialect, str) else dialect
+        config = config or AgentConfig()
+        self.dialect = resolve_dialect(dialect, config.variant, config.template)
         # The dialect owns the prompt, so FlashRAG's PromptTemplate (which reads a model config
         # from disk) is not built: the dialect stands in its place.
-        super().__init__(flashrag_config or safe_config(), prompt_template=self.dialect)
+        self.flashrag_config = flashrag_config or safe_config()
+        super().__init__(self.flashrag_config, prompt_template=self.dialect)
+        # BasicPipeline keeps FlashRAG's Config as ``config``; here ``config`` is the loop's
+        # AgentConfig (FlashRAG's own methods read ``evaluator``, set above, not ``config``).
+        self.config = config
         self.backend = backend
         self.retriever = retriever  # after BasicPipeline.__init__, which sets it to None
-        self.config = config or AgentConfig()
         self.method = method or self.dialect.name
         self.tokenizer = backend.tokenizer
         self.max_context = self.config.max_context or backend.max_context
@@ -230,7 +238,7 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
 
             if comp.finish_reason == "abort":
                 raise BackendError(f"backend aborted the request: {comp.meta.get('message', '')}".strip())
-            action = d.parse_action(comp.text)
+            action = d.parse_action(comp.text, eos=comp.stopped_on_eos)
             if action.kind == "answer":
                 traj.prediction = action.answer or ""
                 traj.finish_reason = "answer"
@@ -244,14 +252,18 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
                 # The final no-search turn ended without an answer.
                 traj.finish_reason = "max_turns"
                 return
-            if comp.stopped_on_eos:
+            if comp.stopped_on_eos and not d.continue_after_eos or action.kind == "end":
                 traj.finish_reason = "eos_without_answer"
                 return
             if action.kind == "search":
                 obs = await self._search(action.queries, search_turns, traj)
+            elif action.kind == "continue":
+                obs = d.continue_text or ""
             else:
-                reason = action.reason or "no search query or answer found"
-                obs = d.corrective_text(reason)
+                obs = d.corrective_text(action.reason or "no search query or answer found")
+                if obs is None:  # the system ends the item on an invalid action
+                    traj.finish_reason = "eos_without_answer"
+                    return
             search_turns += 1
             obs_ids = self.tokenizer.encode(obs, add_special_tokens=False)
             if len(context) + len(obs_ids) > self.max_context - c.min_room:
@@ -278,6 +290,8 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
         return completion
 
     async def _search(self, queries: tuple[str, ...], turn: int, traj: Trajectory) -> str:
+        if not queries:  # a search with nothing to look up: the dialect says what comes back
+            return self.dialect.observation_text((), [])
         if self.retriever is None:
             raise RuntimeError("the agent asked for a search but no retriever is configured")
         t0 = time.perf_counter()

@@ -5,6 +5,10 @@ is a dict of its components for logging. Format validity and answer extraction c
 trajectory's dialect (``pipelines.dialects``) and always look at the RESPONSE only
 (``traj.response_text``), never the prompt: Search-R1's own scorer decodes prompt + response and
 would otherwise pick up the prompt's example answer (REFERENCE §2, "Answer extraction trap").
+For the systems' own dialects these are the systems' exact checks (``pipelines.dialects.protocols``):
+Search-R1's ``is_valid_sequence``, ReSearch's ``validate_format`` (think/search/result order and
+``\boxed{}``), R1-Searcher's stage-2 format checks and ProRAG's ``format_reward``; the
+``<name>_small`` variants carry our looser check.
 
 Definitions (and where they come from):
 
@@ -13,7 +17,9 @@ Definitions (and where they come from):
   ended with an answer (``finish_reason == "answer"``, i.e. not cut off before EOS); ``floor``
   (0.1) when that holds but F1 is 0; 0 otherwise.
 - ``r1_searcher_stage1`` (R1-Searcher paper §3, README "Reward Design"): +0.5 when at least one
-  retrieval was issued, +0.5 when the format is valid.
+  retrieval was issued, +0.5 when the format is valid. With R1-Searcher's own dialect the two
+  terms are its stage-1 server's checks (``reward_server_llama_stage1.py``: query/document tag
+  counts equal and ≥ 1; think/answer tag counts); that server's ±1 answer term is not included.
 - ``r1_searcher_stage2`` (same source): F1 of the answer when the format is valid, ``format_penalty``
   (−2) when it is not (the paper subtracts 2 from the answer reward; we return −2 flat, the
   variant REFERENCE §1 specifies).
@@ -101,7 +107,9 @@ class ResearchF1Format:
         ok = traj.finish_reason == "answer" and format_ok(traj, self.validator)
         answer = extract_answer(traj, self.validator)
         f1 = f1_score(answer, traj.answers) if answer else 0.0
-        r = (f1 if f1 > 0 else self.floor) if ok else 0.0
+        # ReSearch's compute_score returns 0 when the \boxed{} cannot be extracted, even with a
+        # valid format (validate_format only checks that "\boxed{" and a "}" are present).
+        r = (f1 if f1 > 0 else self.floor) if ok and answer is not None else 0.0
         return r, {"f1": f1, "format_valid": float(ok)}
 
 
@@ -115,6 +123,13 @@ class R1SearcherStage1:
     validator: Any = None
 
     def __call__(self, traj: Trajectory) -> RewardOut:
+        stage1 = getattr(_dialect(traj, self.validator), "options", {}).get("stage1_checks")
+        if stage1 is not None:
+            # R1-Searcher's own dialect: its stage-1 server's two checks (well-formed retrieval
+            # blocks, think/answer tag counts), not the stricter stage-2 format check.
+            retrieval_ok, format_ok_ = stage1(traj.response_text)
+            searched, ok = float(retrieval_ok), float(format_ok_)
+            return self.retrieval_bonus * searched + self.format_bonus * ok, {"searched": searched, "format_valid": ok}
         searched = float(len(traj.searches) > 0)
         ok = float(format_ok(traj, self.validator))
         return self.retrieval_bonus * searched + self.format_bonus * ok, {

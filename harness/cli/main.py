@@ -14,6 +14,7 @@ from harness.cli import (
     datasets_cmd,
     eval_cmd,
     index_cmd,
+    prompt_cmd,
     report_cmd,
     score_cmd,
     serve_cmd,
@@ -47,6 +48,7 @@ app.add_typer(serve_cmd.app, name="serve", help="Serve a retriever or a model ov
 app.command("datasets", help="List the registered datasets, their splits and where each is read from.")(
     datasets_cmd.datasets_command
 )
+app.command("prompt", help="Show exactly what a model sees under a method's dialect.")(prompt_cmd.prompt_command)
 app.command("score", help="Score any JSONL prediction file (EM, F1, acc, cover_em).")(score_cmd.score_command)
 
 

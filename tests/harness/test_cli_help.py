@@ -15,7 +15,7 @@ runner = CliRunner()
 def test_help_lists_every_command():
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    for cmd in ("eval", "train", "report", "index", "serve", "datasets", "score"):
+    for cmd in ("eval", "train", "report", "index", "serve", "datasets", "score", "prompt"):
         assert cmd in result.output
 
 

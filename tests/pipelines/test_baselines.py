@@ -36,6 +36,7 @@ def test_registry_lists_agents_and_baselines():
         "search_r1",
         "r1_searcher",
         "rag_r1",
+        "prorag",
         "naive",
         "standard",
         "iter_retgen",

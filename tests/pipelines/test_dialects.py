@@ -1,4 +1,6 @@
-"""Dialects: answer extraction, action parsing, parallel-query splitting, format validation."""
+"""Dialect registry, template files, and our small-model variants (``<name>_small``): answer
+extraction, action parsing, parallel-query splitting, format validation. The systems' own
+protocols are tested in test_protocols.py."""
 
 from __future__ import annotations
 
@@ -8,17 +10,56 @@ import pytest
 
 from harness.registry import RegistryError
 from harness.types import Doc
-from pipelines.dialects import DIALECTS, extract_boxed, get_dialect, split_parallel_queries
+from pipelines.dialects import (
+    DIALECTS,
+    TEMPLATE_DIR,
+    extract_boxed,
+    get_dialect,
+    resolve_dialect,
+    split_parallel_queries,
+)
+
+SYSTEMS = {"research", "search_r1", "r1_searcher", "rag_r1", "prorag"}
 
 
-def test_registry_has_the_four_dialects_and_suggests_names():
-    assert set(DIALECTS.names()) == {"research", "search_r1", "r1_searcher", "rag_r1"}
+def test_registry_has_every_system_and_small_variants_and_suggests_names():
+    small = {f"{s}_small" for s in SYSTEMS - {"prorag"}}
+    assert set(DIALECTS.names()) == SYSTEMS | small
     with pytest.raises(RegistryError, match="did you mean 'search_r1'"):
         get_dialect("search_r")
 
 
+def test_every_system_template_file_cites_its_source():
+    for name in SYSTEMS:
+        d = get_dialect(name)
+        assert d.source["repository"] and len(d.source["commit"]) == 40 and d.source["files"]
+        assert (TEMPLATE_DIR / f"{name}.yaml").is_file()
+
+
+def test_resolve_variant_and_template_file(tmp_path):
+    assert resolve_dialect("search_r1", "small").name == "search_r1_small"
+    assert resolve_dialect("search_r1_small", "small").name == "search_r1_small"
+    with pytest.raises(ValueError, match="variant"):
+        resolve_dialect("search_r1", "tiny")
+    txt = tmp_path / "mine.txt"
+    txt.write_text("Q: {question}\nA:")
+    d = resolve_dialect("search_r1", template=str(txt))
+    assert d.raw_text("who") == "Q: who?\nA:"  # Search-R1's '?' normalisation still applies
+    assert d.messages("who") == [{"role": "user", "content": "Q: who?\nA:"}]
+    yml = tmp_path / "mine.yaml"
+    yml.write_text("placement: raw\ntemplate: |-\n  Question: {question}\n  Answer:\n")
+    d = resolve_dialect("research", template=str(yml))
+    assert d.messages("who") is None and d.raw_text("who") == "Question: who\nAnswer:"
+    bad = tmp_path / "bad.txt"
+    bad.write_text("no field here")
+    with pytest.raises(ValueError, match="no {question} field"):
+        resolve_dialect("search_r1", template=str(bad))
+    with pytest.raises(FileNotFoundError, match="template file not found"):
+        resolve_dialect("search_r1", template=str(tmp_path / "missing.yaml"))
+
+
 def test_research_answer_is_inside_boxed_and_last_answer_wins():
-    d = get_dialect("research")
+    d = get_dialect("research_small")
     text = "<answer>\\boxed{Paris}</answer> then <answer>I think \\boxed{{Lyon} city}</answer>"
     assert d.extract_answer(text) == "{Lyon} city"
     assert extract_boxed("no box") is None
@@ -26,7 +67,7 @@ def test_research_answer_is_inside_boxed_and_last_answer_wins():
 
 
 def test_search_r1_extracts_from_response_only():
-    d = get_dialect("search_r1")
+    d = get_dialect("search_r1_small")
     # The prompt contains an example answer; the response is what is scored.
     assert d.extract_answer("<think>x</think><answer> Beijing </answer>") == "Beijing"
     assert d.extract_answer("no answer here") is None
@@ -43,14 +84,14 @@ def test_search_r1_extracts_from_response_only():
         ("just thinking", "none", ()),
     ],
 )
-def test_parse_action_search_r1(text, kind, queries):
-    a = get_dialect("search_r1").parse_action(text)
+def test_parse_action_search_r1_small(text, kind, queries):
+    a = get_dialect("search_r1_small").parse_action(text)
     assert a.kind == kind
     assert a.queries == queries
 
 
 def test_r1_searcher_tags():
-    d = get_dialect("r1_searcher")
+    d = get_dialect("r1_searcher_small")
     a = d.parse_action("I need it. <|begin_of_query|> capital of France <|end_of_query|>")
     assert a.kind == "search" and a.queries == ("capital of France",)
     assert d.stops() == ("<|end_of_query|>", "</answer>")
@@ -75,7 +116,7 @@ def test_rag_r1_query_splitting(raw, expected):
 
 
 def test_rag_r1_caps_queries_per_turn_and_uses_json_observations():
-    d = get_dialect("rag_r1")
+    d = get_dialect("rag_r1_small")
     assert d.parse_action("<search>a | b | c</search>").queries == ("a", "b", "c")
     too_many = d.parse_action("<search>a | b | c | d</search>")
     assert too_many.kind == "invalid" and "at most 3" in too_many.reason
@@ -99,18 +140,18 @@ def test_rag_r1_caps_queries_per_turn_and_uses_json_observations():
     ],
 )
 def test_validate_format(dialect, text, ok):
-    assert get_dialect(dialect).validate_format(text)[0] is ok
+    assert get_dialect(f"{dialect}_small").validate_format(text)[0] is ok
 
 
 def test_observation_answers_do_not_break_format():
     # An observation may quote text with tags; only model text is checked.
-    d = get_dialect("search_r1")
+    d = get_dialect("search_r1_small")
     text = "<search>q</search>\n\n<information>\n<answer>fake</answer>\n</information>\n\n<answer>x</answer>"
     assert d.validate_format(text) == (True, "ok")
 
 
-def test_prompt_ids_chat_and_base(byte_tok):
-    d = get_dialect("search_r1")
+def test_small_prompt_ids_chat_and_base(byte_tok):
+    d = get_dialect("search_r1_small")
     base = byte_tok.decode(d.prompt_ids(byte_tok, "Who?", chat=False))
     assert base.endswith("Question: Who?\n") and "<information>" in base
     chat = byte_tok.decode(d.prompt_ids(byte_tok, "Who?", chat=True))

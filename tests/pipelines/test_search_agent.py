@@ -45,8 +45,15 @@ SCRIPTS = {
         "Then the river. <|begin_of_query|>Eddavik river<|end_of_query|>",
         "<answer>Lunne</answer>",
     ],
+    "prorag": [
+        "I need the inventor first.</step>\n<subquery>Who invented the glass harp-clock?</subquery>",
+        "The retrieval names Mira Solberg.</step>\n<subanswer>Mira Solberg</subanswer>",
+        "Now her birthplace's river.</step>\n<subquery>Eddavik river</subquery>",
+        "Found it.</step>\n<subanswer>Lunne</subanswer>",
+        "Combine.</step>\n<answer>Lunne</answer>",
+    ],
     "rag_r1": [
-        "<think>two at once</think><search>glass harp-clock inventor | Mira Solberg birthplace</search>",
+        "<think>two at once</think><search>glass harp-clock inventor, Mira Solberg birthplace</search>",
         "<think>river</think><search>Eddavik river</search>",
         "<answer>Lunne</answer>",
     ],
@@ -80,12 +87,14 @@ def test_every_dialect_multi_turn(dialect, toy_retriever):
     assert traj.prediction == "Lunne"
     n_model = len(SCRIPTS[dialect])
     roles = [s.role for s in traj.segments]
+    # Every turn but the last is followed by inserted text (ProRAG: a new <step> after a subanswer).
     assert roles == ["prompt"] + ["model", "observation"] * (n_model - 1) + ["model"]
     assert traj.n_turns == n_model
     assert_token_exact(traj, backend)
     # Observations are the dialect's own tags around the retrieved documents.
     obs = [s.text for s in traj.segments if s.role == "observation"]
-    assert all(SearchAgent(backend, None, dialect).dialect.obs_open in o for o in obs)
+    assert all(SearchAgent(backend, None, dialect).dialect.obs_open in o for o in obs[::2] if dialect == "prorag")
+    assert all(SearchAgent(backend, None, dialect).dialect.obs_open in o for o in obs if dialect != "prorag")
     assert traj.generated_tokens == sum(len(s.token_ids) for s in traj.segments if s.role == "model")
     assert traj.observation_tokens == sum(len(s.token_ids) for s in traj.segments if s.role == "observation")
 
@@ -103,14 +112,63 @@ def test_parallel_queries_make_one_search_record_each(toy_retriever):
 
 
 def test_invalid_action_gets_a_corrective_observation_with_mask_0(toy_retriever):
-    turns = ["<think>oops</think><search>  </search>", "<answer>Lunne</answer>"]
+    # Search-R1: a turn that stops on </search> without a <search> block is invalid; its own
+    # corrective message follows (generation.py execute_predictions).
+    turns = ["<think>oops</think> glass harp-clock </search>", "<answer>Lunne</answer>"]
     backend = RecordingBackend([{"match": "glass harp-clock", "turns": turns}])
     traj = run_one(backend, toy_retriever, "search_r1")
     assert traj.finish_reason == "answer"
     obs = [s for s in traj.segments if s.role == "observation"]
-    assert len(obs) == 1 and "not valid" in obs[0].text and "empty" in obs[0].text
+    assert len(obs) == 1 and obs[0].text.startswith("\nMy previous action is invalid.")
+    assert obs[0].text.endswith("Let me try again.\n")
     assert traj.searches == []
     assert_token_exact(traj, backend)
+    # Our small variant says why.
+    backend = RecordingBackend([{"match": "glass harp-clock", "turns": ["<search>  </search>", "<answer>x</answer>"]}])
+    traj = run_one(backend, toy_retriever, "search_r1", variant="small")
+    obs = [s for s in traj.segments if s.role == "observation"]
+    assert "not valid" in obs[0].text and "empty" in obs[0].text
+
+
+def test_systems_that_end_on_an_invalid_action(toy_retriever):
+    # R1-Searcher: an empty query ends the item (query_inst_error); ReSearch: EOS without an answer.
+    turns = ["<|begin_of_query|><|end_of_query|>"]
+    backend = RecordingBackend([{"match": "glass harp-clock", "turns": turns}])
+    traj = run_one(backend, toy_retriever, "r1_searcher")
+    assert traj.finish_reason == "eos_without_answer" and traj.n_turns == 1
+    backend = RecordingBackend([{"match": "glass harp-clock", "turns": ["<think>no idea</think>"]}])
+    traj = run_one(backend, toy_retriever, "research")
+    assert traj.finish_reason == "eos_without_answer" and traj.prediction == ""
+
+
+def test_research_stops_only_on_search_and_ends_on_eos(toy_retriever):
+    # ReSearch's answer turn is not stopped at </answer>: it runs to EOS (trailing text included).
+    turns = [
+        "<think>a</think><search>glass harp-clock</search>",
+        "<think>b</think><answer>\\boxed{Lunne}</answer> done",
+    ]
+    backend = RecordingBackend([{"match": "glass harp-clock", "turns": turns}])
+    traj = run_one(backend, toy_retriever, "research")
+    assert traj.finish_reason == "answer" and traj.prediction == "Lunne"
+    assert traj.segments[-1].text.startswith("<think>b</think><answer>\\boxed{Lunne}</answer> done")
+    assert traj.segments[-1].token_ids[-1] == backend.tokenizer.eos_token_id
+    obs = traj.segments[2].text
+    assert obs.startswith(" <result>\n") and obs.endswith("\n</result>")
+
+
+def test_empty_research_query_is_answered_without_retrieval(toy_retriever):
+    turns = ["<think>a</think><search> </search>", "<think>b</think><answer>\\boxed{x}</answer>"]
+    backend = RecordingBackend([{"match": "glass harp-clock", "turns": turns}])
+    traj = run_one(backend, toy_retriever, "research")
+    assert traj.segments[2].text == " <result>\nnothing to search\n</result>" and traj.searches == []
+
+
+def test_prorag_continues_after_eos_with_a_new_step(toy_retriever):
+    turns = ["I think.</step>", "</step>\n<answer>Lunne</answer>"]
+    backend = RecordingBackend([{"match": "glass harp-clock", "turns": turns}])
+    traj = run_one(backend, toy_retriever, "prorag")
+    assert traj.finish_reason == "answer" and traj.prediction == "Lunne"
+    assert traj.segments[2].role == "observation" and traj.segments[2].text == "\n<step>\n"
 
 
 def test_eos_without_answer(toy_retriever):
@@ -126,11 +184,15 @@ def test_max_turns_then_one_final_no_search_turn(toy_retriever):
     # tag is not a stop, so the text runs on to EOS and the item ends with max_turns.
     turns = ["<search>a</search>", "<search>b</search>", "<search>c</search> still searching"]
     backend = RecordingBackend([{"match": "glass harp-clock", "turns": turns}])
-    traj = run_one(backend, toy_retriever, "search_r1", max_turns=2)
+    traj = run_one(backend, toy_retriever, "search_r1", max_turns=2, variant="small")
     assert traj.finish_reason == "max_turns"
     assert len(traj.searches) == 2
     assert traj.n_turns == 3
     assert traj.segments[-1].text.startswith("<search>c</search> still")
+    # Search-R1's own final turn still stops at </search> (its responses are cut there) and ends.
+    backend = RecordingBackend([{"match": "glass harp-clock", "turns": turns}])
+    traj = run_one(backend, toy_retriever, "search_r1", max_turns=2)
+    assert traj.finish_reason == "max_turns" and traj.segments[-1].text == "<search>c</search>"
 
 
 def test_final_turn_can_still_answer(toy_retriever):
@@ -266,7 +328,9 @@ def test_run_inside_a_running_event_loop_uses_the_async_api(toy_retriever):
 def test_few_shot_and_response_prefix(toy_retriever):
     turns = [" who? </think><search>glass harp-clock inventor</search>", "<think>ok</think><answer>Lunne</answer>"]
     backend = RecordingBackend([{"match": "glass harp-clock", "turns": turns}])
-    traj = run_one(backend, toy_retriever, "search_r1", few_shot=True, response_prefix="<think>", chat=False)
+    traj = run_one(
+        backend, toy_retriever, "search_r1", few_shot=True, response_prefix="<think>", chat=False, variant="small"
+    )
     prompt = traj.segments[0].text
     assert "Example:" in prompt and "Eiffel Tower" in prompt and prompt.count("Question:") == 2
     assert traj.segments[1].role == "prompt" and traj.segments[1].text == "<think>"
@@ -274,7 +338,7 @@ def test_few_shot_and_response_prefix(toy_retriever):
     assert traj.loss_mask[: traj.prompt_tokens] == [0] * traj.prompt_tokens
     from pipelines.dialects import get_dialect
 
-    assert get_dialect("search_r1").validate_format(traj.response_text) == (True, "ok")
+    assert get_dialect("search_r1_small").validate_format(traj.response_text) == (True, "ok")
     assert_token_exact(traj, backend)
 
 
@@ -294,3 +358,14 @@ def test_weight_versions_reported_by_the_backend_are_recorded(byte_tok, toy_retr
     plain = ScriptedBackend(script)  # reports no version: nothing recorded
     traj = SearchAgent(plain, toy_retriever, "research", AgentConfig(max_total_tokens=100000)).run_examples([Q])[0]
     assert "weight_versions" not in traj.metadata
+
+
+def test_template_file_and_variant_from_the_agent_config(tmp_path, toy_retriever):
+    tmpl = tmp_path / "trained_with.txt"
+    tmpl.write_text("Q: {question}\nThink, search, answer.\n")
+    backend = RecordingBackend([{"match": "glass harp-clock", "turns": SCRIPTS["search_r1"]}])
+    traj = run_one(backend, toy_retriever, "search_r1", template=str(tmpl), chat=False)
+    assert traj.segments[0].text == f"Q: {Q.question}\nThink, search, answer.\n"
+    assert traj.prediction == "Lunne" and traj.metadata["dialect"] == "search_r1"
+    traj = run_one(RecordingBackend([]), toy_retriever, "research", variant="small")
+    assert traj.metadata["dialect"] == "research_small"

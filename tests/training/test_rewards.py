@@ -118,9 +118,11 @@ def test_compose_and_build_from_config():
     assert total == pytest.approx(2.0 * 1.0 + 0.5 * 1.0)
     assert parts["em"] == 1.0 and parts["s1/searched"] == 1.0
     built = build_reward([{"name": "r1_searcher_stage2", "weight": 0.5}, "em"])
+    # R1-Searcher's own check (reward_server_qwen_zero.py) wants the think block closed once and
+    # the documents numbered "(1)...": the fixture before this change had neither.
     good = (
-        "<|begin_of_query|>q<|end_of_query|>\n\n<|begin_of_documents|>\nD\n<|end_of_documents|>\n\n"
-        "<answer>Paris</answer>"
+        "I look it up. <|begin_of_query|>q<|end_of_query|>\n\n<|begin_of_documents|>\n(1)D\n<|end_of_documents|>\n\n"
+        "So.</think>\n\n<answer>Paris</answer>"
     )
     total, _ = built(traj(good, dialect="r1_searcher"))
     assert total == pytest.approx(0.5 * 1.0 + 1.0)
@@ -143,3 +145,16 @@ def test_real_dialects():
     assert r(traj("<answer>Paris</answer>", dialect="research"))[0] == 0.0  # no \boxed{}: invalid
     s1 = build_reward("r1_searcher_stage1")
     assert s1(traj("no tags", dialect="r1_searcher"))[0] == 0.0
+
+
+def test_r1_searcher_stage1_uses_its_own_checks():
+    s1 = build_reward("r1_searcher_stage1")
+    good = (
+        " Look. <|begin_of_query|>q<|end_of_query|>\n\n<|begin_of_documents|>\n(1)D\n<|end_of_documents|>\n\n"
+        "So.</think>\n\n<answer>a long answer that is more than ten words is fine in stage one</answer>"
+    )
+    assert s1(traj(good, dialect="r1_searcher"))[0] == 1.0  # stage 2 would reject the length
+    no_docs = " So.</think>\n\n<answer>Paris</answer>"
+    assert s1(traj(no_docs, dialect="r1_searcher", searches=[MISS]))[0] == 0.5  # format only
+    broken = good.replace("(1)D", "D")  # documents not numbered as the original inserts them
+    assert s1(traj(broken, dialect="r1_searcher"))[0] == 0.5

@@ -1,0 +1,252 @@
+"""The :class:`Dialect` record, its prompt rendering, and prompt-template files.
+
+A dialect is configuration: the template text (a data file under ``configs/dialects/``), where
+the prompt sits, the stops, and four small functions (parse a turn, build an observation,
+extract the answer, validate the format) chosen per system in :mod:`.protocols` or
+:mod:`.small`. The agent loop calls only the methods here.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from harness.types import Doc
+
+ActionKind = Literal["search", "answer", "invalid", "continue", "end", "none"]
+Placement = Literal["user", "system", "raw"]
+
+TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "configs" / "dialects"
+
+
+@dataclass(frozen=True)
+class Action:
+    """What one model turn asks for.
+
+    ``search`` (``queries``; an empty tuple means a search with nothing to look up, which the
+    dialect answers without retrieval), ``answer`` (``answer``; ``None`` lets the final answer be
+    extracted from the whole response), ``invalid`` (the dialect's corrective message follows, or
+    the item ends when it has none), ``continue`` (the dialect's continuation text follows:
+    ProRAG's next ``<step>``), ``end`` (the item ends without an answer), ``none`` (nothing
+    recognisable; treated as ``invalid``).
+    """
+
+    kind: ActionKind
+    queries: tuple[str, ...] = ()
+    answer: str | None = None
+    reason: str = ""
+
+
+ParseFn = Callable[["Dialect", str, bool], Action]
+ObserveFn = Callable[["Dialect", tuple[str, ...], list[list[Doc]]], str]
+ExtractFn = Callable[["Dialect", str], "str | None"]
+ValidateFn = Callable[["Dialect", str], tuple[bool, str]]
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """One agent protocol: prompt template and placement, stops, and the turn functions.
+
+    ``template`` holds ``{question}`` (replaced literally, so braces such as ``\\boxed{}`` need no
+    escaping). ``placement``: ``user`` (the template is the user message; without a chat template
+    the text is the prompt as is), ``system`` (the template is the system message and the
+    question the user message; without a chat template ``base_template`` is the raw prompt) or
+    ``raw`` (the template is the prompt, never wrapped in a chat template).
+    ``search_stops`` end a turn that may search; ``final_stops`` end the last, no-search turn
+    (EOS always ends a turn). A matched stop string stays in the text (the backends keep it,
+    and every original re-appends it). ``corrective`` follows an invalid action (``None``: the
+    item ends); ``continue_text`` follows a ``continue`` action; ``continue_after_eos`` makes an
+    EOS without an answer a ``continue`` (ProRAG's inference loop).
+    """
+
+    name: str
+    system: str
+    template: str
+    placement: Placement
+    parse: ParseFn
+    observe: ObserveFn
+    extract: ExtractFn
+    validate: ValidateFn
+    search_stops: tuple[str, ...]
+    final_stops: tuple[str, ...]
+    base_template: str | None = None
+    question_mark: bool = False
+    corrective: str | None = None
+    continue_text: str | None = None
+    continue_after_eos: bool = False
+    answer_rule: str = ""  # how the answer is extracted, in words (shown by `harness prompt`)
+    source: dict[str, Any] = field(default_factory=dict)
+    # Tags, for demonstrations and for the observation/answer blocks the functions build.
+    query_open: str = "<search>"
+    query_close: str = "</search>"
+    obs_open: str = "<information>"
+    obs_close: str = "</information>"
+    answer_open: str = "<answer>"
+    answer_close: str = "</answer>"
+    think_open: str = "<think>"
+    think_close: str = "</think>"
+    boxed_answer: bool = False
+    raw_bos: bool = True  # a raw prompt is encoded with the tokenizer's special tokens (BOS)
+    max_queries: int = 1
+    doc_style: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+    # ---- prompt ----------------------------------------------------------------------------
+    def normalize_question(self, question: str) -> str:
+        """Search-R1 and RAG-R1 strip the question and end it with a question mark."""
+        if not self.question_mark:
+            return question
+        q = question.strip()
+        return q if q.endswith("?") else q + "?"
+
+    def messages(self, question: str, few_shot: bool = False) -> list[dict[str, str]] | None:
+        """The chat messages, or ``None`` for a raw prompt."""
+        q = self.normalize_question(question)
+        if self.placement == "user":
+            return [{"role": "user", "content": self._fill(self.template, q, few_shot)}]
+        if self.placement == "system":
+            return [
+                {"role": "system", "content": self._fill(self.template, q, few_shot)},
+                {"role": "user", "content": q},
+            ]
+        return None
+
+    def raw_text(self, question: str, few_shot: bool = False) -> str:
+        """The prompt when no chat template is applied (``base_template`` when the dialect has one)."""
+        if self.placement == "system" and self.base_template is None:
+            raise ValueError(f"dialect {self.name!r} has no base (no chat template) form")
+        template = self.base_template if self.base_template is not None else self.template
+        return self._fill(template, self.normalize_question(question), few_shot)
+
+    def _fill(self, template: str, question: str, few_shot: bool) -> str:
+        """``{question}`` and the optional ``{shot}`` slot (the demonstration goes there, or
+        before everything when the template has no slot)."""
+        shot = "\n\nExample:\n" + self.demonstration().rstrip("\n") if few_shot else ""
+        if "{shot}" in template:
+            return template.replace("{shot}", shot).replace("{question}", question)
+        return (shot.lstrip("\n") + "\n\n" if shot else "") + template.replace("{question}", question)
+
+    def uses_chat_template(self, tokenizer: Any, chat: bool = True) -> bool:
+        """Whether the prompt goes through ``tokenizer``'s chat template (never for a raw prompt)."""
+        return self.placement != "raw" and chat and bool(getattr(tokenizer, "chat_template", None))
+
+    def render(self, question: str, tokenizer: Any = None, chat: bool = True, few_shot: bool = False) -> str:
+        """The exact prompt string: the chat template applied when the dialect puts the prompt
+        in messages, ``chat`` is on and ``tokenizer`` has a chat template; else the raw form."""
+        if tokenizer is not None and self.uses_chat_template(tokenizer, chat):
+            messages = self.messages(question, few_shot)
+            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.raw_text(question, few_shot)
+
+    def prompt_ids(self, tokenizer: Any, question: str, chat: bool, few_shot: bool = False) -> list[int]:
+        """Token ids of :meth:`render`. A chat template writes its own special tokens; a raw
+        prompt gets the tokenizer's own (a BOS where it adds one), as the originals' vLLM / HF
+        ``encode`` calls give it, unless ``raw_bos`` is off (our small variants)."""
+        text = self.render(question, tokenizer, chat, few_shot)
+        add = self.raw_bos and not self.uses_chat_template(tokenizer, chat)
+        return list(tokenizer.encode(text, add_special_tokens=add))
+
+    def demonstration(self) -> str:
+        """A one-shot worked example in this dialect's own tags (for small models that need it)."""
+        docs = [Doc("ex", "Paris", "Paris is the capital and largest city of France.")]
+        answer = "\\boxed{Paris}" if self.boxed_answer else "Paris"
+        return (
+            "Question: Which city is the capital of the country where the Eiffel Tower stands?\n"
+            f"{self.think_open} The Eiffel Tower is in France; I need the capital of France. {self.think_close}\n"
+            f"{self.query_open} capital of France {self.query_close}"
+            + self.observation_text(("capital of France",), [docs])
+            + f"{self.think_open} The capital of France is Paris. {self.think_close}\n"
+            f"{self.answer_open} {answer} {self.answer_close}\n\n"
+        )
+
+    def with_template(self, path: str | Path) -> Dialect:
+        """This dialect with the template (and placement, if the file says) of ``path``."""
+        data = load_template_file(str(path))
+        keep = {k: data[k] for k in ("template", "base_template", "placement", "question_mark") if k in data}
+        keep.setdefault("base_template", None)  # the old base form belongs to the old template
+        out = replace(self, **keep, source={**self.source, "template_file": str(path)})
+        # The question goes in the template, except for a system prompt (the user turn holds it).
+        if out.placement != "system" and "{question}" not in out.template:
+            raise ValueError(f"{path}: the template has no {{question}} field")
+        return out
+
+    # ---- turns -----------------------------------------------------------------------------
+    def stops(self, allow_search: bool = True) -> tuple[str, ...]:
+        """Stop strings for a turn that may search, or for the final no-search turn."""
+        return self.search_stops if allow_search else self.final_stops
+
+    def parse_action(self, turn_text: str, eos: bool = False) -> Action:
+        """What the model's latest turn asks for (``eos``: the turn ended on EOS)."""
+        return self.parse(self, turn_text, eos)
+
+    def observation_text(self, queries: tuple[str, ...], results: list[list[Doc]]) -> str:
+        """The exact text inserted after a search (loss mask 0)."""
+        return self.observe(self, queries, results)
+
+    def corrective_text(self, reason: str) -> str | None:
+        """The text inserted after an invalid action, or ``None`` when the item ends."""
+        if self.corrective is None:
+            return None
+        return self.corrective.format(
+            reason=reason,
+            query_open=self.query_open,
+            query_close=self.query_close,
+            obs_open=self.obs_open,
+            obs_close=self.obs_close,
+            answer_open=self.answer_open,
+            answer_close=self.answer_close,
+        )
+
+    def extract_answer(self, response_text: str) -> str | None:
+        """The final answer, from the RESPONSE only (never the prompt's example answer)."""
+        return self.extract(self, response_text)
+
+    def validate_format(self, response_text: str) -> tuple[bool, str]:
+        """The format check of the system's own reward, on the response. Returns (ok, reason)."""
+        return self.validate(self, response_text)
+
+
+def doc_contents(doc: Doc) -> str:
+    """A document as a FlashRAG corpus ``contents`` string: first line the title, then the text."""
+    if not doc.title:
+        return doc.text
+    if not doc.text:
+        return doc.title
+    return f"{doc.title}\n{doc.text}"
+
+
+def title_and_text(doc: Doc) -> tuple[str, str]:
+    """The originals' split of ``contents``: the first line, and the rest joined by newlines."""
+    title, _, text = doc_contents(doc).partition("\n")
+    return title, text
+
+
+@functools.lru_cache(maxsize=64)
+def load_template_file(path: str) -> dict[str, Any]:
+    """Read a template file: YAML with a ``template`` key (and optionally ``placement``,
+    ``base_template``, ``question_mark``, ``source``), or any other text file whose whole
+    content is the template. The template must contain ``{question}``."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"template file not found: {path}")
+    text = p.read_text(encoding="utf-8")
+    if p.suffix in (".yaml", ".yml"):
+        data = yaml.safe_load(text)
+        if not isinstance(data, dict) or not isinstance(data.get("template"), str):
+            raise ValueError(f"{path}: a YAML template file needs a string 'template' key")
+    else:
+        data = {"template": text}
+    placement = data.get("placement")
+    if placement is not None and placement not in ("user", "system", "raw"):
+        raise ValueError(f"{path}: placement must be user, system or raw, not {placement!r}")
+    return data
+
+
+def shipped_template(name: str) -> dict[str, Any]:
+    """The template file shipped for dialect ``name`` (``configs/dialects/NAME.yaml``)."""
+    return load_template_file(str(TEMPLATE_DIR / f"{name}.yaml"))

@@ -1,0 +1,79 @@
+"""What a model sees under a dialect: the prompt, the observation after a search, stops, extraction.
+
+``harness prompt`` prints :func:`describe`; users compare it with what their checkpoint was
+trained on to debug an off-protocol run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from harness.types import Doc
+from pipelines.dialects.base import Dialect
+
+
+def docs_from_jsonl(path: str | Path) -> list[Doc]:
+    """Documents of a FlashRAG corpus JSONL (``{"id", "contents"}`` or ``{"id", "title", "text"}``),
+    in file order. ``contents`` is split as the originals split it (first line = title, kept
+    verbatim, quotes included), so observations render exactly as the originals render them."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    docs = []
+    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: malformed JSON ({e.msg})") from e
+        if not isinstance(row, dict) or not ("contents" in row or "text" in row):
+            raise ValueError(f"{path}:{lineno}: a corpus line needs 'contents' (or 'title' and 'text')")
+        doc_id = str(row.get("id", lineno - 1))
+        if "contents" in row:
+            title, _, text = str(row["contents"]).partition("\n")
+            docs.append(Doc(doc_id, title, text))
+        else:
+            docs.append(Doc(doc_id, str(row.get("title", "")), str(row["text"])))
+    return docs
+
+
+def describe(
+    dialect: Dialect,
+    question: str,
+    tokenizer: Any = None,
+    docs: list[Doc] | None = None,
+    queries: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
+    """Everything ``harness prompt`` shows, as one JSON-ready dict.
+
+    ``text`` has the chat template applied when the dialect puts its prompt in messages and
+    ``tokenizer`` has one. ``observation`` is the text inserted after a search for ``queries``
+    (default: the question) that returned ``docs`` in that order (every query gets the same
+    documents), or ``None`` without ``docs``.
+    """
+    messages = dialect.messages(question)
+    chat = tokenizer is not None and dialect.uses_chat_template(tokenizer)
+    observation = None
+    if docs is not None:
+        qs = queries or (question,)
+        observation = dialect.observation_text(qs, [list(docs) for _ in qs])
+    return {
+        "dialect": dialect.name,
+        "system": dialect.system,
+        "source": dialect.source,
+        "placement": dialect.placement,
+        "chat_template_applied": chat,
+        "messages": messages,
+        "text": dialect.render(question, tokenizer, chat=True),
+        "observation": observation,
+        "stops": {"search_turn": list(dialect.search_stops), "final_turn": list(dialect.final_stops)},
+        "stop_kept_in_text": True,
+        "eos": "continues with a new step" if dialect.continue_after_eos else "ends the turn",
+        "answer": dialect.answer_rule,
+        "corrective": dialect.corrective,
+        "flashrag_differences": list(dialect.options.get("flashrag_differences", ())),
+        "notes": list(dialect.options.get("notes", ())),
+    }
