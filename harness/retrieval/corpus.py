@@ -97,7 +97,7 @@ def scan_offsets(path: str | Path, chunk_bytes: int = 64 << 20) -> tuple[Any, st
     parts: list[Any] = []
     line_start = 0  # offset where the current (unfinished) line began
     pos = 0
-    with open(path, "rb") as f:
+    with open(path, "rb") as f, open(path, "rb") as peek:
         while block := f.read(chunk_bytes):
             h.update(block)
             arr = np.frombuffer(block, dtype=np.uint8)
@@ -105,11 +105,17 @@ def scan_offsets(path: str | Path, chunk_bytes: int = 64 << 20) -> tuple[Any, st
             if len(nl):
                 starts = np.concatenate(([line_start], nl[:-1] + 1))  # [n] start of each ended line
                 lengths = nl - starts
-                keep = lengths > 1  # lines of 0-1 bytes are blank (or a lone "\r")
-                short = np.flatnonzero(lengths == 1)
-                for i in short:  # a one-byte line is a row only if it is not whitespace
-                    if not block[starts[i] - pos : nl[i] - pos].isspace():
-                        keep[i] = True
+                # A JSON row is at least ~20 bytes ({"id":1,"contents":""}); only short lines can be
+                # blank (empty, "\r", spaces), and only those are looked at one by one.
+                keep = lengths >= 16
+                for i in np.flatnonzero(~keep):
+                    a, b = int(starts[i]), int(nl[i])
+                    if a >= pos:
+                        line = block[a - pos : b - pos]
+                    else:  # begun in the previous chunk
+                        peek.seek(a)
+                        line = peek.read(b - a)
+                    keep[i] = bool(line.strip())
                 parts.append(starts[keep])
                 line_start = int(nl[-1]) + 1
             pos += len(block)
