@@ -1,8 +1,10 @@
 """Dense retrieval on FAISS: inner product over L2-normalised embeddings (= cosine).
 
 ``flat`` (exact, the default) or ``hnsw`` (approximate: M=32, efConstruction=200, efSearch=128
-or k if larger). On CPU, FAISS runs single-threaded here: two OpenMP threads are 10-60x slower
-for single queries on these 2-core VMs (REFERENCE §6). Documents are encoded as ``"title\\ntext"``.
+or k if larger). On CPU, FAISS runs single-threaded by default: two OpenMP threads are 10-60x
+slower for single queries on these 2-core VMs (REFERENCE §6); ``HARNESS_FAISS_THREADS=N`` changes it
+(a CPU search of the 21M-vector flat wiki-18 index needs many cores, or the GPU path below).
+Documents are encoded as ``"title\\ntext"``.
 
 Builds stream: the corpus is read, encoded and added to the index ``chunk`` documents at a time,
 so memory holds the index vectors and one chunk of texts, never all texts plus all embeddings.
@@ -38,7 +40,9 @@ BUILD_CHUNK = 10_000
 def _faiss():
     import faiss
 
-    faiss.omp_set_num_threads(1)
+    # One thread by default (the 2-core VMs above); a flat wiki-18 index searched on a big CPU box
+    # wants many: HARNESS_FAISS_THREADS=N.
+    faiss.omp_set_num_threads(int(os.environ.get("HARNESS_FAISS_THREADS", "1") or 1))
     return faiss
 
 
