@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from harness.hub import hub_problem
 from harness.registry import Registry
 from harness.types import Example
 
@@ -139,22 +140,6 @@ def _check_split(spec: DatasetSpec, split: str, data_dir: str | Path | None) -> 
     raise DatasetError(f"dataset {spec.name!r} has no split {split!r} (known: {', '.join(spec.all_splits)})")
 
 
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-
-
-def _hub_reachable(timeout: float = 5.0) -> str | None:
-    """None when the hub answers; else why not. One quick probe, so offline never hangs in retries."""
-    import httpx
-
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    try:
-        httpx.head(endpoint, timeout=timeout, follow_redirects=False)
-        return None
-    except httpx.HTTPError as e:
-        return f"{endpoint} unreachable ({type(e).__name__})"
-
-
 def hub_download(spec: DatasetSpec, split: str) -> Path:
     """Fetch ``<name>/<split>.jsonl`` from FlashRAG's hub dataset; fail fast and clearly offline."""
     how = (
@@ -169,7 +154,7 @@ def hub_download(spec: DatasetSpec, split: str) -> Path:
         return Path(hf_hub_download(**kwargs, local_files_only=True))
     except Exception:
         pass
-    problem = "offline (HF_HUB_OFFLINE is set)" if _offline() else _hub_reachable()
+    problem = hub_problem()  # one quick check, shared with harness.hub's index downloads
     if problem is None:
         try:
             return Path(hf_hub_download(**kwargs))

@@ -41,3 +41,62 @@ def info(index: str = typer.Argument(..., help="Index directory.")) -> None:
         typer.echo(json.dumps(read_manifest(index), indent=2))
     except IndexLoadError as e:
         fail(str(e))
+
+
+@app.command("import")
+def import_cmd(
+    faiss_file: str = typer.Option(..., "--faiss", help="FlashRAG/Search-R1 FAISS index file (e.g. e5_Flat.index)."),
+    corpus: str = typer.Option(..., "--corpus", help="The corpus JSONL it was built on (row i = vector i)."),
+    model: str = typer.Option(..., "--model", help="Encoder it was built with, e.g. intfloat/e5-base-v2."),
+    out: str = typer.Option(..., "--out", help="Index directory to write (manifest + row offsets; no copies)."),
+    model_path: str = typer.Option(None, "--model-path", help="Load the encoder's weights from this directory."),
+    pooling: str = typer.Option(None, "--pooling", help="mean | cls (default: the encoder table's)."),
+    query_prefix: str = typer.Option(None, "--query-prefix", help='Query prefix (table default; e5: "query: ").'),
+    passage_prefix: str = typer.Option(None, "--passage-prefix", help="Passage prefix (recorded only)."),
+) -> None:
+    """Wrap an existing FlashRAG/Search-R1 FAISS index and its corpus in an index directory, in place."""
+    from harness.retrieval.index import IndexLoadError, import_index
+
+    try:
+        m = import_index(faiss_file, corpus, out, model, pooling, query_prefix, passage_prefix, model_path=model_path)
+    except (IndexLoadError, ValueError, OSError) as e:
+        fail(str(e))
+    console.print(
+        f"imported {m['faiss']} index of {m['num_docs']} vectors ({m['dim']}-d, {m['model']}, {m['pooling']} pooling, "
+        f"query prefix {m['query_prefix']!r}) → {out}"
+    )
+
+
+@app.command("download")
+def download_cmd(
+    name: str = typer.Argument(None, help="A published setting (see --list), e.g. wiki18-e5."),
+    dest: str = typer.Option(None, "--dir", help="Where the files go (default: $HARNESS_CACHE/prebuilt/NAME)."),
+    no_import: bool = typer.Option(False, "--no-import", help="Only download; do not write DIR/index."),
+    list_: bool = typer.Option(False, "--list", help="List the published settings and exit."),
+) -> None:
+    """Download a published wiki-18 corpus / E5 index from the hub (resumable) and import it."""
+    from harness.hub import HubError
+    from harness.retrieval.index import IndexLoadError
+    from harness.retrieval.prebuilt import PREBUILT, download_prebuilt
+
+    if list_ or not name:
+        for n in PREBUILT.names():
+            p = PREBUILT.get(n)
+            files = ", ".join(str(f) for f in (*p.index_parts, p.corpus))
+            console.print(f"[bold]{n}[/bold]: {p.description}\n    {files}")
+        return
+    if name not in PREBUILT.names():
+        fail(f"unknown published setting {name!r}; known: {', '.join(PREBUILT.names())}")
+    if dest is None:
+        from harness.retrieval.factory import cache_dir
+
+        dest = str(cache_dir() / "prebuilt" / name)
+    try:
+        got = download_prebuilt(name, dest, do_import=not no_import)
+    except (HubError, IndexLoadError, OSError) as e:
+        fail(str(e))
+    console.print(f"corpus: {got['corpus']}")
+    if got["faiss"]:
+        console.print(f"FAISS index: {got['faiss']}")
+    if got["index"]:
+        console.print(f"index: {got['index']}  (harness serve retriever --index {got['index']})")
