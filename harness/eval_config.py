@@ -59,6 +59,8 @@ class RetrieverConfig:
     url: str | None = None  # http retriever
     api: Literal["search_r1", "flashrag", "r1_searcher"] = "search_r1"
     topk: int = 3
+    faiss_gpu: bool | None = None  # dense: put the FAISS index on the GPU(s) (None: when faiss sees one)
+    faiss_shard: bool = True  # with several GPUs, shard the index across them (else replicate)
 
     def __post_init__(self) -> None:
         require_at_least(self, 1, "topk")

@@ -29,7 +29,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness"))
 
 
-def ensure_index(corpus: str, kind: str, model: str | None) -> Any:
+def ensure_index(corpus: str, kind: str, model: str | None, **load: Any) -> Any:
     """The cached index of ``kind`` over ``corpus``, built on first use."""
     from harness.retrieval.index import build_index, load_index
     from harness.runlog import file_hash
@@ -39,19 +39,20 @@ def ensure_index(corpus: str, kind: str, model: str | None) -> Any:
     if not (out / "manifest.json").exists():
         logger.info("building a %s index over %s into %s (once; cached)", kind, corpus, out)
         build_index(corpus, kind, out, model=model)
-    return load_index(out)
+    return load_index(out, **load)
 
 
 def index_from_config(cfg: Any, corpus: str | None = None) -> Any:
     """``bm25`` / ``dense``: a built index (``cfg.index``), or one built (once) over the corpus."""
     from harness.retrieval.index import load_index
 
+    placement = {"gpu": cfg.faiss_gpu, "shard": cfg.faiss_shard}
     if cfg.index:
-        return load_index(cfg.index)
+        return load_index(cfg.index, **placement)
     corpus = cfg.corpus or corpus
     if corpus is None:
         raise ValueError("no corpus to search: pass --index DIR (a built index) or retriever.corpus=FILE")
-    return ensure_index(str(corpus), cfg.kind, cfg.model)
+    return ensure_index(str(corpus), cfg.kind, cfg.model, **placement)
 
 
 RETRIEVERS.register("bm25", index_from_config, needs_corpus=True)

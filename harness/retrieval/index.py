@@ -26,12 +26,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from harness.fsutil import atomic_dir
 from harness.retrieval.base import RetrievalError
 from harness.retrieval.corpus import CorpusError, MmapCorpus, iter_corpus, read_corpus, scan_offsets
 from harness.types import Doc
@@ -98,9 +97,6 @@ def build_index(
     corpus, out_dir = Path(corpus), Path(out_dir)
     if kind == "dense" and faiss_kind not in ("flat", "hnsw"):  # before any work
         raise ValueError(f"unknown faiss index kind {faiss_kind!r}; use flat or hnsw")
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     t0 = time.perf_counter()
     manifest: dict[str, Any] = {
         "kind": kind,
@@ -108,7 +104,7 @@ def build_index(
         "corpus_sha256": _sha256(corpus),
         "harness_version": __version__,
     }
-    try:
+    with atomic_dir(out_dir, unique=True) as tmp:
         with open(tmp / DOCS, "w", encoding="utf-8") as out:
 
             def write_docs(docs: list[Doc]) -> None:
@@ -145,11 +141,6 @@ def build_index(
         identity.update({k: manifest.get(k) for k in ("model", "faiss", "tokenizer")})
         manifest["index_id"] = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     n, secs = manifest["num_docs"], manifest["build_seconds"]
     logger.info("built %s index over %d docs in %.1f s: %s", kind, n, secs, out_dir)
     return manifest
@@ -243,10 +234,7 @@ def import_index(
         MmapCorpus(corpus, starts).check_sample()
     except CorpusError as e:
         raise IndexLoadError(str(e)) from e
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_dir(out_dir, unique=True) as tmp:
         import numpy as np
 
         np.save(tmp / OFFSETS, starts, allow_pickle=False)
@@ -275,11 +263,6 @@ def import_index(
         identity.update({k: manifest[k] for k in ("model", "pooling", "query_prefix")})
         manifest["index_id"] = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     logger.info("imported %s (%d vectors) over %s into %s", faiss_path, len(starts), corpus, out_dir)
     return manifest
 
