@@ -44,6 +44,10 @@ EXECUTION_ONLY_KEYS = (
     "backend.retries",
     "backend.max_batch_size",
     "backend.threads",
+    "retriever.timeout",
+    "retriever.retries",
+    "retriever.faiss_gpu",
+    "retriever.faiss_shard",
     "agent.max_concurrency",
     "baseline.max_concurrency",
 )

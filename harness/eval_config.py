@@ -58,12 +58,15 @@ class RetrieverConfig:
     model: str | None = None  # dense encoder
     url: str | None = None  # http retriever
     api: Literal["search_r1", "flashrag", "r1_searcher"] = "search_r1"
+    timeout: float = 30.0  # http: seconds per attempt
+    retries: int = 3  # http: extra attempts after a connection error, timeout or 5xx
     topk: int = 3
     faiss_gpu: bool | None = None  # dense: put the FAISS index on the GPU(s) (None: when faiss sees one)
     faiss_shard: bool = True  # with several GPUs, shard the index across them (else replicate)
 
     def __post_init__(self) -> None:
         require_at_least(self, 1, "topk")
+        require_at_least(self, 0, "retries")
 
 
 @dataclass(frozen=True)

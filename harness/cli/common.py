@@ -12,7 +12,7 @@ console = Console(stderr=True)
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print a clear error for a person and exit non-zero."""
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)  # no hard line breaks
     raise typer.Exit(code)
 
 

@@ -119,7 +119,7 @@ def eval_command(
     print_results_table(results)
     failed = [(r, error_summary(r)) for r in results if r.errors]
     for r, summary in failed:
-        console.print(f"[bold red]{r.method} on {r.dataset}:[/] {summary}", highlight=False)
+        console.print(f"[bold red]{r.method} on {r.dataset}:[/] {summary}", highlight=False, soft_wrap=True)
     if failed:
         raise typer.Exit(1)
 

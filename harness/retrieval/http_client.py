@@ -56,7 +56,7 @@ class HTTPRetriever:
         """From a :class:`~harness.eval_config.RetrieverConfig` (``url``, ``api``); ``corpus`` is unused."""
         if not cfg.url:
             raise ValueError("retriever 'http' needs a URL (--index URL or retriever.url=URL)")
-        return cls(cfg.url, api=cfg.api)
+        return cls(cfg.url, api=cfg.api, timeout=cfg.timeout, retries=cfg.retries)
 
     def check(self) -> None:
         """Preflight: one small search, no retries, so a dead server fails in about a second."""

@@ -1,0 +1,200 @@
+"""``harness eval`` when things break: failed items are retried on resume, a dead server fails the
+preflight at once, changed data or a typo never poisons a run folder, execution-only keys resume,
+bad ranges are refused, and the summary is readable when piped.
+
+The retrieval server here is a real HTTP server on loopback (Search-R1's ``/retrieve`` API) over
+the demo corpus, which can be told to fail (HTTP 503) from some request on.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli.main import app
+
+runner = CliRunner()
+
+
+class FlakyRetrievalServer:
+    """Search-R1's ``/retrieve`` over the demo corpus; fails every request after ``fail_after``."""
+
+    def __init__(self) -> None:
+        from benchmarks.datasets import demo_path
+        from harness.retrieval.corpus import read_corpus
+        from harness.retrieval.memory import InMemoryRetriever
+
+        self.retriever = InMemoryRetriever(read_corpus(demo_path("corpus.jsonl")))
+        self.fail_after: int | None = None
+        self.requests = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_POST(self):  # noqa: N802 (http.server's naming)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests += 1
+                if outer.fail_after is not None and outer.requests > outer.fail_after:
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                results = outer.retriever.search(body["queries"], body.get("topk", 3))
+                data = {
+                    "result": [
+                        [{"document": {"id": d.id, "contents": d.contents}, "score": d.score} for d in docs]
+                        for docs in results
+                    ]
+                }
+                raw = json.dumps(data).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def server():
+    s = FlakyRetrievalServer()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def demo_examples():
+    from benchmarks.datasets import load_examples
+
+    return load_examples("demo")
+
+
+def write_script(path: Path, examples) -> Path:
+    """Every question: one search, then its gold answer (so a finished item scores EM 1)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for ex in examples:
+            turns = [f"<search>{ex.question}</search>", f"<answer>{ex.answers[0]}</answer>"]
+            f.write(json.dumps({"match": ex.question, "turns": turns}) + "\n")
+    return path
+
+
+def args(script: Path, out: Path, *extra: str, method: str = "search_r1") -> list[str]:
+    return [
+        "eval", "--method", method, "--dataset", "demo", "--backend", "scripted", "--script", str(script),
+        "--out", str(out), "agent.max_total_tokens=100000", *extra,
+    ]  # fmt: skip
+
+
+def http_args(script: Path, out: Path, url: str, *extra: str) -> list[str]:
+    return args(script, out, "--retriever", "http", "--index", url, "--limit", "6", "retriever.retries=0", *extra)
+
+
+def test_failed_items_are_retried_on_resume_and_the_run_is_not_complete_until_then(tmp_path, demo_examples, server):
+    script = write_script(tmp_path / "s.jsonl", demo_examples)
+    run = tmp_path / "runs" / "search_r1-demo-test"
+    server.fail_after = 3  # the preflight and two items' searches succeed; then the server fails
+    first = runner.invoke(app, http_args(script, tmp_path / "runs", server.url, "agent.max_concurrency=1"))
+    assert first.exit_code == 1, first.output
+    assert "4 items failed: RetrievalError ×4; rerun to retry them" in " ".join(first.output.split())
+    results = json.loads((run / "results.json").read_text())
+    assert results["complete"] is False and results["errors"] == 4 and results["error_kinds"] == {"RetrievalError": 4}
+
+    server.fail_after = None  # the server is back: the same command retries only the failed items
+    before = server.requests
+    again = runner.invoke(app, http_args(script, tmp_path / "runs", server.url))
+    assert again.exit_code == 0, again.output
+    assert server.requests - before == 1 + 4  # the preflight and the four retried items
+    results = json.loads((run / "results.json").read_text())
+    assert results["complete"] is True and results["errors"] == 0 and results["n"] == 6
+    assert results["metrics"]["em"] == 1.0
+    attempts = (run / "scores.jsonl").read_text().splitlines()
+    assert len(attempts) == 10  # failed attempts stay in the log; the report uses the latest
+
+
+def test_a_dead_server_fails_the_preflight_at_once_and_writes_nothing(tmp_path, demo_examples, server):
+    script = write_script(tmp_path / "s.jsonl", demo_examples)
+    url = server.url
+    server.close()
+    t0 = time.perf_counter()
+    result = runner.invoke(app, http_args(script, tmp_path / "runs", url, "retriever.retries=3"))
+    assert result.exit_code != 0 and "retrieval server" in result.output
+    assert time.perf_counter() - t0 < 10
+    assert not (tmp_path / "runs" / "search_r1-demo-test" / "scores.jsonl").exists()
+
+
+def test_changed_data_is_refused_naming_what_changed(tmp_path):
+    data = tmp_path / "data" / "hotpotqa"
+    data.mkdir(parents=True)
+    rows = [{"id": f"q{i}", "question": f"Who is person {i}?", "golden_answers": [f"P{i}"]} for i in range(3)]
+    (data / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from benchmarks.datasets import demo_path
+
+    script = tmp_path / "s.jsonl"
+    script.write_text("")  # every answer is the scripted default
+    common = [
+        "eval", "--method", "search_r1", "--dataset", "hotpotqa", "--split", "dev", "--data-dir",
+        str(tmp_path / "data"), "--backend", "scripted", "--script", str(script), "--retriever", "memory",
+        f"retriever.corpus={demo_path('corpus.jsonl')}", "--out", str(tmp_path / "runs"),
+    ]  # fmt: skip
+    assert runner.invoke(app, common).exit_code == 0
+    rows.append({"id": "q3", "question": "A new one?", "golden_answers": ["x"]})
+    (data / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    changed = runner.invoke(app, common)
+    assert changed.exit_code != 0 and "other items: data_hash was" in " ".join(changed.output.split())
+
+
+def test_a_typo_leaves_no_run_folder_and_execution_keys_resume(tmp_path, demo_examples):
+    script = write_script(tmp_path / "s.jsonl", demo_examples)
+    out = tmp_path / "runs"
+    typo = runner.invoke(app, args(script, out, "--limit", "2", "agent.max_turnz=3"))
+    assert typo.exit_code != 0 and "did you mean 'agent.max_turns'" in typo.output
+    assert not out.exists()
+    assert runner.invoke(app, args(script, out, "--limit", "2", "agent.max_turns=3")).exit_code == 0
+    # Concurrency only changes how the run executes: the same run resumes (nothing to redo).
+    lines = (out / "search_r1-demo-test" / "scores.jsonl").read_text()
+    resumed = runner.invoke(app, args(script, out, "--limit", "2", "agent.max_turns=3", "agent.max_concurrency=1"))
+    assert resumed.exit_code == 0, resumed.output
+    assert (out / "search_r1-demo-test" / "scores.jsonl").read_text() == lines
+    # A key that changes results is refused, naming the key.
+    other = runner.invoke(app, args(script, out, "--limit", "2", "agent.max_turns=2"))
+    assert other.exit_code != 0 and "agent.max_turns: 3 → 2" in " ".join(other.output.split())
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--topk", "0"], "retriever.topk must be at least 1, got 0"),
+        (["--topk", "-1"], "retriever.topk must be at least 1, got -1"),
+        (["agent.max_turns=-1"], "agent.max_turns must be at least 0, got -1"),
+        (["agent.max_new_tokens=0"], "agent.max_new_tokens must be at least 1, got 0"),
+        (["--limit", "0"], "dataset.limit must be at least 1, got 0"),
+    ],
+)
+def test_out_of_range_values_are_refused(tmp_path, demo_examples, extra, message):
+    script = write_script(tmp_path / "s.jsonl", demo_examples)
+    result = runner.invoke(app, args(script, tmp_path / "runs", *extra))
+    assert result.exit_code != 0 and message in " ".join(result.output.split())
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_summary_table_is_not_cut_when_piped(tmp_path, demo_examples):
+    script = write_script(tmp_path / "s.jsonl", demo_examples)
+    result = runner.invoke(app, args(script, tmp_path / "runs", "--limit", "2", "--retriever", "memory"))
+    assert result.exit_code == 0, result.output
+    header = next(line for line in result.output.splitlines() if "method" in line and "dataset" in line)
+    assert "p50 s" in header and "err" in header and "…" not in result.output
+    assert "search_r1" in result.output and "2/2" in result.output
