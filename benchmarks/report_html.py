@@ -37,8 +37,19 @@ def _steps(t: Trajectory) -> list[dict[str, Any]]:
     """Segments in order, with each turn's searches placed after the model text that issued them.
 
     The agent numbers search turns from 0 and appends one model segment per turn, so the searches
-    of turn ``i`` follow the ``i``-th model segment; any left over are listed at the end.
+    of turn ``i`` follow the ``i``-th model segment; any left over are listed at the end. A
+    FlashRAG baseline's trajectory has one prompt and one answer, and its searches all happened
+    before the answer was generated: they are shown, in turn order, between the two.
     """
+    if t.metadata.get("baseline"):
+        searches = [{"role": "search", **_search(sr)} for sr in sorted(t.searches, key=lambda sr: sr.turn)]
+        steps = []
+        for i, seg in enumerate(t.segments):
+            if seg.role == "model":
+                steps += searches
+                searches = []
+            steps.append({"role": seg.role, "text": _short(seg.text, MAX_TEXT), "first_prompt": i == 0})
+        return steps + searches
     by_turn: dict[int, list[dict[str, Any]]] = {}
     for sr in t.searches:
         by_turn.setdefault(sr.turn, []).append(_search(sr))

@@ -208,3 +208,24 @@ def test_errors(tmp_path):
     assert result.exit_code != 0 and "'ircot' is not among the methods" in result.output
     result = runner.invoke(app, ["report", RUNS, "--out", str(tmp_path), "--format", "md,pdf"])
     assert result.exit_code != 0 and "unknown format 'pdf'" in result.output
+
+
+def test_browser_shows_a_baselines_searches_before_its_answer():
+    from benchmarks.report_html import _steps
+    from harness.types import Doc, SearchRecord, Segment, Trajectory
+
+    t = Trajectory(
+        example_id="q",
+        question="Q?",
+        answers=["A"],
+        method="ircot",
+        segments=[Segment("prompt", [1], "P"), Segment("model", [2], "A")],
+        searches=[
+            SearchRecord(1, "second", ["d2"], [0.5], 0.1, [Doc("d2", "T2", "x")]),
+            SearchRecord(0, "first", ["d1"], [0.9], 0.1, [Doc("d1", "T1", "y")]),
+        ],
+        metadata={"baseline": "flashrag"},
+    )
+    steps = _steps(t)
+    assert [s["role"] for s in steps] == ["prompt", "search", "search", "model"]
+    assert [s.get("query") for s in steps[1:3]] == ["first", "second"]
