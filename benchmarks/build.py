@@ -66,17 +66,18 @@ class EvalRun:
     manifest: RunManifest
 
 
-def identity_config(cfg: EvalConfig) -> dict[str, Any]:
-    """The config that identifies a run: the resolved config less :data:`EXECUTION_ONLY_KEYS`."""
-    out = to_dict(cfg)
+def split_config(cfg: EvalConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(identity, execution): the resolved config less :data:`EXECUTION_ONLY_KEYS`, which
+    identifies the run, and those keys' values by dotted name."""
+    out, execution = to_dict(cfg), {}
     for key in EXECUTION_ONLY_KEYS:
         *parents, leaf = key.split(".")
         node = out
         for p in parents:
             node = node.get(p, {}) if isinstance(node, dict) else {}
-        if isinstance(node, dict):
-            node.pop(leaf, None)
-    return out
+        if isinstance(node, dict) and leaf in node:
+            execution[key] = node.pop(leaf)
+    return out, execution
 
 
 def eval_split(cfg: EvalConfig) -> str:
@@ -147,12 +148,14 @@ def build_eval(cfg: EvalConfig, backend: Any = None, retriever: Any = None) -> E
     if backend is None:
         backend = build_backend(cfg.backend)
     method = build_method(cfg.method, backend, retriever if uses_retriever else None, options)
+    identity, execution = split_config(cfg)
     manifest = RunManifest(
         method=cfg.method,
         method_kind=kind,
         dataset=cfg.dataset.name,
         split=eval_split(cfg),
-        config=identity_config(cfg),
+        config=identity,
+        execution=execution,
         model=cfg.backend.model if cfg.backend.kind != "scripted" else "scripted",
         backend=cfg.backend.kind,
         retriever=cfg.retriever.kind if uses_retriever else None,

@@ -45,8 +45,10 @@ class RunManifest:
     """``manifest.json``: what was run, on what, with which code. Written once when a run starts.
 
     ``config`` is the resolved config that identifies the run (its hash decides whether a rerun
-    resumes); ``data_hash`` / ``index_id`` / ``corpus_hash`` identify the items and the search
-    space. Keys this version does not know are kept in ``extra`` and written back unchanged.
+    resumes); ``execution`` holds the keys that only change how it runs (server URLs, concurrency,
+    ``launch``), as they were when the run started; ``data_hash`` / ``index_id`` /
+    ``corpus_hash`` identify the items and the search space. Keys this version does not know
+    are kept in ``extra`` and written back unchanged.
     """
 
     method: str
@@ -54,6 +56,7 @@ class RunManifest:
     split: str
     config: dict[str, Any] = field(default_factory=dict)
     config_hash: str = ""
+    execution: dict[str, Any] = field(default_factory=dict)  # how the run was first executed; not hashed
     method_kind: str = "agent"
     model: str | None = None
     backend: str | None = None

@@ -4,7 +4,8 @@ harness (core) ← pipelines ← benchmarks ← training ← harness.cli
 
 ``benchmarks`` builds methods by name (``benchmarks.build``), so it may import ``pipelines``;
 ``pipelines`` never imports ``benchmarks``. The scripts under ``benchmarks/perf`` sit on top of
-the library, as the CLI does. Nothing outside ``harness/cli`` imports ``harness.cli``. Imports inside functions count too: a lazy import is still a dependency.
+the library, as the CLI does. Nothing outside ``harness/cli`` imports ``harness.cli``.
+Imports inside functions count too: a lazy import is still a dependency.
 """
 
 from __future__ import annotations

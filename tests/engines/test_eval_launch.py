@@ -24,10 +24,11 @@ def test_eval_launch_runs_and_stops_sglang(tmp_path):
     args += ["--out", str(out), "backend.engine.args=" + json.dumps(checks.ENGINE_ARGS["sglang"])]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
-    results = json.loads((out / "research-demo-default" / "results.json").read_text())
+    results = json.loads((out / "research-demo-test" / "results.json").read_text())
     assert results["n"] == 2 and results["errors"] == 0
-    manifest = json.loads((out / "research-demo-default" / "manifest.json").read_text())
-    assert manifest["config"]["backend"]["launch"] is True and manifest["config"]["backend"]["url"] == []
+    manifest = json.loads((out / "research-demo-test" / "manifest.json").read_text())
+    # launch and the ephemeral URL are how the run executed, not what identifies it (not hashed)
+    assert manifest["execution"]["backend.launch"] is True and "url" not in manifest["config"]["backend"]
     (log,) = out.joinpath("engines").glob("sglang-*.log")
     assert "POST /generate" in log.read_text()
     assert not checks.processes_with("--port " + log.stem.split("-")[1]), "engine left running after the run"
