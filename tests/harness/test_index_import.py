@@ -152,10 +152,10 @@ def test_imported_flashrag_index_answers_as_flashrag(imported, flashrag_index, s
     from fastapi.testclient import TestClient
 
     from harness.eval_config import RetrieverConfig
-    from harness.retrieval.factory import make_retriever
+    from harness.retrieval.factory import build_retriever
     from harness.retrieval.server import create_app
 
-    via_eval = make_retriever(RetrieverConfig(kind="dense", index=str(out)))
+    via_eval = build_retriever(RetrieverConfig(kind="dense", index=str(out)))
     assert [d.id for d in via_eval.search(QUERIES[:1], k)[0]] == [d.id for d in got[0]]
     r = TestClient(create_app(ours)).post("/retrieve", json={"queries": QUERIES[:2], "topk": 3, "return_scores": True})
     assert r.status_code == 200
