@@ -110,6 +110,7 @@ class HFBackend(BackendBase):
         self._worker.start()
         self.batches_run = 0  # admissions (prefills of the requests waiting at a step boundary)
         self.steps_run = 0  # decode steps of the running batch
+        self.tokens_generated = 0  # tokens picked, over all rows (tokens_generated / steps_run ≈ rows a step)
 
     def _eos_ids(self) -> list[int]:
         ids: list[int] = []
@@ -377,6 +378,7 @@ class _Running:
                 r.done = True
                 continue
             tok = self.b._pick(logits[j], r)
+            self.b.tokens_generated += 1
             r.out.append(tok)
             r.logprobs.append(float(logp[j, tok]))
             self.b._maybe_finish(r, tok, r.budget)
