@@ -286,3 +286,34 @@ def test_a_request_joins_a_running_batch(tiny):
 
     short, joined, long = asyncio.run(main())
     assert joined and short.token_ids == short_alone.token_ids and len(long.token_ids) == 200
+
+
+@pytest.mark.slow
+def test_embedded_smollm2_rows_joined_mid_decode_are_token_exact():
+    from concurrent.futures import Future
+
+    from harness.backends.hf import _Request, _Running
+
+    backend = HFBackend(max_batch_size=4)
+    try:
+        tok = backend.tokenizer
+
+        def chat(text):
+            out = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+            return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+        prompts = [chat("Name a colour."), chat("What is the capital of France? Answer in one sentence."), chat("Hi")]
+        params = SamplingParams(max_new_tokens=24)
+        alone = [gather(backend, [p], params)[0].token_ids for p in prompts]
+        reqs = [_Request(p, params, Future()) for p in prompts]
+        with backend._lock:
+            state = _Running(backend)
+            state.admit(reqs[:1])
+            for _ in range(5):
+                state.step()
+            state.admit(reqs[1:])  # a longer and a shorter prompt join five tokens in
+            while state.rows:
+                state.step()
+        assert [r.future.result(timeout=0).token_ids for r in reqs] == alone
+    finally:
+        backend.close()
