@@ -323,7 +323,8 @@ class Trainer:
         if t.save_every_minutes > 0 and time.monotonic() - self._saved_at >= 60 * t.save_every_minutes:
             due = True
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            flag = torch.tensor([int(due)])
+            nccl = torch.distributed.get_backend() == "nccl"  # NCCL broadcasts device tensors only
+            flag = torch.tensor([int(due)], device=torch.cuda.current_device() if nccl else "cpu")
             torch.distributed.broadcast(flag, src=0)  # saving is collective: every rank must agree
             due = bool(flag.item())
         return due
