@@ -28,6 +28,7 @@ from pathlib import Path
 
 from harness.hub import hub_problem
 from harness.registry import Registry
+from harness.textfiles import text_lines
 from harness.types import Example
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ _register(
         folder="r1searcher_eval_subsets",
     )
 )
-_register(DatasetSpec("demo", ("test",), "Shipped two-hop demo over a fictional world (32 q, 160+ passages)"))
+_register(DatasetSpec("demo", ("test",), "Shipped two-hop demo over a fictional world"))
 
 
 def get_spec(name: str) -> DatasetSpec:
@@ -177,41 +178,78 @@ def dataset_file(name: str, split: str | None = None, data_dir: str | Path | Non
 
 
 def read_examples(path: str | Path) -> list[Example]:
-    """Parse a FlashRAG question file strictly; errors name the file and line."""
+    """Parse a FlashRAG question file strictly; errors name the file and line.
+
+    ``golden_answers`` must be a non-empty list of strings (or numbers, kept as text); an empty
+    list, ``null`` or a nested list is an error. Gold answers that SQuAD-normalise to the empty
+    string (HotpotQA dev has two: "The The" and "!!!") are kept as they are and scored as FlashRAG
+    scores them (an empty or all-article prediction then matches them under EM), but the loader
+    logs a warning with their count and ids, so such items are known rather than silent.
+    """
     path = Path(path)
     examples: list[Example] = []
     seen: dict[str, int] = {}
+    if not path.is_file():
+        raise DatasetError(f"{path}: cannot read (no such file)")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        for lineno, line in text_lines(path, DatasetError):
+            if not line.strip():
+                continue
+            d = _parse_line(line, f"{path}:{lineno}")
+            ex_id = str(d["id"]) if d.get("id") is not None else str(lineno - 1)
+            if ex_id in seen:
+                raise DatasetError(f"{path}:{lineno}: duplicate id {ex_id!r} (first on line {seen[ex_id]})")
+            seen[ex_id] = lineno
+            meta = d.get("metadata") or {}
+            golds = tuple(str(g) for g in d["golden_answers"])
+            examples.append(Example(ex_id, d["question"], golds, meta if isinstance(meta, dict) else {}))
     except OSError as e:
         raise DatasetError(f"{path}: cannot read ({e.strerror})") from None
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{where}: malformed JSON ({e.msg})") from None
-        if not isinstance(d, dict):
-            raise DatasetError(f"{where}: expected a JSON object, got {type(d).__name__}")
-        q = d.get("question")
-        if not isinstance(q, str) or not q.strip():
-            raise DatasetError(f"{where}: missing or empty 'question'")
-        golds = d.get("golden_answers")
-        if isinstance(golds, str):
-            golds = [golds]
-        if not isinstance(golds, list) or not golds or not all(isinstance(g, str | int | float) for g in golds):
-            raise DatasetError(f"{where}: 'golden_answers' must be a non-empty list of strings")
-        ex_id = str(d["id"]) if d.get("id") is not None else str(lineno - 1)
-        if ex_id in seen:
-            raise DatasetError(f"{where}: duplicate id {ex_id!r} (first on line {seen[ex_id]})")
-        seen[ex_id] = lineno
-        meta = d.get("metadata") or {}
-        examples.append(Example(ex_id, q, tuple(str(g) for g in golds), meta if isinstance(meta, dict) else {}))
     if not examples:
         raise DatasetError(f"{path}: no questions (empty file)")
+    _warn_empty_golds(path, examples)
     return examples
+
+
+def _parse_line(line: str, where: str) -> dict:
+    """One question record, checked; ``golden_answers`` is returned as a list."""
+    try:
+        d = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{where}: malformed JSON ({e.msg})") from None
+    if not isinstance(d, dict):
+        raise DatasetError(f"{where}: expected a JSON object, got {type(d).__name__}")
+    q = d.get("question")
+    if not isinstance(q, str) or not q.strip():
+        raise DatasetError(f"{where}: missing or empty 'question'")
+    golds = d.get("golden_answers")
+    if isinstance(golds, str):
+        golds = [golds]
+    if not isinstance(golds, list) or not golds:
+        got = "an empty list" if golds == [] else "missing" if golds is None else type(golds).__name__
+        raise DatasetError(f"{where}: 'golden_answers' must be a non-empty list of strings, got {got}")
+    for k, g in enumerate(golds):
+        if isinstance(g, bool) or not isinstance(g, str | int | float):
+            raise DatasetError(f"{where}: 'golden_answers'[{k}] must be a string, got {json.dumps(g)}")
+    d["golden_answers"] = golds
+    return d
+
+
+def _warn_empty_golds(path: Path, examples: list[Example]) -> list[str]:
+    """Ids of the items with a gold answer that normalises to ""; logged as a warning when any."""
+    from benchmarks.metrics import normalize_answer
+
+    ids = [e.id for e in examples if any(not normalize_answer(g) for g in e.answers)]
+    if ids:
+        shown = ", ".join(ids[:10]) + (f", ... ({len(ids) - 10} more)" if len(ids) > 10 else "")
+        logger.warning(
+            "%s: %d item(s) have a gold answer that normalises to the empty string (%s); they are scored as "
+            "FlashRAG scores them (an empty or all-article prediction matches under EM)",
+            path,
+            len(ids),
+            shown,
+        )
+    return ids
 
 
 def select(examples: list[Example], limit: int | None = None, sample: int | None = None, seed: int = 0):
@@ -283,7 +321,8 @@ def describe_sources(data_dir: str | Path | None = None) -> list[dict[str, str]]
         for split in spec.all_splits:
             local = local_path(spec, split, data_dir)
             if spec.name == "demo":
-                source = "packaged"
+                source = f"packaged ({_count_lines(demo_path('questions.jsonl'))} questions, "
+                source += f"{_count_lines(demo_path('corpus.jsonl'))} passages)"
             elif local is not None and local.exists():
                 source = str(local)
             elif spec.hub_name and split in spec.splits:
@@ -293,3 +332,9 @@ def describe_sources(data_dir: str | Path | None = None) -> list[dict[str, str]]
             corpus = corpus_path(name, split, data_dir, warn=False)
             rows.append({"dataset": name, "split": split, "source": source, "corpus": str(corpus) if corpus else "-"})
     return rows
+
+
+def _count_lines(path: Path) -> int:
+    """Records in a JSONL file (non-blank lines): counted, so a description never goes stale."""
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())

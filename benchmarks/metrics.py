@@ -30,7 +30,11 @@ def normalize_answer(s: str) -> str:
 
 
 def _golds(golds: str | Sequence[str]) -> list[str]:
-    return [golds] if isinstance(golds, str) else [str(g) for g in golds]
+    if isinstance(golds, str):
+        return [golds]
+    if any(g is None or isinstance(g, list | dict) for g in golds):
+        raise ValueError(f"gold answers must be strings, got {list(golds)!r}")
+    return [str(g) for g in golds]
 
 
 def exact_match(pred: str, golds: str | Sequence[str]) -> float:
@@ -114,6 +118,16 @@ for _name, _fn in (
 def score_prediction(
     pred: str, golds: str | Sequence[str], metrics: Sequence[str] = ("em", "f1", "acc", "cover_em")
 ) -> dict[str, float]:
-    """Every requested metric of one prediction."""
+    """Every requested metric of one prediction.
+
+    ``pred`` is a string (``None``: no answer, scored as ""); anything else (a list, say) is a
+    ``ValueError``, as is an empty list of gold answers. Gold answers that normalise to "" are
+    scored as FlashRAG scores them: an empty prediction matches them under EM (the loaders warn
+    about such items).
+    """
+    if pred is not None and not isinstance(pred, str):
+        raise ValueError(f"a prediction must be a string, got {type(pred).__name__}: {pred!r}"[:200])
+    if not isinstance(golds, str) and len(golds) == 0:
+        raise ValueError("no gold answers to score against")
     pred = pred or ""
     return {m: METRICS.get(m)(pred, golds) for m in metrics}

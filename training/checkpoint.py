@@ -7,11 +7,14 @@ A checkpoint directory ``checkpoints/step-N/`` holds
   included) and LR-scheduler states, loaded with ``weights_only=True`` (tensors and plain
   containers only: nothing is unpickled);
 - the same two for the critic when there is one (``critic.safetensors``, ``critic_optim_rank{r}.pt``);
-- ``trainer_state.json``: step, data position, policy version and every RNG state (python,
-  numpy, torch) of rank 0.
+- ``trainer_state.json``: step, data position, policy version, the run's id, every RNG state
+  (python, numpy, torch) of rank 0, and the size and sha256 of every other file (``files``).
 
 It is written to ``.step-N.tmp`` and renamed into place (``os.replace``), so a crash never leaves
-a half checkpoint that :func:`latest_checkpoint` would pick up.
+a half checkpoint that :func:`latest_checkpoint` would pick up. A checkpoint damaged afterwards
+(a truncated or corrupted file) fails :func:`verify_checkpoint`; :func:`latest_checkpoint` then
+falls back to the newest intact one with a warning, and raises :class:`CheckpointError` when
+none is intact.
 
 The final model is exported in Hugging Face format (``save_pretrained`` + tokenizer), loadable
 by ``harness eval --model DIR``.
@@ -19,8 +22,9 @@ by ``harness eval --model DIR``.
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
+import logging
 import random
 import shutil
 from pathlib import Path
@@ -29,7 +33,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.fsutil import atomic_dir, commit_dir, tmp_sibling
+from harness.models import untie
 from training.engine import full_state_dict, load_full_state_dict, rank_and_world, unwrap
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "trainer_state.json"
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint: the message names the checkpoint(s) and what is wrong with them."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -51,20 +65,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.random.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
 
 
-def untie(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """safetensors refuses shared storage: tied embeddings are saved once (the head is re-tied on load)."""
-    head, emb = weights.get("lm_head.weight"), weights.get("model.embed_tokens.weight")
-    if head is not None and emb is not None and (head.data_ptr() == emb.data_ptr() or torch.equal(head, emb)):
-        return {k: v for k, v in weights.items() if k != "lm_head.weight"}
-    return weights
-
-
 def save_checkpoint(out_dir: Path, step: int, policy: Any, state: dict[str, Any], critic: Any = None) -> Path:
     """Write ``out_dir/step-{step}`` atomically (every rank calls this; rank 0 writes the shared files)."""
     from safetensors.torch import save_file
 
     rank, _ = rank_and_world()
-    final, tmp = out_dir / f"step-{step}", out_dir / f".step-{step}.tmp"
+    final = out_dir / f"step-{step}"
+    tmp = tmp_sibling(final)  # one name on every rank: all of them write into it
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -83,10 +90,9 @@ def save_checkpoint(out_dir: Path, step: int, policy: Any, state: dict[str, Any]
         torch.save(opt, tmp / f"{name}_optim_rank{rank}.pt")
     _barrier()
     if rank == 0:
-        (tmp / "trainer_state.json").write_text(json.dumps({**state, "step": step, "rng": rng_state()}))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        files = {p.name: file_record(p) for p in sorted(tmp.iterdir()) if p.is_file() and p.name != STATE_FILE}
+        (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step, "rng": rng_state(), "files": files}))
+        commit_dir(tmp, final)
     _barrier()
     return final
 
@@ -99,13 +105,18 @@ def load_checkpoint(ckpt: Path, policy: Any, critic: Any = None) -> dict[str, An
     for name, eng in (("model", policy), ("critic", critic)):
         if eng is None:
             continue
-        load_full_state_dict(eng, load_file(str(ckpt / f"{name}.safetensors")))
+        path = ckpt / f"{name}.safetensors"
+        try:
+            weights = load_file(str(path))
+        except Exception as e:  # SafetensorError, OSError: one message naming the file
+            raise CheckpointError(f"{path}: cannot be loaded ({type(e).__name__}: {e})") from None
+        load_full_state_dict(eng, weights)
         with torch.serialization.safe_globals(_deepspeed_safe_globals()):
             opt = torch.load(ckpt / f"{name}_optim_rank{rank}.pt", weights_only=True)
         _load_optimizer(eng, opt["optimizer"])
         if "scheduler" in opt and getattr(eng, "lr_scheduler", None) is not None:
             eng.lr_scheduler.load_state_dict(opt["scheduler"])
-    state = json.loads((ckpt / "trainer_state.json").read_text())
+    state = read_state(ckpt)
     set_rng_state(state["rng"])
     return state
 
@@ -137,14 +148,78 @@ def _deepspeed_safe_globals() -> list[Any]:
     return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
-def latest_checkpoint(out_dir: Path) -> Path | None:
-    """The highest complete ``step-N`` directory (temporary ``.step-N.tmp`` ones are ignored)."""
-    steps = sorted(
+def file_record(path: Path) -> dict[str, Any]:
+    """Size and sha256 of one checkpoint file (read in 1 MiB chunks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return {"size": path.stat().st_size, "sha256": h.hexdigest()}
+
+
+def read_state(ckpt: Path) -> dict[str, Any]:
+    """A checkpoint's ``trainer_state.json``; :class:`CheckpointError` when unreadable."""
+    try:
+        state = json.loads((ckpt / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{ckpt / STATE_FILE}: unreadable ({type(e).__name__})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{ckpt / STATE_FILE}: not a JSON object")
+    return state
+
+
+def verify_checkpoint(ckpt: Path) -> str | None:
+    """None when every file the state records is there with its size and sha256; else what is wrong.
+
+    Checkpoints written before sizes and hashes were recorded (no ``files``) are taken as they are.
+    """
+    try:
+        files = read_state(ckpt).get("files")
+    except CheckpointError as e:
+        return str(e)
+    for name, rec in (files or {}).items():
+        p = ckpt / name
+        if not p.is_file():
+            return f"{name} is missing"
+        size = p.stat().st_size
+        if size != rec.get("size"):
+            return f"{name} has {size} bytes, {rec.get('size')} were written"
+        if file_record(p)["sha256"] != rec.get("sha256"):
+            return f"{name} does not match its sha256"
+    return None
+
+
+def checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
+    """``(step, dir)`` of every complete ``step-N`` directory (with a state file), oldest first."""
+    return sorted(
         (int(p.name.split("-")[1]), p)
-        for p in out_dir.glob("step-*")
-        if p.is_dir() and p.name.split("-")[1].isdigit() and (p / "trainer_state.json").is_file()
+        for p in Path(out_dir).glob("step-*")
+        if p.is_dir() and p.name.split("-")[1].isdigit() and (p / STATE_FILE).is_file()
     )
-    return steps[-1][1] if steps else None
+
+
+def latest_checkpoint(out_dir: Path, verify: bool = True) -> Path | None:
+    """The newest complete, intact ``step-N`` directory (temporary ``.step-N.tmp`` ones are ignored).
+
+    A damaged checkpoint (see :func:`verify_checkpoint`) is skipped with a warning naming it; when
+    there are checkpoints and none is intact, :class:`CheckpointError` lists them. None: no
+    checkpoint at all.
+    """
+    found = checkpoints(out_dir)
+    if not verify:
+        return found[-1][1] if found else None
+    damaged: list[str] = []
+    for _, ckpt in reversed(found):
+        problem = verify_checkpoint(ckpt)
+        if problem is None:
+            if damaged:
+                logger.warning("falling back to %s (newer damaged: %s)", ckpt, "; ".join(damaged))
+            return ckpt
+        logger.warning("checkpoint %s is damaged: %s", ckpt, problem)
+        damaged.append(f"{ckpt.name}: {problem}")
+    if damaged:
+        raise CheckpointError(f"no intact checkpoint under {out_dir}: " + "; ".join(damaged))
+    return None
 
 
 def export_hf(policy: Any, tokenizer: Any, out: Path) -> Path:
@@ -152,13 +227,9 @@ def export_hf(policy: Any, tokenizer: Any, out: Path) -> Path:
     rank, _ = rank_and_world()
     weights = full_state_dict(policy)  # every rank (a collective under ZeRO-3)
     if rank == 0:
-        tmp = out.parent / f".{out.name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        unwrap(policy).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        with atomic_dir(out) as tmp:
+            unwrap(policy).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
     _barrier()
     return out
 

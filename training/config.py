@@ -81,6 +81,9 @@ class OptimConfig:
 class TrainerConfig:
     max_steps: int = 10
     save_every: int = 5  # checkpoint every N steps (0: only the final one)
+    # Also checkpoint after a step that ends this many minutes after the last save (0: off), so a
+    # kill loses at most this much work plus one step, however slow the steps are.
+    save_every_minutes: float = 0.0
     eval_every: int = 0  # validation through the eval path every N steps (0: never)
     seed: int = 0
     out: str = "runs/train"

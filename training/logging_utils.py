@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,24 @@ class MetricsLog:
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
 
+    def truncate(self, step: int) -> int:
+        """Drop every record after ``step`` (a resume from that step's checkpoint); returns how many.
+
+        The steps after the checkpoint are run again, so without this they would be logged twice.
+        ``metrics.jsonl`` and ``rollouts.jsonl`` are rewritten atomically; a torn last line (a kill
+        mid-write) goes too. TensorBoard events after ``step`` are purged when the writer reopens.
+        """
+        dropped = sum(_truncate_jsonl(p, step) for p in (self.path, self.rollouts_path))
+        if self.tb is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            logdir = self.tb.get_logdir()
+            self.tb.close()
+            self.tb = SummaryWriter(logdir, purge_step=step + 1)
+        if dropped:
+            logger.info("resume at step %d: dropped %d log records of later steps", step, dropped)
+        return dropped
+
     def write_rollouts(self, step: int, trajectories: list[Any], rewards: list[float], group_ids: list[int]) -> None:
         """Every trajectory of a step, with its reward and group, appended to ``rollouts.jsonl``."""
         with open(self.rollouts_path, "a", encoding="utf-8") as f:
@@ -71,6 +90,29 @@ class MetricsLog:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def _truncate_jsonl(path: Path, step: int) -> int:
+    """Keep the records of ``path`` with ``step`` <= ``step``; returns how many were dropped."""
+    if not path.exists():
+        return 0
+    kept: list[str] = []
+    dropped = 0
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a torn line from a kill mid-write
+            dropped += 1
+            continue
+        if isinstance(record, dict) and record.get("step", 0) > step:
+            dropped += 1
+            continue
+        kept.append(line)
+    if dropped:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+        os.replace(tmp, path)
+    return dropped
 
 
 def rollout_metrics(

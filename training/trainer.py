@@ -16,6 +16,7 @@ import json
 import logging
 import random
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from harness.backends.base import SamplingParams
 from training import losses
 from training.advantages import ADVANTAGES, AdvantageInputs, outcome_to_tokens, step_score_tensor
 from training.batch import Batch, collate, token_logprobs
-from training.checkpoint import export_hf, latest_checkpoint, load_checkpoint, save_checkpoint
+from training.checkpoint import checkpoints, export_hf, latest_checkpoint, load_checkpoint, save_checkpoint
 from training.config import TrainConfig
 from training.engine import (
     ValueHead,
@@ -93,6 +94,9 @@ class Trainer:
             max_new_tokens=agent.config.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
         )
         self.step_no = 0  # optimizer steps taken = the policy version the backend serves
+        # This run's checkpoints carry its id: pruning never touches another run's.
+        self.run_id = uuid.uuid4().hex
+        self._saved_step, self._saved_at = -1, time.monotonic()  # the last checkpoint: step, clock
         self.log = None
         if self.rank == 0:
             from harness.config import to_dict
@@ -110,7 +114,7 @@ class Trainer:
             while self.step_no < c.max_steps:
                 metrics = self.step()
                 bar.update(self.step_no, metrics)
-        if not c.save_every or self.step_no % c.save_every:
+        if self._saved_step != self.step_no:
             self.save()  # the last step is always resumable
         final = export_hf(self.policy, self.tokenizer, self.out / "final")
         if self.log is not None:
@@ -172,8 +176,8 @@ class Trainer:
             self.log.write(self.step_no, metrics)
             if c.trainer.save_rollouts:
                 self.log.write_rollouts(self.step_no, rollout.trajectories, rewards, rollout.group_ids)
-        # 10. checkpoint
-        if c.trainer.save_every and self.step_no % c.trainer.save_every == 0:
+        # 10. checkpoint: every save_every steps, and once save_every_minutes have passed
+        if self._save_due():
             self.save()
         # 11. periodic validation through the eval path, into this run's folder
         if self.validate is not None and c.trainer.eval_every and self.step_no % c.trainer.eval_every == 0:
@@ -296,16 +300,30 @@ class Trainer:
             model_config=unwrap(self.policy).config,
         )
 
+    def _save_due(self) -> bool:
+        """Whether this step ends with a checkpoint (rank 0's clock decides for every rank)."""
+        t = self.cfg.trainer
+        due = bool(t.save_every) and self.step_no % t.save_every == 0
+        if t.save_every_minutes > 0 and time.monotonic() - self._saved_at >= 60 * t.save_every_minutes:
+            due = True
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            nccl = torch.distributed.get_backend() == "nccl"  # NCCL broadcasts device tensors only
+            flag = torch.tensor([int(due)], device=torch.cuda.current_device() if nccl else "cpu")
+            torch.distributed.broadcast(flag, src=0)  # saving is collective: every rank must agree
+            due = bool(flag.item())
+        return due
+
     def save(self) -> Path:
-        """A checkpoint of this step (atomic); keeps the newest ``trainer.keep_checkpoints``."""
-        state = {"sampler": self.sampler.state(), "policy_version": self.step_no}
+        """A checkpoint of this step (atomic); keeps this run's newest ``trainer.keep_checkpoints``."""
+        state = {"sampler": self.sampler.state(), "policy_version": self.step_no, "run_id": self.run_id}
         path = save_checkpoint(self.out / "checkpoints", self.step_no, self.policy, state, self.critic)
+        self._saved_step, self._saved_at = self.step_no, time.monotonic()
         keep = self.cfg.trainer.keep_checkpoints
         if keep and self.rank == 0:
             import shutil
 
-            done = sorted((int(p.name.split("-")[1]), p) for p in path.parent.glob("step-*") if p.is_dir())
-            for _, old in done[:-keep]:
+            mine = [(s, p) for s, p in checkpoints(path.parent) if _run_id(p) == self.run_id and p != path]
+            for _, old in mine[: max(0, len(mine) - (keep - 1))]:  # the new one counts towards keep
                 shutil.rmtree(old, ignore_errors=True)
         return path
 
@@ -316,7 +334,11 @@ class Trainer:
             raise FileNotFoundError(f"no checkpoint under {Path(run_dir) / 'checkpoints'}")
         state = load_checkpoint(ckpt, self.policy, self.critic)
         self.step_no = state["step"]
+        self.run_id = state.get("run_id", self.run_id)  # the same run, continued
+        self._saved_step, self._saved_at = self.step_no, time.monotonic()
         self.sampler.load(state["sampler"])
+        if self.log is not None:  # the steps after the checkpoint run again: log them once
+            self.log.truncate(self.step_no)
         self.sync()
         logger.info("resumed from %s at step %d", ckpt, self.step_no)
 
@@ -326,6 +348,14 @@ class Trainer:
         if self.log is not None:
             self.log.write(self.step_no, {f"val/{k}": float(v) for k, v in val.items() if isinstance(v, int | float)})
         return val
+
+
+def _run_id(ckpt: Path) -> str | None:
+    """The id of the run that wrote a checkpoint (None: unreadable, or written before ids)."""
+    try:
+        return json.loads((ckpt / "trainer_state.json").read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def seed_everything(seed: int) -> None:

@@ -1,19 +1,25 @@
-"""``hf``: in-process transformers, with dynamic batching of concurrent requests.
+"""``hf``: in-process transformers, with continuous batching of concurrent requests.
 
-Callers ``await agenerate(...)`` from any number of asyncio tasks. A worker thread takes every
-request that is waiting (up to ``max_batch_size``), left-pads them into one batch and runs its
-own decode loop with a KV cache. Each row stops on its own stop strings, on EOS, or at its own
-``max_new_tokens``; its caller is answered the moment its row finishes, while requests that
-arrive meanwhile form the next batch. So a short request is not held by a long one beyond the
-batch it shares.
+Callers ``await agenerate(...)`` from any number of asyncio tasks. A worker thread keeps one
+running decode batch with a KV cache. At every step boundary it admits the requests that are
+waiting (up to ``max_batch_size`` rows in all): their prompts are prefilled together, left-padded,
+and their cache rows are joined to the running ones (the shorter side is padded on the left, with
+the padding masked out). Each row stops on its own stop strings, on EOS, or at its own
+``max_new_tokens``; its caller is answered the moment its row finishes, and the row leaves the
+batch and its cache. So a request never waits for a batch to drain before it starts.
 
+- Token-exact: every row has its own position ids and attention mask, so a row decodes as it
+  would alone (greedy output is identical; logprobs agree up to float noise).
 - Stop strings are matched on the decoded generated text after every step; the token that
   completes a stop string is kept whole (so the text may run a few characters past the stop).
 - Greedy when ``temperature == 0``; else temperature / top-k / top-p sampling with a per-request
   seeded generator, so a sample is reproducible whatever it is batched with (up to float noise).
 - Logprobs are of the chosen token under the model's raw distribution (temperature 1, before
   top-k/top-p), the quantity RL losses need.
-- Weights load from safetensors only; ``update_weights`` swaps in new weights for RL.
+- Weights load from safetensors only; ``update_weights`` swaps in new weights for RL once the
+  running rows have finished (admissions pause meanwhile), so a completion has one weight version.
+- Models whose cache is not a plain per-layer key/value cache (e.g. sliding-window layers) cannot
+  have rows joined mid-decode: they fall back to batch-at-a-time (new rows wait for the batch).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class _Request:
     logprobs: list[float] = field(default_factory=list)
     generator: Any = None
     done: bool = False
+    budget: int = 0  # most tokens this row may generate (max_new_tokens, cut to the context)
 
 
 class HFBackend(BackendBase):
@@ -96,10 +103,14 @@ class HFBackend(BackendBase):
         self.eos_ids = self._eos_ids()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         self._queue: queue.Queue[_Request | None] = queue.Queue()
-        self._lock = threading.Lock()  # held while a batch runs; update_weights waits for it
+        self._lock = threading.Lock()  # held while any row runs; update_weights waits for it
+        self._update_pending = threading.Event()  # set while update_weights waits: admit nothing new
+        self.continuous = True  # False once a model's cache turns out not to support joining rows
         self._worker = threading.Thread(target=self._run, name="hf-backend", daemon=True)
         self._worker.start()
-        self.batches_run = 0
+        self.batches_run = 0  # admissions (prefills of the requests waiting at a step boundary)
+        self.steps_run = 0  # decode steps of the running batch
+        self.tokens_generated = 0  # tokens picked, over all rows (tokens_generated / steps_run ≈ rows a step)
 
     def _eos_ids(self) -> list[int]:
         ids: list[int] = []
@@ -145,7 +156,12 @@ class HFBackend(BackendBase):
                 state.update(load_file(str(f)))
         else:
             state = weights
-        with self._lock:
+        self._update_pending.set()
+        try:
+            self._lock.acquire()
+        finally:
+            self._update_pending.clear()
+        try:
             missing, unexpected = self.model.load_state_dict(state, strict=False)
             real_missing = [k for k in missing if "lm_head" not in k]  # tied embeddings are saved once
             if real_missing or unexpected:
@@ -154,92 +170,64 @@ class HFBackend(BackendBase):
                 )
             self.model.tie_weights()
             self.weight_version = str(update.version)
+        finally:
+            self._lock.release()
 
     # ---- worker --------------------------------------------------------------------------
     def _run(self) -> None:
+        """Continuous batching: admit waiting requests at every step boundary, decode one step."""
+        state: _Running | None = None
+        closing = False
         while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch = [first]
-            while len(batch) < self.max_batch_size:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._queue.put(None)
-                    break
-                batch.append(nxt)
-            batch = [r for r in batch if not r.future.cancelled()]  # callers that gave up while queued
-            if not batch:
-                continue
+            if state is None or not state.rows:
+                if state is not None:
+                    state = None
+                    self._lock.release()  # idle: a pending weight update may run now
+                if closing:
+                    return
+                first = self._queue.get()
+                if first is None:
+                    return
+                self._lock.acquire()  # held while any row runs (one weight version per completion)
+                state = _Running(self)
+                new = [first]
+            else:
+                new = []
+            joinable = self.continuous or not state.rows
+            if joinable and not self._update_pending.is_set() and not closing:
+                closing = self._take_waiting(new, self.max_batch_size - len(state.rows) - len(new))
             try:
-                with self._lock:
-                    # Counted before decoding: callers wake as soon as their futures are set.
-                    self.batches_run += 1
-                    self._decode(batch)
+                new = [r for r in new if not r.future.cancelled()]  # callers that gave up while queued
+                if new:
+                    self.batches_run += 1  # counted before prefill: callers wake as soon as their rows finish
+                    state.admit(new)
+                if state.rows:
+                    state.step()
             except Exception as e:  # answer every waiting caller; the worker lives on
-                logger.exception("hf batch of %d failed", len(batch))
-                for r in batch:
-                    if not r.future.done():
-                        try:
-                            r.future.set_exception(BackendError(f"hf generation failed: {type(e).__name__}: {e}"))
-                        except InvalidStateError:
-                            pass  # cancelled meanwhile
+                logger.exception("hf decode of %d rows failed", len(state.rows) + len(new))
+                for r in [*state.rows, *new]:
+                    _fail(r, e)
+                state.reset()
+
+    def _take_waiting(self, into: list[_Request], room: int) -> bool:
+        """Move up to ``room`` waiting requests into ``into``; True when a close was asked for."""
+        while room > 0:
+            try:
+                nxt = self._queue.get_nowait()
+            except queue.Empty:
+                return False
+            if nxt is None:
+                return True
+            into.append(nxt)
+            room -= 1
+        return False
 
     def _decode(self, batch: list[_Request]) -> None:
-        torch = self.torch
-        B = len(batch)
-        lens = [len(r.input_ids) for r in batch]
-        L = max(lens)
-        ids = torch.full((B, L), self.pad_id, dtype=torch.long)  # [B, L] left-padded
-        mask = torch.zeros((B, L), dtype=torch.long)  # [B, L]
-        for i, r in enumerate(batch):
-            ids[i, L - lens[i] :] = torch.tensor(r.input_ids)
-            mask[i, L - lens[i] :] = 1
-            if r.params.temperature > 0:
-                r.generator = torch.Generator().manual_seed(
-                    r.params.seed if r.params.seed is not None else self.seed + i
-                )
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, L]
-        budget = [min(r.params.max_new_tokens, self.max_context - lens[i]) for i, r in enumerate(batch)]
-        past = None
-        step_ids, step_pos = ids, pos
-        # Rows of the batch still generating, in the order of the KV cache's batch dimension. A
-        # finished row is dropped from the cache, so the rows left run at a smaller batch's cost.
-        active = list(range(B))
-        with torch.inference_mode():
-            for _ in range(max(budget)):
-                out = self.model(
-                    input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=past, use_cache=True
-                )
-                past = out.past_key_values
-                logits = out.logits[:, -1, :].float()  # [A, V]
-                logp = torch.log_softmax(logits, dim=-1)  # [A, V]
-                for j, i in enumerate(active):
-                    r = batch[i]
-                    if r.future.cancelled():  # its caller gave up (e.g. a timeout): stop spending on it
-                        r.done = True
-                        continue
-                    tok = self._pick(logits[j], r)
-                    r.out.append(tok)
-                    r.logprobs.append(float(logp[j, tok]))
-                    self._maybe_finish(r, tok, budget[i])
-                keep = [j for j, i in enumerate(active) if not batch[i].done]
-                if not keep:
-                    break
-                if len(keep) < len(active):
-                    sel = torch.tensor(keep, dtype=torch.long)
-                    past.batch_select_indices(sel)
-                    mask, step_pos = mask[sel], step_pos[sel]
-                    active = [active[j] for j in keep]
-                step_ids = torch.tensor([[batch[i].out[-1]] for i in active], dtype=torch.long)  # [A, 1]
-                step_pos = step_pos[:, -1:] + 1  # [A, 1]
-                mask = torch.cat([mask, torch.ones((len(active), 1), dtype=mask.dtype)], dim=1)  # [A, L+t]
-        for r in batch:
-            if not r.done:  # budget exhausted without a stop
-                self._finish(r, "length", None)
+        """Run ``batch`` to completion with no admissions (the caller holds ``_lock``)."""
+        state = _Running(self)
+        state.admit(batch)
+        while state.rows:
+            state.step()
 
     def _pick(self, logits: Any, r: _Request) -> int:
         torch = self.torch
@@ -290,3 +278,146 @@ class HFBackend(BackendBase):
             r.future.set_result(comp)
         except InvalidStateError:  # cancelled by its caller meanwhile: nobody is waiting for it
             logger.debug("hf request cancelled before its result was ready")
+
+
+def _fail(r: _Request, e: Exception) -> None:
+    if not r.future.done():
+        try:
+            r.future.set_exception(BackendError(f"hf generation failed: {type(e).__name__}: {e}"))
+        except InvalidStateError:
+            pass  # cancelled meanwhile
+
+
+class _Running:
+    """The rows being decoded together and their KV cache.
+
+    ``rows`` is in the order of the cache's batch dimension. Every row's newest token sits in the
+    last column (rows are left-padded); ``mask`` [A, T] marks the cache columns a row owns, and
+    ``next_pos`` [A, 1] is the position id of the token each row feeds next (its last pick, not
+    yet in the cache).
+    """
+
+    def __init__(self, backend: HFBackend) -> None:
+        self.b = backend
+        self.torch = backend.torch
+        self.reset()
+
+    def reset(self) -> None:
+        self.rows: list[_Request] = []
+        self.past: Any = None
+        self.mask: Any = None
+        self.next_pos: Any = None
+
+    def admit(self, reqs: list[_Request]) -> None:
+        """Prefill ``reqs`` together, pick their first tokens, and join the rows still going."""
+        torch, b = self.torch, self.b
+        for i, r in enumerate(reqs):
+            r.budget = min(r.params.max_new_tokens, b.max_context - len(r.input_ids))
+            if r.params.temperature > 0:
+                r.generator = torch.Generator().manual_seed(r.params.seed if r.params.seed is not None else b.seed + i)
+        empty = [r for r in reqs if r.budget <= 0]
+        for r in empty:
+            b._finish(r, "length", None)
+        reqs = [r for r in reqs if r.budget > 0]
+        if not reqs:
+            return
+        lens = [len(r.input_ids) for r in reqs]
+        L = max(lens)
+        ids = torch.full((len(reqs), L), b.pad_id, dtype=torch.long)  # [N, L] left-padded
+        mask = torch.zeros((len(reqs), L), dtype=torch.long)  # [N, L]
+        for i, r in enumerate(reqs):
+            ids[i, L - lens[i] :] = torch.tensor(r.input_ids)
+            mask[i, L - lens[i] :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
+        with torch.inference_mode():
+            out = b.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+            self._pick(reqs, out.logits[:, -1, :])
+            keep = [j for j, r in enumerate(reqs) if not r.done]
+            if not keep:
+                return
+            past, next_pos = out.past_key_values, pos[:, -1:] + 1  # [N, 1]
+            if len(keep) < len(reqs):
+                sel = torch.tensor(keep, dtype=torch.long)
+                past.batch_select_indices(sel)
+                mask, next_pos = mask[sel], next_pos[sel]
+            reqs = [reqs[j] for j in keep]
+            if not self.rows:
+                self.rows, self.past, self.mask, self.next_pos = reqs, past, mask, next_pos
+                b.continuous = b.continuous and _joinable(past)
+                return
+            self._join(reqs, past, mask, next_pos)
+
+    def step(self) -> None:
+        """One decode step of every running row; finished rows leave the batch and the cache."""
+        torch, b = self.torch, self.b
+        with torch.inference_mode():
+            step_ids = torch.tensor([[r.out[-1]] for r in self.rows], dtype=torch.long)  # [A, 1]
+            mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=self.mask.dtype)], dim=1)  # [A, T+1]
+            out = b.model(
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=self.next_pos,
+                past_key_values=self.past,
+                use_cache=True,
+            )
+            b.steps_run += 1
+            self.past, self.mask, self.next_pos = out.past_key_values, mask, self.next_pos + 1
+            self._pick(self.rows, out.logits[:, -1, :])
+            keep = [j for j, r in enumerate(self.rows) if not r.done]
+            if len(keep) == len(self.rows):
+                return
+            if not keep:
+                self.reset()
+                return
+            sel = torch.tensor(keep, dtype=torch.long)
+            self.past.batch_select_indices(sel)
+            self.mask, self.next_pos = self.mask[sel], self.next_pos[sel]
+            self.rows = [self.rows[j] for j in keep]
+            self._trim()
+
+    def _pick(self, rows: list[_Request], logits: Any) -> None:
+        """Choose each row's next token from its logits [A, V] and finish the rows that are done."""
+        logits = logits.float()  # [A, V]
+        logp = self.torch.log_softmax(logits, dim=-1)  # [A, V]
+        for j, r in enumerate(rows):
+            if r.future.cancelled():  # its caller gave up (e.g. a timeout): stop spending on it
+                r.done = True
+                continue
+            tok = self.b._pick(logits[j], r)
+            self.b.tokens_generated += 1
+            r.out.append(tok)
+            r.logprobs.append(float(logp[j, tok]))
+            self.b._maybe_finish(r, tok, r.budget)
+
+    def _join(self, reqs: list[_Request], past: Any, mask: Any, next_pos: Any) -> None:
+        """Append new rows (their cache, mask, next positions) to the running ones."""
+        torch, F = self.torch, self.torch.nn.functional
+        Ta, Tn = self.mask.shape[1], mask.shape[1]
+        T = max(Ta, Tn)
+        for mine, theirs in zip(self.past.layers, past.layers, strict=True):
+            # keys/values [A, H, Ta, D] and [N, H, Tn, D] → [A+N, H, T, D], padded on the left
+            mine.keys = torch.cat([F.pad(mine.keys, (0, 0, T - Ta, 0)), F.pad(theirs.keys, (0, 0, T - Tn, 0))])
+            mine.values = torch.cat([F.pad(mine.values, (0, 0, T - Ta, 0)), F.pad(theirs.values, (0, 0, T - Tn, 0))])
+        self.mask = torch.cat([F.pad(self.mask, (T - Ta, 0)), F.pad(mask, (T - Tn, 0))])  # [A+N, T]
+        self.next_pos = torch.cat([self.next_pos, next_pos])  # [A+N, 1]
+        self.rows = self.rows + reqs
+
+    def _trim(self) -> None:
+        """Drop leading cache columns no row owns any more (left by rows that left)."""
+        if not self.b.continuous:
+            return
+        owned = self.mask.any(0).nonzero()
+        first = int(owned[0]) if len(owned) else 0
+        if first == 0:
+            return
+        self.mask = self.mask[:, first:]
+        for layer in self.past.layers:
+            layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+
+
+def _joinable(past: Any) -> bool:
+    """Whether rows can be joined to this cache (plain per-layer key/value tensors)."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(past, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)

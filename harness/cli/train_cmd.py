@@ -22,6 +22,9 @@ def train_command(
     data_dir: str = typer.Option(None, "--data-dir", help="FlashRAG-layout data dir."),
     out: str = typer.Option(None, "--out", help="Run folder (default trainer.out/name)."),
     resume: str = typer.Option(None, "--resume", help="A training run folder to continue from its last checkpoint."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Delete what a non-empty run folder holds (a previous run) and start afresh."
+    ),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. trainer.max_steps=2"),
 ) -> None:
     """Train the search agent with a recipe; see the module docstring."""
@@ -41,8 +44,12 @@ def train_command(
     except (ConfigError, FileNotFoundError) as e:
         fail(str(e))
     run = Path(resume or out or Path(cfg.trainer.out) / cfg.name)
+    if resume and overwrite:
+        fail("--resume continues a run and --overwrite deletes it: give one of them")
     if resume and not (run / "checkpoints").is_dir():
         fail(f"--resume {run}: no checkpoints/ folder there")
+    if not resume:
+        _claim_run_folder(run, overwrite)
     import contextlib
     from dataclasses import replace
 
@@ -73,3 +80,37 @@ def train_command(
     console.print(
         f"trained {trainer.step_no} steps → {run} (model: {final}; eval it with harness eval --model {final})"
     )
+
+
+# What a training run writes into its folder: --overwrite deletes only folders that hold these.
+_RUN_MARKERS = ("config.json", "metrics.jsonl", "checkpoints", "final", "rollouts.jsonl")
+
+
+def _claim_run_folder(run: Path, overwrite: bool) -> None:
+    """A fresh run needs an empty (or new) folder: two runs in one folder mix their logs,
+    checkpoints and final model. ``--overwrite`` empties a previous training run's folder."""
+    import shutil
+
+    if not run.exists():
+        return
+    if not run.is_dir():
+        fail(f"run folder {run} is a file")
+    held = sorted(p.name for p in run.iterdir())
+    if not held:
+        return
+    if not overwrite:
+        fail(
+            f"run folder {run} is not empty ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}): "
+            f"continue it with --resume {run}, replace it with --overwrite, or pick another --out"
+        )
+    if not any(m in held for m in _RUN_MARKERS):
+        fail(
+            f"--overwrite: {run} does not look like a training run folder "
+            f"(none of {', '.join(_RUN_MARKERS)}); not deleting it"
+        )
+    logger.warning("--overwrite: deleting the previous run in %s", run)
+    for p in run.iterdir():
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from harness.textfiles import text_lines
 from harness.types import Doc
 
 
@@ -35,28 +36,27 @@ def iter_corpus(path: str | Path) -> Iterator[Doc]:
     if not path.is_file():
         raise CorpusError(f"{path}: corpus file not found")
     seen: dict[str, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise CorpusError(f"{path}:{lineno}: malformed JSON ({e.msg})") from None
-            if not isinstance(d, dict) or "id" not in d:
-                raise CorpusError(f"{path}:{lineno}: expected an object with 'id' and 'contents'")
-            contents = d.get("contents")
-            if contents is None and "text" in d:  # some corpora split title/text already
-                contents = f"{d.get('title', '')}\n{d['text']}"
-            if not isinstance(contents, str):
-                raise CorpusError(f"{path}:{lineno}: missing 'contents' string")
-            if not isinstance(d["id"], str | int) or isinstance(d["id"], bool) or str(d["id"]) == "":
-                raise CorpusError(f"{path}:{lineno}: 'id' must be a non-empty string or integer, got {d['id']!r}")
-            doc_id = str(d["id"])
-            if doc_id in seen:
-                raise CorpusError(f"{path}:{lineno}: duplicate id {doc_id!r} (first on line {seen[doc_id]})")
-            seen[doc_id] = lineno
-            yield Doc.from_contents(doc_id, contents)
+    for lineno, line in text_lines(path, CorpusError):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise CorpusError(f"{path}:{lineno}: malformed JSON ({e.msg})") from None
+        if not isinstance(d, dict) or "id" not in d:
+            raise CorpusError(f"{path}:{lineno}: expected an object with 'id' and 'contents'")
+        contents = d.get("contents")
+        if contents is None and "text" in d:  # some corpora split title/text already
+            contents = f"{d.get('title', '')}\n{d['text']}"
+        if not isinstance(contents, str):
+            raise CorpusError(f"{path}:{lineno}: missing 'contents' string")
+        if not isinstance(d["id"], str | int) or isinstance(d["id"], bool) or str(d["id"]) == "":
+            raise CorpusError(f"{path}:{lineno}: 'id' must be a non-empty string or integer, got {d['id']!r}")
+        doc_id = str(d["id"])
+        if doc_id in seen:
+            raise CorpusError(f"{path}:{lineno}: duplicate id {doc_id!r} (first on line {seen[doc_id]})")
+        seen[doc_id] = lineno
+        yield Doc.from_contents(doc_id, contents)
 
 
 def read_corpus(path: str | Path) -> list[Doc]:

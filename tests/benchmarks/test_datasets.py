@@ -71,6 +71,15 @@ def test_parsing_rules_and_unicode(tmp_path):
         ),
         ([], r"q.jsonl: no questions \(empty file\)"),
         (["[1, 2]"], r"q.jsonl:1: expected a JSON object"),
+        ([{"id": "a", "question": "Q", "golden_answers": []}], r"q.jsonl:1: 'golden_answers' .*got an empty list"),
+        (
+            [
+                {"id": "a", "question": "Q", "golden_answers": ["x"]},
+                {"id": "b", "question": "Q", "golden_answers": [None]},
+            ],
+            r"q.jsonl:2: 'golden_answers'\[0\] must be a string, got null",
+        ),
+        ([{"id": "a", "question": "Q", "golden_answers": [["x"]]}], r"q.jsonl:1: 'golden_answers'\[0\]"),
     ],
 )
 def test_bad_input_names_file_and_line(tmp_path, rows, message):
@@ -123,7 +132,7 @@ def test_corpus_paths(tmp_path):
 def test_describe_sources(tmp_path):
     rows = describe_sources(tmp_path)
     demo = next(r for r in rows if r["dataset"] == "demo")
-    assert demo["source"] == "packaged" and demo["corpus"].endswith("corpus.jsonl")
+    assert demo["source"].startswith("packaged") and demo["corpus"].endswith("corpus.jsonl")
     nq = next(r for r in rows if r["dataset"] == "nq" and r["split"] == "test")
     assert nq["source"] == "hub: RUC-NLPIR/FlashRAG_datasets/nq/test.jsonl"
 
@@ -139,3 +148,48 @@ def test_real_data_loads(shared_data):
         assert len(load_examples(name, split, data_dir=shared_data)) == n
     assert corpus_path("hotpotqa", "dev_distractor1352", shared_data).name == "corpus_distractor1352.jsonl"
     assert corpus_path("2wikimultihopqa", "dev", shared_data).name == "corpus_6119.jsonl"
+
+
+def test_non_utf8_files_name_path_and_line(tmp_path):
+    from harness.retrieval.corpus import CorpusError, read_corpus
+
+    good = json.dumps({"id": "a", "question": "Q", "golden_answers": ["x"]}).encode()
+    bad = json.dumps({"id": "b", "question": "Qé", "golden_answers": ["y"]}, ensure_ascii=False).encode("latin-1")
+    (tmp_path / "q.jsonl").write_bytes(good + b"\n" + bad + b"\n")
+    with pytest.raises(DatasetError, match=r"q.jsonl:2: not UTF-8 text \(byte 0xe9"):
+        read_examples(tmp_path / "q.jsonl")
+    (tmp_path / "c.jsonl").write_bytes(b'{"id": "1", "contents": "t\\nx"}\n{"id": "2", "contents": "caf\xe9"}\n')
+    with pytest.raises(CorpusError, match=r"c.jsonl:2: not UTF-8"):
+        read_corpus(tmp_path / "c.jsonl")
+    # A byte-order mark is not an error.
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + good + b"\n")
+    assert [e.id for e in read_examples(tmp_path / "bom.jsonl")] == ["a"]
+
+
+def test_golds_that_normalise_to_nothing_are_flagged(tmp_path, caplog):
+    from benchmarks.metrics import exact_match
+
+    rows = [
+        {"id": "ok", "question": "Q", "golden_answers": ["Paris"]},
+        {"id": "the", "question": "Q", "golden_answers": ["The The"]},
+        {"id": "bang", "question": "Q", "golden_answers": ["!!!"]},
+    ]
+    with caplog.at_level("WARNING", logger="benchmarks.datasets"):
+        exs = read_examples(write(tmp_path / "q.jsonl", rows))
+    assert len(exs) == 3  # kept
+    msg = " ".join(r.getMessage() for r in caplog.records)
+    assert "2 item(s)" in msg and "the, bang" in msg
+    assert exact_match("", exs[1].answers) == 1.0  # FlashRAG's scoring, kept (documented)
+
+
+def test_demo_counts_come_from_the_files():
+    demo = next(r for r in describe_sources(None) if r["dataset"] == "demo")
+    assert f"({len(load_examples('demo'))} questions," in demo["source"]
+    assert "32" not in DATASETS.get("demo").description
+
+
+@pytest.mark.shared_data
+def test_hotpotqa_dev_flags_its_two_empty_golds(shared_data, caplog):
+    with caplog.at_level("WARNING", logger="benchmarks.datasets"):
+        load_examples("hotpotqa", "dev", data_dir=shared_data)
+    assert "2 item(s)" in caplog.text and "dev_3667, dev_5470" in caplog.text

@@ -228,3 +228,95 @@ def test_embedded_smollm2_end_to_end():
         assert all(b.token_ids == singles[0].token_ids for b in batch)
     finally:
         backend.close()
+
+
+def test_rows_admitted_mid_decode_match_singles(tiny):
+    # Continuous batching, driven step by step: rows join a running batch (their cache padded to
+    # the running one's length), rows leave it, and every row decodes exactly as it would alone.
+    from concurrent.futures import Future
+
+    from harness.backends.hf import _Request, _Running
+
+    backend, _, tok = tiny
+    specs = [
+        ("the quick brown fox", SamplingParams(max_new_tokens=20, logprobs=True)),
+        ("a", SamplingParams(max_new_tokens=6)),
+        ("1 2 3 4 5 6 7 8 9 10 11 12", SamplingParams(max_new_tokens=9, logprobs=True)),
+        ("xyz", SamplingParams(max_new_tokens=12, temperature=1.0, seed=3)),
+        ("hello world", SamplingParams(max_new_tokens=4)),
+    ]
+    alone = [gather(backend, [ids(tok, t)], sp)[0] for t, sp in specs]
+    reqs = [_Request(ids(tok, t), sp, Future()) for t, sp in specs]
+    with backend._lock:
+        state = _Running(backend)
+        state.admit(reqs[:1])
+        for _ in range(3):
+            state.step()
+        state.admit(reqs[1:3])  # join a row three tokens in: one shorter prompt, one longer
+        widths = []
+        for _ in range(7):
+            state.step()
+            widths.append(state.mask.shape[1])
+        assert reqs[1].future.done() and not reqs[0].future.done()
+        state.admit(reqs[3:])  # join again after a row has left
+        while state.rows:
+            widths.append(state.mask.shape[1])
+            state.step()
+    for r, a in zip(reqs, alone, strict=True):
+        got = r.future.result(timeout=0)
+        assert got.token_ids == a.token_ids and got.finish_reason == a.finish_reason
+        if a.logprobs:
+            assert got.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+    # Columns no running row owns are cut off: the cache never outgrows its longest row.
+    assert max(widths) <= max(len(r.input_ids) + len(r.out) for r in reqs)
+
+
+def test_a_request_joins_a_running_batch(tiny):
+    # A short request sent while a long one decodes is answered before the long one ends
+    # (batch-at-a-time decoding would make it wait for the whole long request).
+    backend, _, tok = tiny
+    long_p, short_p = ids(tok, "hello world"), ids(tok, "xyz")
+    short_alone = gather(backend, [short_p], SamplingParams(max_new_tokens=5))[0]
+
+    async def main():
+        start = backend.steps_run
+        long = asyncio.ensure_future(backend.agenerate(long_p, SamplingParams(max_new_tokens=200)))
+        while backend.steps_run < start + 5:
+            await asyncio.sleep(0.001)
+        short = await backend.agenerate(short_p, SamplingParams(max_new_tokens=5))
+        joined = not long.done()
+        return short, joined, await long
+
+    short, joined, long = asyncio.run(main())
+    assert joined and short.token_ids == short_alone.token_ids and len(long.token_ids) == 200
+
+
+@pytest.mark.slow
+def test_embedded_smollm2_rows_joined_mid_decode_are_token_exact():
+    from concurrent.futures import Future
+
+    from harness.backends.hf import _Request, _Running
+
+    backend = HFBackend(max_batch_size=4)
+    try:
+        tok = backend.tokenizer
+
+        def chat(text):
+            out = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+            return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+        prompts = [chat("Name a colour."), chat("What is the capital of France? Answer in one sentence."), chat("Hi")]
+        params = SamplingParams(max_new_tokens=24)
+        alone = [gather(backend, [p], params)[0].token_ids for p in prompts]
+        reqs = [_Request(p, params, Future()) for p in prompts]
+        with backend._lock:
+            state = _Running(backend)
+            state.admit(reqs[:1])
+            for _ in range(5):
+                state.step()
+            state.admit(reqs[1:])  # a longer and a shorter prompt join five tokens in
+            while state.rows:
+                state.step()
+        assert [r.future.result(timeout=0).token_ids for r in reqs] == alone
+    finally:
+        backend.close()

@@ -42,3 +42,31 @@ def test_datasets_lists_sources(tmp_path):
     assert result.exit_code == 0, result.output
     for name in ("hotpotqa", "2wikimultihopqa", "musique", "bamboogle", "demo", "packaged"):
         assert name in result.output
+
+
+def test_score_rejects_bad_golds_list_predictions_and_non_utf8(tmp_path):
+    f = tmp_path / "p.jsonl"
+    cases = [
+        ({"pred": "x", "golden_answers": []}, "p.jsonl:2"),
+        ({"pred": "x", "golden_answers": [None]}, "p.jsonl:2"),
+        ({"pred": ["x", "y"], "golden_answers": ["x"]}, "p.jsonl:2"),
+    ]
+    for row, where in cases:
+        f.write_text(json.dumps({"pred": "a", "golden_answers": ["a"]}) + "\n" + json.dumps(row) + "\n")
+        result = runner.invoke(app, ["score", str(f), "--json"])
+        assert result.exit_code == 2 and where in " ".join(result.output.split()), (row, result.output)
+    f.write_bytes(b'{"pred": "a", "golden_answers": ["a"]}\n{"pred": "caf\xe9", "golden_answers": ["a"]}\n')
+    result = runner.invoke(app, ["score", str(f), "--json"])
+    out = " ".join(result.output.split())
+    assert result.exit_code == 2 and "p.jsonl:2: not UTF-8" in out and "Traceback" not in out
+
+
+def test_metrics_refuse_a_list_prediction():
+    import pytest
+
+    from benchmarks.metrics import score_prediction
+
+    with pytest.raises(ValueError, match="a prediction must be a string, got list"):
+        score_prediction(["Paris"], ["Paris"])
+    with pytest.raises(ValueError, match="no gold answers"):
+        score_prediction("Paris", [])

@@ -109,3 +109,77 @@ def test_exported_model_loads_with_harness_eval(tmp_path):
     run = next((tmp_path / "runs").glob("search_r1-demo-*"))
     assert (run / "results.json").is_file()
     assert len((run / "trajectories.jsonl").read_text().splitlines()) == 1
+
+
+def test_truncated_weights_fall_back_to_the_newest_intact_checkpoint(tmp_path, caplog):
+    from training.checkpoint import CheckpointError, verify_checkpoint
+
+    a = engine()
+    for step in (1, 2, 3):
+        train_step(a, step)
+        save_checkpoint(tmp_path, step, a, {"sampler": {"epoch": 0, "index": step}})
+    state = json.loads((tmp_path / "step-3" / "trainer_state.json").read_text())
+    assert state["files"]["model.safetensors"]["size"] == (tmp_path / "step-3" / "model.safetensors").stat().st_size
+    assert len(state["files"]["model.safetensors"]["sha256"]) == 64
+    assert latest_checkpoint(tmp_path) == tmp_path / "step-3"
+
+    weights = tmp_path / "step-3" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated (a full disk, a copy cut short)
+    with caplog.at_level("WARNING", logger="training.checkpoint"):
+        assert latest_checkpoint(tmp_path) == tmp_path / "step-2"
+    assert "step-3" in caplog.text and "model.safetensors" in caplog.text
+    # Same size, flipped bytes: the hash catches it.
+    opt = tmp_path / "step-2" / "model_optim_rank0.pt"
+    data = bytearray(opt.read_bytes())
+    data[-10] ^= 0xFF
+    opt.write_bytes(bytes(data))
+    assert "sha256" in verify_checkpoint(tmp_path / "step-2")
+    assert latest_checkpoint(tmp_path) == tmp_path / "step-1"
+    (tmp_path / "step-1" / "trainer_state.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"no intact checkpoint.*step-3.*step-2.*step-1"):
+        latest_checkpoint(tmp_path)
+    # Loading a damaged file directly is a clear error too, not a bare SafetensorError.
+    with pytest.raises(CheckpointError, match=r"step-3/model.safetensors: cannot be loaded"):
+        load_checkpoint(tmp_path / "step-3", engine())
+
+
+def _stub_trainer(out, run_id, keep=2, save_every=0, minutes=0.0):
+    """A Trainer with only what save() and _save_due() read (the real methods run)."""
+    import time
+    from types import SimpleNamespace
+
+    from training.trainer import Trainer
+
+    t = Trainer.__new__(Trainer)
+    t.out, t.run_id, t.rank, t.critic, t.step_no = out, run_id, 0, None, 0
+    t.policy = engine()
+    t.sampler = SimpleNamespace(state=lambda: {"epoch": 0, "index": 0})
+    t.cfg = SimpleNamespace(
+        trainer=SimpleNamespace(keep_checkpoints=keep, save_every=save_every, save_every_minutes=minutes)
+    )
+    t._saved_step, t._saved_at = -1, time.monotonic()
+    return t
+
+
+def test_pruning_leaves_other_runs_checkpoints(tmp_path):
+    other = _stub_trainer(tmp_path, "other-run")
+    for step in (5, 6):
+        other.step_no = step
+        other.save()
+    mine = _stub_trainer(tmp_path, "this-run", keep=2)
+    for step in (1, 2, 3):
+        mine.step_no = step
+        mine.save()
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["step-2", "step-3", "step-5", "step-6"]  # only this run's step-1 was pruned
+
+
+def test_time_based_checkpoints(tmp_path):
+    t = _stub_trainer(tmp_path, "r", save_every=10, minutes=0.5)
+    t.step_no = 3
+    assert not t._save_due()
+    t._saved_at -= 31  # half a minute since the last save
+    assert t._save_due()
+    t.step_no = 10
+    t._saved_at += 31
+    assert t._save_due()  # the step count still triggers

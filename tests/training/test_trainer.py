@@ -228,3 +228,71 @@ def test_windowed_logprobs_match_a_full_forward(tmp_path):
             got, _ = trainer._logprobs(trainer.policy, batch, rows, offset)
             assert got.shape == expect[rows].shape
             torch.testing.assert_close(got * batch.mask[rows, offset:], expect[rows], atol=1e-5, rtol=1e-5)
+
+
+def test_a_non_empty_run_folder_is_refused_without_resume_or_overwrite(tmp_path):
+    from harness.cli.main import app
+
+    f, run = recipe(tmp_path), tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')  # another run's log
+    res = CliRunner().invoke(app, ["train", "-c", str(f), "--out", str(run)])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 2 and "is not empty" in out and "--resume" in out and "--overwrite" in out
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'  # untouched
+    res = CliRunner().invoke(app, ["train", "-c", str(f), "--resume", str(run), "--overwrite"])
+    assert res.exit_code == 2 and "give one of them" in " ".join(res.output.split())
+    stranger = tmp_path / "notes"
+    stranger.mkdir()
+    (stranger / "thesis.tex").write_text("x")
+    res = CliRunner().invoke(app, ["train", "-c", str(f), "--out", str(stranger), "--overwrite"])
+    assert res.exit_code == 2 and "does not look like a training run folder" in " ".join(res.output.split())
+    assert (stranger / "thesis.tex").exists()
+
+
+def test_resume_truncates_the_log_to_the_checkpoint(tmp_path):
+    from training.logging_utils import MetricsLog
+
+    log = MetricsLog(tmp_path, tensorboard=False)
+    for step in (1, 2, 3):
+        log.write(step, {"loss": float(step)})
+    with open(log.rollouts_path, "w") as fh:
+        fh.write("".join(json.dumps({"step": s, "reward": 0}) + "\n" for s in (1, 1, 2, 3)) + '{"step": 3, "rew')
+    assert log.truncate(2) == 3  # step 3's metrics and rollouts, and the torn line
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
+    assert [r["step"] for r in read_jsonl(tmp_path / "rollouts.jsonl")] == [1, 1, 2]
+    log.write(3, {"loss": 3.0})
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_cli_overwrite_resume_after_a_lost_checkpoint_and_a_damaged_one(tmp_path):
+    """Steps logged after the last checkpoint are not logged twice on resume; a truncated newest
+    checkpoint falls back to the one before; --overwrite starts a clean run."""
+    from harness.cli.main import app
+
+    f, run = recipe(tmp_path), tmp_path / "run"
+    keep = "trainer.keep_checkpoints=3"
+    res = CliRunner().invoke(app, ["train", "-c", str(f), "--out", str(run), "trainer.max_steps=3", keep])
+    assert res.exit_code == 0, res.output
+    # A kill after step 3 was logged but before its checkpoint: step-3 is gone, step-2 is damaged.
+    import shutil
+
+    shutil.rmtree(run / "checkpoints" / "step-3")
+    w = run / "checkpoints" / "step-2" / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:1000])
+    res = CliRunner().invoke(app, ["train", "-c", str(f), "--resume", str(run), "trainer.max_steps=3", keep])
+    assert res.exit_code == 0, res.output
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r] == [1, 2, 3]  # from step-1
+    assert sorted({r["step"] for r in read_jsonl(run / "rollouts.jsonl")}) == [1, 2, 3]
+    assert len(read_jsonl(run / "rollouts.jsonl")) == 3 * 4
+    res = CliRunner().invoke(app, ["train", "-c", str(f), "--out", str(run), "--overwrite", "trainer.max_steps=1"])
+    assert res.exit_code == 0, res.output
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1"]
+    # No intact checkpoint at all: one clear error, no SafetensorError traceback.
+    w = run / "checkpoints" / "step-1" / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:1000])
+    res = CliRunner().invoke(app, ["train", "-c", str(f), "--resume", str(run), "trainer.max_steps=2"])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 2 and "no intact checkpoint" in out and "step-1: model.safetensors has 1000 bytes" in out
