@@ -5,7 +5,7 @@ benchmark, not a test).
 The same model (the embedded SmolLM2 by default), questions (the shipped demo), BM25 retriever,
 per-turn token budget and turn limit for all three; greedy decoding.
 
-- ``continuous``: the agent (``run_eval``, ``--concurrency`` items at once) with requests joining
+- ``continuous``: the agent (``simple_evaluate``, ``--concurrency`` items at once) with requests joining
   the running decode batch at every step boundary (the backend's default);
 - ``batch-at-a-time``: the same, with ``backend.continuous = False`` (a new batch starts only
   when the running one has drained: the backend's behaviour before continuous batching);
@@ -30,8 +30,7 @@ import tempfile
 import time
 from typing import Any
 
-from harness.cli.eval_run import make_retriever, run_eval
-
+from benchmarks.build import dataset_retriever, simple_evaluate
 from benchmarks.datasets import load_examples
 from harness.backends.hf import HFBackend
 from harness.config import from_dict
@@ -53,10 +52,10 @@ def agent_qps(backend: HFBackend, retriever: Any, args: argparse.Namespace, cont
             },
         )
         t0 = time.perf_counter()
-        res = run_eval(cfg, backend=backend, retriever=retriever, show_progress=False)
+        res = simple_evaluate(cfg, backend=backend, retriever=retriever)
         wall = time.perf_counter() - t0
     backend.continuous = True
-    return args.n / wall, {"wall_s": wall, "em": res["metrics"]["em"], "mean_searches": res["mean_searches"]}
+    return args.n / wall, {"wall_s": wall, "em": res.metrics["em"], "mean_searches": res.mean_searches}
 
 
 class _ChatTemplate:
@@ -74,10 +73,12 @@ class _Generator:
     """The backend as FlashRAG's generator, with the agent's per-turn budget."""
 
     def __init__(self, backend: HFBackend, max_new_tokens: int) -> None:
-        self.backend, self.max_new_tokens = backend, max_new_tokens
+        from pipelines.flashrag_compat import FlashRAGGenerator
+
+        self.generator, self.max_new_tokens = FlashRAGGenerator(backend), max_new_tokens
 
     def generate(self, prompts: list[str], **kw: Any) -> list[str]:
-        return self.backend.generate(prompts, **{**kw, "max_tokens": self.max_new_tokens, "temperature": 0.0})
+        return self.generator.generate(prompts, **{**kw, "max_tokens": self.max_new_tokens, "temperature": 0.0})
 
 
 def flashrag_qps(backend: HFBackend, retriever: Any, args: argparse.Namespace) -> tuple[float, dict]:
@@ -122,7 +123,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
 
     backend = HFBackend(model=args.model, max_batch_size=args.concurrency, threads=args.threads)
-    retriever = make_retriever(RetrieverConfig(kind="bm25", topk=args.topk), "demo", "test", None)
+    retriever = dataset_retriever(RetrieverConfig(kind="bm25", topk=args.topk), "demo", "test")
     retriever.search(["warm up"], args.topk)  # numba compiles on first use; keep it out of the timing
     runs = [r.strip() for r in args.only.split(",") if r.strip()]
     all_qps: dict[str, list[float]] = {}
