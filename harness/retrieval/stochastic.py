@@ -154,11 +154,18 @@ class QueryTower(torch.nn.Module):
             model = get_peft_model(
                 model, LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=targets)
             )
-        self.model = model
+        # Dropout stays off for good: the rollout-time log-probs and the recomputed ones must come
+        # from the same function, or the PPO ratio is noise even before any update.
+        self.model = model.eval()
         self.dim = int(model.config.hidden_size)
         self.max_length = max_length
         self.batch_size = batch_size
         self._reference: Any = None
+
+    def train(self, mode: bool = True) -> QueryTower:
+        """Kept in eval mode (no dropout) whatever ``mode`` says; gradients are unaffected."""
+        super().train(False)
+        return self
 
     def forward(self, texts: list[str], kind: str = "query", model: Any = None) -> torch.Tensor:
         """[len(texts), H] L2-normalised embeddings, with gradients when grad is enabled."""
@@ -178,13 +185,10 @@ class QueryTower(torch.nn.Module):
         """The Encoder interface: ``[N, H]`` float32 numpy, no gradients, in batches."""
         import numpy as np
 
-        was_training = self.training
-        self.eval()
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         with torch.inference_mode():
             for s in range(0, len(texts), self.batch_size):
                 out[s : s + self.batch_size] = self.forward(texts[s : s + self.batch_size], kind).float().numpy()
-        self.train(was_training)
         return out
 
     def freeze_reference(self) -> None:
@@ -271,7 +275,9 @@ class StochasticDenseRetriever:
         """k documents per query (sampled, or top-k when greedy); ``.samples`` holds the records."""
         if state is not None and len(state) != len(queries):
             raise ValueError(f"state has {len(state)} entries for {len(queries)} queries")
-        texts = [render_state(q, s, self.state_format) for q, s in zip(queries, state or [None] * len(queries))]
+        texts = [
+            render_state(q, s, self.state_format) for q, s in zip(queries, state or [None] * len(queries), strict=True)
+        ]
         if not texts:
             return SampledResults([], [])
         n = min(max(self.n_candidates, k), len(self.docs))
