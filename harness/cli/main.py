@@ -13,6 +13,7 @@ import typer
 from harness.cli import (
     datasets_cmd,
     eval_cmd,
+    harr_cmd,
     index_cmd,
     report_cmd,
     score_cmd,
@@ -47,6 +48,7 @@ app.add_typer(serve_cmd.app, name="serve", help="Serve a retriever or a model ov
 app.command("datasets", help="List the registered datasets, their splits and where each is read from.")(
     datasets_cmd.datasets_command
 )
+app.add_typer(harr_cmd.data_app, name="data", help="Data tools (HARR's training-question filter).")
 app.command("score", help="Score any JSONL prediction file (EM, F1, acc, cover_em).")(score_cmd.score_command)
 
 

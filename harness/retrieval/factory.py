@@ -43,9 +43,15 @@ def make_retriever(cfg: RetrieverConfig, corpus: str | None = None) -> CachedRet
             raise ValueError("retriever 'http' needs a URL (--index URL or retriever.url=URL)")
         return CachedRetriever(HTTPRetriever(cfg.url, api=cfg.api))
     if cfg.index:
-        from harness.retrieval.index import load_index
+        from harness.retrieval.index import load_index, read_manifest
 
-        return CachedRetriever(load_index(cfg.index))
+        encoder = None
+        if cfg.model and read_manifest(cfg.index)["kind"] == "dense":
+            # A (re)trained query encoder over the index's fixed document vectors (HARR).
+            from harness.retrieval.encoders import Encoder
+
+            encoder = Encoder(cfg.model)
+        return CachedRetriever(load_index(cfg.index, encoder=encoder))
     corpus = cfg.corpus or corpus
     if corpus is None:
         raise ValueError("no corpus to search: pass --index DIR (a built index) or retriever.corpus=FILE")

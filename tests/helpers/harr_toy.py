@@ -65,3 +65,25 @@ def toy_index(tmp: Path, tower: QueryTower, n: int = 20) -> Path:
     toy_corpus(corpus, n)
     build_index(corpus, "dense", tmp / "index", encoder=tower)
     return tmp / "index"
+
+
+class OracleReader:
+    """A scripted frozen generator (search_r1 tags): searches the question once, then answers the
+    gold code only when the document holding it (``... keeps code W{i}.``) is in an observation."""
+
+    @staticmethod
+    def backend(golds: dict[str, str]):
+        from harness.backends.scripted import ScriptedBackend
+
+        class _Oracle(ScriptedBackend):
+            def _pick(self, context: str):
+                question = next((q for q in golds if f"Question: {q}" in context), None)
+                if question is None:
+                    return self.default, None
+                after = context.split(f"Question: {question}", 1)[1]
+                if "<search>" not in after:
+                    return f"<search>{question}</search>", None
+                found = f"keeps code {golds[question]}." in after
+                return f"<answer>{golds[question] if found else 'unknown'}</answer>", None
+
+        return _Oracle()
