@@ -87,3 +87,54 @@ def test_filter_keeps_mixed_outcome_questions(tmp_path):
     assert by_id["e"]["successes"] == 0 and not by_id["e"]["kept"]
     assert [e.id for e in kept] == [r["id"] for r in rows if 0 < r["successes"] < 8]
     assert kept and all(r["samples"] == 8 for r in rows)
+
+
+@pytest.mark.slow  # two CLI runs + eval factory, ~15-40 s on the shared VM
+def test_cli_train_filter_and_eval_encoder(tmp_path):
+    """`harness train` (policy: retriever), `harness data harr-filter`, and the saved encoder as the
+    query encoder of the same index through the eval retriever factory."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from harness.cli.main import app
+    from harness.eval_config import RetrieverConfig
+    from harness.retrieval.factory import make_retriever
+
+    tower = tiny_tower(seed=2)
+    tower_dir = tower.save(tmp_path / "tower")
+    index = toy_index(tmp_path, tower)
+    qfile, script = tmp_path / "q.jsonl", tmp_path / "script.jsonl"
+    qfile.write_text("".join(json.dumps(e.to_dict()) + "\n" for e in EXAMPLES[:2]))
+    script.write_text(
+        "".join(
+            json.dumps({"match": e.question, "turns": [f"<search>{e.question}</search>", "<answer>W3</answer>"]}) + "\n"
+            for e in EXAMPLES[:2]
+        )
+    )
+    recipe = {
+        "policy": "retriever",
+        "method": "search_r1",
+        "index": str(index),
+        "encoder": {"name": str(tower_dir)},
+        "backend": {"kind": "scripted", "script": str(script)},
+        "data": {"file": str(qfile)},
+        "sampling": {"n_candidates": 8, "topk": 2},
+        "agent": {"max_turns": 1},
+        "rl": {"steps": 1, "group_size": 2, "questions_per_step": 2},
+    }
+    cfg = tmp_path / "harr.yaml"
+    cfg.write_text(yaml.safe_dump(recipe))
+    cli = CliRunner()
+    res = cli.invoke(app, ["train", "-c", str(cfg), "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    encoder = tmp_path / "run" / "encoder"
+    assert (encoder / "model.safetensors").is_file() and (tmp_path / "run" / "metrics.jsonl").is_file()
+    res = cli.invoke(
+        app, ["data", "harr-filter", "-c", str(cfg), "--out", str(tmp_path / "kept.jsonl"), "--samples", "2"]
+    )
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(x) for x in (tmp_path / "kept.stats.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["q0", "q1"]
+    retriever = make_retriever(RetrieverConfig(kind="dense", index=str(index), model=str(encoder)))
+    assert retriever.inner.encoder.spec.path == str(encoder)
+    assert len(retriever.search(["purple owl"], 3)[0]) == 3
