@@ -81,6 +81,7 @@ class RetrieverTrainConfig:
 
     policy: Literal["retriever"] = "retriever"
     name: str = "harr"
+    papers: str = ""  # the published settings a recipe follows
     method: str = "search_r1"
     index: str | None = None
     corpus: str | None = None

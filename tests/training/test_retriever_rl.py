@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from harness.config import from_dict
 from harness.retrieval.stochastic import StochasticDenseRetriever
 from harness.types import Example
 from pipelines.search_agent import AgentConfig, SearchAgent
@@ -138,3 +139,18 @@ def test_cli_train_filter_and_eval_encoder(tmp_path):
     retriever = make_retriever(RetrieverConfig(kind="dense", index=str(index), model=str(encoder)))
     assert retriever.inner.encoder.spec.path == str(encoder)
     assert len(retriever.search(["purple owl"], 3)[0]) == 3
+
+
+def test_shipped_retriever_recipes_compose():
+    from pathlib import Path
+
+    from harness.cli.harr_cmd import is_retriever_policy
+    from harness.config import compose
+    from training.retriever_config import RetrieverTrainConfig
+
+    recipes = sorted((Path(__file__).resolve().parents[2] / "configs" / "train_retriever").glob("*.yaml"))
+    assert recipes
+    for path in recipes:
+        cfg = compose(RetrieverTrainConfig, [path])
+        assert cfg.policy == "retriever" and cfg.papers and is_retriever_policy([str(path)], [])
+        from_dict(AgentConfig, cfg.agent, where="agent")
