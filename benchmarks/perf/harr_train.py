@@ -109,7 +109,8 @@ def run_pipeline(method: str, args: argparse.Namespace, heldout: list[Example], 
                 "kl_coef": args.kl_coef,
                 "reward": "f1",
             },
-            "agent": {"max_turns": 2, "temperature": 0.0},
+            # max_doc_tokens: the oracle's byte tokenizer counts characters; show whole paragraphs.
+            "agent": {"max_turns": 2, "temperature": 0.0, "max_doc_tokens": 4096, "max_total_tokens": 16384},
             # The byte tokenizer counts characters: room for k HotpotQA paragraphs, none cut off.
             "baseline": {"max_new_tokens": 32, "max_input_len": 16384},
         },
