@@ -103,6 +103,9 @@ class SearchRecord:
     latency_s: float
     docs: list[Doc] = field(default_factory=list)
     error: str | None = None
+    # A stochastic retriever's sampling record (state text, candidate ids, sampled ids, log-prob):
+    # see harness.retrieval.stochastic. None for deterministic retrievers and older runs.
+    sample: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -119,6 +122,7 @@ class SearchRecord:
             latency_s=d["latency_s"],
             docs=[Doc(**x) for x in d.get("docs", [])],
             error=d.get("error"),
+            sample=d.get("sample"),
         )
 
 

@@ -32,6 +32,7 @@ from harness.backends.base import Backend, BackendError, Completion, SamplingPar
 from harness.config import require_at_least
 from harness.errors import error_kind
 from harness.retrieval.base import Retriever
+from harness.retrieval.state import accepts_state, state_for
 from harness.types import Doc, Example, SearchRecord, Segment, Trajectory
 from pipelines.dialects import Dialect, resolve_dialect
 from pipelines.flashrag_compat import FlashRAGGenerator, from_flashrag_dataset, pipeline_base, safe_config
@@ -295,12 +296,17 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
         if self.retriever is None:
             raise RuntimeError("the agent asked for a search but no retriever is configured")
         t0 = time.perf_counter()
+        # History-aware retrievers (HARR) get the trajectory so far through the protocol's `state`.
+        kw = (
+            {"state": [state_for(traj.question, traj.searches)] * len(queries)} if accepts_state(self.retriever) else {}
+        )
         # Retrievers are synchronous (BM25/FAISS/HTTP); a thread keeps other items moving.
-        results = await asyncio.to_thread(self.retriever.search, list(queries), self.config.topk)
+        results = await asyncio.to_thread(self.retriever.search, list(queries), self.config.topk, **kw)
+        samples = getattr(results, "samples", None) or [None] * len(queries)  # stochastic retrievers' records
         latency = time.perf_counter() - t0
         traj.retrieval_time_s += latency
         capped = [[self._cap_doc(doc) for doc in docs] for docs in results]
-        for q, docs in zip(queries, capped, strict=True):
+        for q, docs, sample in zip(queries, capped, samples, strict=True):
             traj.searches.append(
                 SearchRecord(
                     turn=turn,
@@ -309,6 +315,7 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
                     scores=[float(doc.score) for doc in docs],
                     latency_s=latency / len(queries),
                     docs=docs,
+                    sample=sample,
                 )
             )
         return self.dialect.observation_text(queries, capped)

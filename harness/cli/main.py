@@ -13,6 +13,7 @@ import typer
 from harness.cli import (
     datasets_cmd,
     eval_cmd,
+    harr_cmd,
     index_cmd,
     prompt_cmd,
     report_cmd,
@@ -49,6 +50,7 @@ app.command("datasets", help="List the registered datasets, their splits and whe
     datasets_cmd.datasets_command
 )
 app.command("prompt", help="Show exactly what a model sees under a method's dialect.")(prompt_cmd.prompt_command)
+app.add_typer(harr_cmd.data_app, name="data", help="Data tools (HARR's training-question filter).")
 app.command("score", help="Score any JSONL prediction file (EM, F1, acc, cover_em).")(score_cmd.score_command)
 
 

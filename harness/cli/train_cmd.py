@@ -28,6 +28,11 @@ def train_command(
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. trainer.max_steps=2"),
 ) -> None:
     """Train the search agent with a recipe; see the module docstring."""
+    from harness.cli import harr_cmd  # `policy: retriever`: HARR's retriever RL, generator frozen
+    from training.retriever_config import is_retriever_policy
+
+    if not resume and is_retriever_policy(config, overrides):
+        return harr_cmd.train_retriever(list(config), data_dir, out, list(overrides or []))
     from harness.config import ConfigError, compose
     from training.config import TrainConfig
 

@@ -48,7 +48,15 @@ def index_from_config(cfg: Any, corpus: str | None = None) -> Any:
 
     placement = {"gpu": cfg.faiss_gpu, "shard": cfg.faiss_shard}
     if cfg.index:
-        return load_index(cfg.index, **placement)
+        from harness.retrieval.index import read_manifest
+
+        encoder = None
+        if cfg.model and read_manifest(cfg.index)["kind"] == "dense":
+            # A (re)trained query encoder over the index's fixed document vectors (HARR).
+            from harness.retrieval.encoders import Encoder
+
+            encoder = Encoder(cfg.model)
+        return load_index(cfg.index, encoder=encoder, **placement)
     corpus = cfg.corpus or corpus
     if corpus is None:
         raise ValueError("no corpus to search: pass --index DIR (a built index) or retriever.corpus=FILE")

@@ -1,0 +1,192 @@
+"""HARR-style retriever RL on HotpotQA (distractor questions over their 13k-paragraph corpus), before/after.
+
+Not a test: a short benchmark run. It trains the MiniLM query tower (documents fixed: the cached
+dense index) with GRPO while the generator stays frozen, once per pipeline (FlashRAG ``standard``
+RAG and the ``search_r1`` agent dialect), and reports on held-out questions, with greedy top-k
+retrieval, answer-recall (a gold answer in any retrieved paragraph) and the pipeline's EM/F1,
+before and after training.
+
+Generators:
+
+- ``oracle`` (default, CPU-friendly): a SCRIPTED reader that answers the gold answer exactly when
+  a retrieved paragraph contains it (normalised) and "unknown" otherwise. As the agent it
+  searches the question, and if the answer is not in the results searches the SAME question
+  again (the history-aware state makes the second call differ), then answers. Its EM therefore
+  measures retrieval, not reading. Yes/no questions are left out (their answers occur in
+  paragraphs by accident).
+- ``hf``: a real frozen model (``--model``, default SmolLM2-135M-Instruct) on the HF backend;
+  slow on CPU.
+
+Held-out questions are the first ``--heldout`` of ``dev_distractor1352``; training questions the
+next ``--train`` (disjoint), optionally filtered HARR's way (``--filter``).
+
+    python benchmarks/perf/harr_train.py --train 64 --heldout 64 --steps 10 --out /tmp/harr_bench
+
+Measured on the shared 2-core VM, oracle reader, ``--heldout 64 --train 48 --filter --steps 8
+--group-size 4 --questions-per-step 8 --epochs 2 --lr 5e-5 --tau 0.05 --n-candidates 50 --topk 3``
+(held-out = 64 non-yes/no dev questions; greedy retrieval; EM = F1 = answer-recall for this reader):
+
+- standard: filter kept 14/48; train reward (first 3 → last 3 steps) 0.59 → 0.87; held-out EM
+  0.484 → 0.469 (no gain: the tower fit its 14 questions, 25 s/step).
+- search_r1 (2 searches of the same question, history-aware state): kept 17/48; train reward
+  0.59 → 0.74; held-out EM 0.500 → 0.500 (no gain, 60 s/step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
+
+from benchmarks.datasets import read_examples  # noqa: E402
+from benchmarks.metrics import normalize_answer  # noqa: E402
+from harness.backends.scripted import ScriptedBackend  # noqa: E402
+from harness.types import Example  # noqa: E402
+
+logger = logging.getLogger("harr_bench")
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "hotpotqa"  # ../shared/data from the repo
+
+
+class OracleReader(ScriptedBackend):
+    """Answers a question's gold answer iff it appears in the context outside the question itself."""
+
+    def __init__(self, golds: dict[str, list[str]], agent: bool, model_path: str | None = None) -> None:
+        super().__init__(default="unknown", model_path=model_path)
+        self.golds = {q: [normalize_answer(a) for a in ans] for q, ans in golds.items()}
+        self.agent = agent
+
+    def _pick(self, context: str) -> tuple[str, Any]:
+        question = next((q for q in self.golds if q in context), None)
+        if question is None:
+            return ("<answer>unknown</answer>" if self.agent else "unknown"), None
+        # Only what retrieval brought counts: the question (and the agent's own queries of it) is cut out.
+        rest = (context.split(question, 1)[1] if self.agent else context).replace(question, " ")
+        text = f" {normalize_answer(rest)} "
+        hit = next((a for a in self.golds[question] if a and f" {a} " in text), None)
+        if not self.agent:
+            return (hit or "unknown"), None
+        if hit is not None:
+            return f"<answer>{hit}</answer>", None
+        if context.count(f"<search>{question}</search>") < 2:
+            return f"<search>{question}</search>", None
+        return "<answer>unknown</answer>", None
+
+
+def tiny_model_dir(out: Path) -> str:
+    """A model dir FlashRAG's prompt templates can read (config + the byte tokenizer)."""
+    from transformers import LlamaConfig
+
+    from harness.tokenization import byte_tokenizer
+
+    d = out / "oracle-model"
+    if not (d / "config.json").is_file():
+        tok = byte_tokenizer()
+        LlamaConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2).save_pretrained(d)
+        tok.save_pretrained(d)
+    return str(d)
+
+
+def load_questions(path: str, n_heldout: int, n_train: int) -> tuple[list[Example], list[Example]]:
+    exs = [e for e in read_examples(path) if normalize_answer(e.answers[0]) not in ("yes", "no")]
+    return exs[:n_heldout], exs[n_heldout : n_heldout + n_train]
+
+
+def run_pipeline(method: str, args: argparse.Namespace, heldout: list[Example], train: list[Example]) -> dict:
+    from harness.config import from_dict
+    from training.retriever_config import RetrieverTrainConfig
+    from training.retriever_rl import RetrieverRL, build_from_config, evaluate, filter_examples
+
+    out = Path(args.out) / method
+    cfg = from_dict(
+        RetrieverTrainConfig,
+        {
+            "method": method,
+            "corpus": args.corpus,
+            "sampling": {"n_candidates": args.n_candidates, "tau": args.tau, "topk": args.topk},
+            "rl": {
+                "group_size": args.group_size,
+                "questions_per_step": args.questions_per_step,
+                "steps": args.steps,
+                "lr": args.lr,
+                "epochs": args.epochs,
+                "kl_coef": args.kl_coef,
+                "reward": "f1",
+            },
+            # max_doc_tokens: the oracle's byte tokenizer counts characters; show whole paragraphs.
+            "agent": {"max_turns": 2, "temperature": 0.0, "max_doc_tokens": 4096, "max_total_tokens": 16384},
+            # The byte tokenizer counts characters: room for k HotpotQA paragraphs, none cut off.
+            "baseline": {"max_new_tokens": 32, "max_input_len": 16384},
+        },
+    )
+    agent = method != "standard"
+    golds = {e.question: list(e.answers) for e in heldout + train}
+    if args.generator == "oracle":
+        backend: Any = OracleReader(golds, agent, model_path=None if agent else tiny_model_dir(Path(args.out)))
+    else:
+        from harness.backends import make_backend
+        from harness.eval_config import BackendConfig
+
+        backend = make_backend(BackendConfig(kind="hf", model=args.model))
+    retriever, runner = build_from_config(cfg, backend=backend)
+    t0 = time.perf_counter()
+    before = evaluate(runner, retriever, heldout)
+    logger.info("%s before: %s (%.0f s)", method, before, time.perf_counter() - t0)
+    if args.filter:
+        kept, rows = filter_examples(runner, train, args.group_size, metric="f1", threshold=0.5)
+        logger.info("%s filter: kept %d/%d training questions", method, len(kept), len(train))
+        train = kept or train
+    steps: list[dict] = []
+    t1 = time.perf_counter()
+    RetrieverRL(retriever, runner, cfg.rl, out).train(train, on_step=lambda r: steps.append(r.metrics))
+    train_s = time.perf_counter() - t1
+    after = evaluate(runner, retriever, heldout)
+    logger.info("%s after: %s", method, after)
+    return {
+        "method": method,
+        "train_questions": len(train),
+        "before": before,
+        "after": after,
+        "train_reward_first3": sum(s["reward"] for s in steps[:3]) / max(1, len(steps[:3])),
+        "train_reward_last3": sum(s["reward"] for s in steps[-3:]) / max(1, len(steps[-3:])),
+        "train_seconds": round(train_s, 1),
+        "encoder": str(out / "encoder"),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--methods", default="standard,search_r1")
+    p.add_argument("--questions", default=str(DATA / "dev_distractor1352.jsonl"))
+    p.add_argument("--corpus", default=str(DATA / "corpus_distractor1352.jsonl"))
+    p.add_argument("--generator", choices=("oracle", "hf"), default="oracle")
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--heldout", type=int, default=64)
+    p.add_argument("--train", type=int, default=64)
+    p.add_argument("--filter", action="store_true", help="HARR's filter on the training questions first")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--questions-per-step", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--lr", type=float, default=2e-5)
+    p.add_argument("--kl-coef", type=float, default=0.0)
+    p.add_argument("--tau", type=float, default=0.05)
+    p.add_argument("--n-candidates", type=int, default=50)
+    p.add_argument("--topk", type=int, default=3)
+    p.add_argument("--out", default="/tmp/harr_bench")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    heldout, train = load_questions(args.questions, args.heldout, args.train)
+    results = [run_pipeline(m, args, heldout, train) for m in args.methods.split(",")]
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

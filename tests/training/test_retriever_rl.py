@@ -1,0 +1,155 @@
+"""HARR retriever RL: rollouts through the agent, the loss, learning on a toy corpus, filter, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from harness.config import from_dict
+from harness.retrieval.stochastic import StochasticDenseRetriever
+from harness.types import Example
+from pipelines.search_agent import AgentConfig, SearchAgent
+from tests.helpers.harr_toy import OracleReader, tiny_tower, toy_index
+from training.retriever_config import RetrieverRLConfig
+from training.retriever_rl import (
+    AgentRunner,
+    RetrieverRL,
+    evaluate,
+    filter_examples,
+    retrieval_loss,
+    reward_of,
+    trajectory_logprobs,
+)
+
+# Questions that share no words with their documents: the tower has to learn where each answer is.
+TARGETS = {
+    "Name the secret of the purple owl?": "W3",
+    "What hides beneath the frozen lantern?": "W11",
+    "Tell the password for marble harbour?": "W16",
+    "Recall the token of the sleeping giant?": "W7",
+}
+EXAMPLES = [Example(f"q{i}", q, (a,)) for i, (q, a) in enumerate(TARGETS.items())]
+
+
+def _setup(tmp_path, seed=0, n_candidates=20, tau=0.05, topk=2):
+    tower = tiny_tower(seed=seed)
+    retriever = StochasticDenseRetriever.from_index_dir(
+        toy_index(tmp_path, tower), tower, n_candidates=n_candidates, tau=tau, seed=seed
+    )
+    agent = SearchAgent(OracleReader.backend(TARGETS), retriever, "search_r1", AgentConfig(max_turns=1, topk=topk))
+    return retriever, AgentRunner(agent)
+
+
+def test_rollouts_group_and_ratio_is_one_before_update(tmp_path):
+    retriever, runner = _setup(tmp_path)
+    trajs = runner.run(EXAMPLES[:2], 3)
+    assert [t.example_id for t in trajs] == ["q0"] * 3 + ["q1"] * 3
+    assert all(len(t.searches) == 1 and t.searches[0].sample is not None for t in trajs)
+    # The oracle answers right exactly when the gold document was retrieved.
+    for t in trajs:
+        gold_doc = f"d{t.answers[0][1:]}"
+        assert reward_of(t, "em") == float(gold_doc in t.searches[0].doc_ids)
+    retriever.tower.freeze_reference()
+    new, old, has = trajectory_logprobs(retriever, trajs)
+    assert has.all() and torch.allclose(new, old, atol=1e-3)
+    loss, stats = retrieval_loss(retriever, trajs, torch.ones(len(trajs)), RetrieverRLConfig(kl_coef=0.1))
+    assert stats["kl"] == pytest.approx(0.0, abs=1e-5) and loss.requires_grad
+
+
+@pytest.mark.slow  # ~20 s on a shared 2-core VM
+def test_reward_rises_on_toy_corpus(tmp_path):
+    """Real learning: 20 docs, 2 sampled per question, the gold one is found by chance ~10% of the
+    time at start; GRPO on the tower must raise the sampled reward and the greedy EM."""
+    retriever, runner = _setup(tmp_path)
+    before = evaluate(runner, retriever, EXAMPLES)
+    cfg = RetrieverRLConfig(
+        group_size=8, questions_per_step=4, steps=10, lr=1e-2, epochs=2, kl_coef=0.0, reward="em", seed=0
+    )
+    rewards: list[float] = []
+    trainer = RetrieverRL(retriever, runner, cfg, tmp_path / "run")
+    saved = trainer.train(EXAMPLES, on_step=lambda r: rewards.append(r.metrics["reward"]))
+    after = evaluate(runner, retriever, EXAMPLES)
+    early, late = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert late > early + 0.2, rewards  # seen: 0.23 → 0.55
+    assert after["em"] > before["em"], (before, after)
+    assert (saved / "config.json").is_file() and (tmp_path / "run" / "metrics.jsonl").is_file()
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 10 and "reward" in json.loads(lines[0])
+
+
+def test_filter_keeps_mixed_outcome_questions(tmp_path):
+    retriever, runner = _setup(tmp_path, tau=1.0, topk=2)
+    easy = Example("e", "Which code does the rope walk keep?", ("W17",))  # not in TARGETS: always wrong
+    targets_runner = runner
+    kept, rows = filter_examples(targets_runner, [*EXAMPLES, easy], n=8)
+    by_id = {r["id"]: r for r in rows}
+    assert by_id["e"]["successes"] == 0 and not by_id["e"]["kept"]
+    assert [e.id for e in kept] == [r["id"] for r in rows if 0 < r["successes"] < 8]
+    assert kept and all(r["samples"] == 8 for r in rows)
+
+
+@pytest.mark.slow  # two CLI runs + eval factory, ~15-40 s on the shared VM
+def test_cli_train_filter_and_eval_encoder(tmp_path):
+    """`harness train` (policy: retriever), `harness data harr-filter`, and the saved encoder as the
+    query encoder of the same index through the eval retriever factory."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from harness.cli.main import app
+    from harness.eval_config import RetrieverConfig
+    from harness.retrieval.factory import build_retriever
+
+    tower = tiny_tower(seed=2)
+    tower_dir = tower.save(tmp_path / "tower")
+    index = toy_index(tmp_path, tower)
+    qfile, script = tmp_path / "q.jsonl", tmp_path / "script.jsonl"
+    qfile.write_text("".join(json.dumps(e.to_dict()) + "\n" for e in EXAMPLES[:2]))
+    script.write_text(
+        "".join(
+            json.dumps({"match": e.question, "turns": [f"<search>{e.question}</search>", "<answer>W3</answer>"]}) + "\n"
+            for e in EXAMPLES[:2]
+        )
+    )
+    recipe = {
+        "policy": "retriever",
+        "method": "search_r1",
+        "index": str(index),
+        "encoder": {"name": str(tower_dir)},
+        "backend": {"kind": "scripted", "script": str(script)},
+        "data": {"file": str(qfile)},
+        "sampling": {"n_candidates": 8, "topk": 2},
+        "agent": {"max_turns": 1},
+        "rl": {"steps": 1, "group_size": 2, "questions_per_step": 2},
+    }
+    cfg = tmp_path / "harr.yaml"
+    cfg.write_text(yaml.safe_dump(recipe))
+    cli = CliRunner()
+    res = cli.invoke(app, ["train", "-c", str(cfg), "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    encoder = tmp_path / "run" / "encoder"
+    assert (encoder / "model.safetensors").is_file() and (tmp_path / "run" / "metrics.jsonl").is_file()
+    res = cli.invoke(
+        app, ["data", "harr-filter", "-c", str(cfg), "--out", str(tmp_path / "kept.jsonl"), "--samples", "2"]
+    )
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(x) for x in (tmp_path / "kept.stats.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["q0", "q1"]
+    retriever = build_retriever(RetrieverConfig(kind="dense", index=str(index), model=str(encoder)))
+    assert retriever.inner.encoder.spec.path == str(encoder)
+    assert len(retriever.search(["purple owl"], 3)[0]) == 3
+
+
+def test_shipped_retriever_recipes_compose():
+    from pathlib import Path
+
+    from harness.config import compose
+    from training.retriever_config import RetrieverTrainConfig, is_retriever_policy
+
+    recipes = sorted((Path(__file__).resolve().parents[2] / "configs" / "train_retriever").glob("*.yaml"))
+    assert recipes
+    for path in recipes:
+        cfg = compose(RetrieverTrainConfig, [path])
+        assert cfg.policy == "retriever" and cfg.papers and is_retriever_policy([str(path)], [])
+        from_dict(AgentConfig, cfg.agent, where="agent")

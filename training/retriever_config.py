@@ -1,0 +1,109 @@
+"""Typed configuration of HARR-style retriever RL (``harness train`` with ``policy: retriever``).
+
+The generator is frozen (any harness backend); the policy is the dense retriever's query tower.
+See :mod:`training.retriever_rl` for what each part does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from harness.eval_config import BackendConfig
+from harness.retrieval.stochastic import DEFAULT_STATE_TEMPLATE
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """The trainable query tower: any HF embedding model (None: the shipped all-MiniLM-L6-v2)."""
+
+    name: str | None = None
+    lora_r: int = 0  # > 0: train LoRA adapters (peft) instead of all weights
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_targets: list[str] = field(default_factory=list)  # empty: BERT's query/key/value
+    max_length: int = 256
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Stochastic retrieval and the history-aware state (see harness.retrieval.stochastic)."""
+
+    n_candidates: int = 50
+    tau: float = 0.05
+    topk: int = 3
+    stateful: bool = True
+    template: str = DEFAULT_STATE_TEMPLATE
+    max_history: int = 4
+    max_titles: int = 5
+    max_chars: int = 1024
+
+
+@dataclass(frozen=True)
+class RetrieverRLConfig:
+    """GRPO on the sum of a trajectory's retrieval log-probs (PPO with a value head: not implemented)."""
+
+    algo: Literal["grpo"] = "grpo"
+    group_size: int = 8  # G retrieval samples per question
+    questions_per_step: int = 8
+    steps: int = 20
+    epochs: int = 1  # optimiser passes over each rollout batch (>1 makes the clipping matter)
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    clip_eps: float = 0.2
+    kl_coef: float = 0.01
+    reward: Literal["f1", "em"] = "f1"
+    norm_by_std: bool = True
+    grad_clip: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class HarrDataConfig:
+    """Training questions: a registered dataset split, or ``file`` (e.g. ``harness data harr-filter`` output)."""
+
+    dataset: str = "hotpotqa"
+    split: str = "train100"
+    data_dir: str | None = None
+    file: str | None = None
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class RetrieverTrainConfig:
+    """Everything one retriever-RL run needs.
+
+    ``index`` is a built dense index (its document vectors stay fixed); without it one is built
+    (and cached) over ``corpus`` or the dataset's own corpus with ``doc_encoder`` (default: the
+    encoder's model). ``method`` is an agent dialect (``search_r1``, ``research``, ...) or a
+    FlashRAG baseline (``standard``, ``iter_retgen``, ``ircot``, ...).
+    """
+
+    policy: Literal["retriever"] = "retriever"
+    name: str = "harr"
+    papers: str = ""  # the published settings a recipe follows
+    method: str = "search_r1"
+    index: str | None = None
+    corpus: str | None = None
+    doc_encoder: str | None = None
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    rl: RetrieverRLConfig = field(default_factory=RetrieverRLConfig)
+    data: HarrDataConfig = field(default_factory=HarrDataConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)  # the frozen generator
+    agent: dict[str, Any] = field(default_factory=dict)  # pipelines.search_agent.AgentConfig options
+    baseline: dict[str, Any] = field(default_factory=dict)  # FlashRAG baseline options
+    out: str = "runs/train"
+
+
+def is_retriever_policy(files: list[str] | None, overrides: list[str] | None) -> bool:
+    """Whether a train recipe (YAML files + overrides) asks for ``policy: retriever``."""
+    from pathlib import Path
+
+    from harness.config import load_yaml, parse_overrides
+
+    policy = None
+    for f in files or []:
+        if Path(f).suffix in (".yaml", ".yml", ".json") and Path(f).is_file():
+            policy = load_yaml(f).get("policy", policy)
+    return parse_overrides(overrides or []).get("policy", policy) == "retriever"

@@ -1,0 +1,326 @@
+"""HARR-style RL on the retriever: GRPO on the query tower, the generator frozen.
+
+One step:
+
+1. **Rollouts.** ``questions_per_step`` questions, each run ``group_size`` (G) times through the
+   pipeline (THE search agent for agent dialects, FlashRAG's pipelines for baselines) with the
+   :class:`~harness.retrieval.stochastic.StochasticDenseRetriever` sampling its documents. The
+   generator is any harness backend and is never updated. Every retrieval call leaves a sampling
+   record (state text, candidate ids, sampled positions, rollout-time log-prob).
+2. **Reward and advantages.** The answer's F1 or EM (``benchmarks.metrics``); GRPO advantages per
+   question group (``training.advantages.grpo``).
+3. **Loss.** Per trajectory the SUM of its retrievals' log-probs, recomputed from the records
+   under the current tower, against the rollout-time sum: PPO-clip (``training.losses.policy_loss``
+   with one "token" per trajectory) plus β·KL (k3) to the initial tower. Trajectories without a
+   retrieval carry no gradient.
+
+The trained tower saves as a plain HF model dir (:meth:`QueryTower.save`, LoRA merged) that a
+dense :class:`~harness.retrieval.encoders.Encoder` loads as the query encoder of the same index.
+:func:`filter_examples` is HARR's data filter: keep questions where some sampled retrievals
+succeed and some fail under the frozen generator.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.metrics import normalize_answer, score_prediction
+from harness.retrieval.state import RetrievalState
+from harness.retrieval.stochastic import StochasticDenseRetriever
+from harness.types import Example, SearchRecord, Trajectory
+from training.advantages import grpo
+from training.losses import kl_loss, policy_loss
+from training.retriever_config import RetrieverRLConfig, RetrieverTrainConfig
+
+logger = logging.getLogger(__name__)
+
+
+# ---- rollouts ----------------------------------------------------------------------------------
+class AgentRunner:
+    """Rollouts through THE search agent: ``run(examples, n)`` → n trajectories per example, in order."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+
+    def run(self, examples: Sequence[Example], n: int) -> list[Trajectory]:
+        return self.agent.run_examples(list(examples), n_samples=n)
+
+
+class _RecordingRetriever:
+    """Gives a FlashRAG baseline the stochastic retriever with history-aware state, and keeps every
+    call's record for the item being run (baselines run one item at a time here)."""
+
+    def __init__(self, inner: StochasticDenseRetriever) -> None:
+        self.inner, self.index_id = inner, inner.index_id
+        self.question = ""
+        self.log: list[SearchRecord] = []
+
+    def search(self, queries: list[str], k: int) -> list:
+        state = [RetrievalState(self.question, _history(self.log))] * len(queries)
+        res = self.inner.search(list(queries), k, state=state)
+        for q, docs, sample in zip(queries, res, res.samples, strict=True):
+            self.log.append(
+                SearchRecord(len(self.log), q, [d.id for d in docs], [d.score for d in docs], 0.0, docs, sample=sample)
+            )
+        return res
+
+
+def _history(log: list[SearchRecord]) -> tuple:
+    from harness.retrieval.state import state_for
+
+    return state_for("", log).history
+
+
+class BaselineRunner:
+    """Rollouts through a FlashRAG baseline; the searches on each trajectory are the recorded calls."""
+
+    def __init__(self, name: str, backend: Any, retriever: StochasticDenseRetriever, options: dict[str, Any]) -> None:
+        from harness.config import from_dict
+        from pipelines.baselines.flashrag_methods import BaselineConfig, FlashRAGBaseline
+
+        self.recorder = _RecordingRetriever(retriever)
+        opts = from_dict(BaselineConfig, {**options, "max_concurrency": 1}, where="baseline")
+        self.baseline = FlashRAGBaseline(name, backend, self.recorder, opts)  # type: ignore[arg-type]
+
+    def run(self, examples: Sequence[Example], n: int) -> list[Trajectory]:
+        out: list[Trajectory] = []
+        for j in range(n):
+            for ex in examples:  # one at a time: every logged call then belongs to this item
+                self.recorder.question, self.recorder.log = ex.question, []
+                traj = self.baseline.run_examples([ex])[0]
+                traj.searches, traj.sample_index = list(self.recorder.log), j
+                out.append(traj)
+        # Same order as the agent: example-major, sample-minor.
+        return [out[j * len(examples) + i] for i in range(len(examples)) for j in range(n)]
+
+
+# ---- rewards and metrics -----------------------------------------------------------------------
+def reward_of(traj: Trajectory, metric: str) -> float:
+    """The answer's ``metric`` (em / f1) against the gold answers; errors score 0."""
+    if traj.finish_reason == "error":
+        return 0.0
+    return float(score_prediction(traj.prediction, traj.answers, [metric])[metric])
+
+
+def answer_recall(traj: Trajectory) -> float:
+    """1 if any retrieved document (any call) contains a gold answer (normalised), else 0."""
+    golds = [normalize_answer(a) for a in traj.answers if normalize_answer(a)]
+    for s in traj.searches:
+        for d in s.docs:
+            text = normalize_answer(f"{d.title} {d.text}")
+            if any(f" {g} " in f" {text} " for g in golds):
+                return 1.0
+    return 0.0
+
+
+def evaluate(runner: Any, retriever: StochasticDenseRetriever, examples: Sequence[Example]) -> dict[str, float]:
+    """Greedy (top-k) retrieval through the pipeline: EM, F1 and answer-recall over ``examples``."""
+    greedy, retriever.greedy = retriever.greedy, True
+    try:
+        trajs = runner.run(examples, 1)
+    finally:
+        retriever.greedy = greedy
+    n = max(len(trajs), 1)
+    return {
+        "em": sum(reward_of(t, "em") for t in trajs) / n,
+        "f1": sum(reward_of(t, "f1") for t in trajs) / n,
+        "answer_recall": sum(answer_recall(t) for t in trajs) / n,
+        "n": float(len(trajs)),
+    }
+
+
+# ---- the loss ----------------------------------------------------------------------------------
+def trajectory_logprobs(
+    retriever: StochasticDenseRetriever, trajs: Sequence[Trajectory], reference: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per trajectory: (recomputed sum of retrieval log-probs [B], rollout-time sum [B], has-retrieval [B])."""
+    samples, owner = [], []
+    for i, t in enumerate(trajs):
+        for s in t.searches:
+            if s.sample is not None:
+                samples.append(s.sample)
+                owner.append(i)
+    B = len(trajs)
+    lp = retriever.recompute_logprobs(samples, reference=reference)  # [S]
+    owner_t = torch.tensor(owner, dtype=torch.long)
+    new = torch.zeros(B, dtype=lp.dtype).index_add(0, owner_t, lp) if samples else torch.zeros(B)  # [B]
+    old = torch.zeros(B).index_add(0, owner_t, torch.tensor([s["logprob"] for s in samples])) if samples else new
+    has = torch.zeros(B, dtype=torch.bool)
+    has[owner_t] = True
+    return new, old.detach(), has
+
+
+def retrieval_loss(
+    retriever: StochasticDenseRetriever, trajs: Sequence[Trajectory], adv: torch.Tensor, cfg: RetrieverRLConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO-clip on per-trajectory retrieval log-prob sums + β·KL to the initial tower. adv [B] → scalar."""
+    new, old, has = trajectory_logprobs(retriever, trajs)  # [B] each
+    mask = has[:, None].float()  # [B, 1]: one "token" per trajectory
+    loss, stats = policy_loss(new[:, None], old[:, None], adv[:, None], mask, cfg.clip_eps, cfg.clip_eps)
+    out = {k: float(v) for k, v in stats.items()}
+    if cfg.kl_coef > 0:
+        ref, _, _ = trajectory_logprobs(retriever, trajs, reference=True)  # [B]
+        kl = kl_loss(new[:, None], ref[:, None], mask)
+        loss = loss + cfg.kl_coef * kl
+        out["kl"] = float(kl.detach())
+    return loss, out
+
+
+# ---- the trainer -------------------------------------------------------------------------------
+@dataclass
+class StepResult:
+    step: int
+    metrics: dict[str, float]
+
+
+class RetrieverRL:
+    """GRPO on the query tower of ``retriever`` from ``runner`` rollouts; see the module docstring."""
+
+    def __init__(self, retriever: StochasticDenseRetriever, runner: Any, cfg: RetrieverRLConfig, out: Path) -> None:
+        self.retriever, self.runner, self.cfg, self.out = retriever, runner, cfg, Path(out)
+        self.tower = retriever.tower
+        self.tower.freeze_reference()  # the KL anchor: the weights before any update
+        params = [p for p in self.tower.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self._params = params
+        self.rng = random.Random(cfg.seed)
+        self.step_no = 0
+
+    def step(self, examples: Sequence[Example]) -> StepResult:
+        """One rollout batch (G samples per question) and ``epochs`` optimiser passes over it."""
+        c = self.cfg
+        t0 = time.perf_counter()
+        self.retriever.greedy = False
+        trajs = self.runner.run(examples, c.group_size)  # [len(examples) * G], example-major
+        rewards = torch.tensor([reward_of(t, c.reward) for t in trajs])  # [B]
+        groups = torch.arange(len(examples)).repeat_interleave(c.group_size)  # [B]
+        adv = grpo(rewards, groups, norm_by_std=c.norm_by_std)  # [B]
+        rollout_s = time.perf_counter() - t0
+        stats: dict[str, float] = {}
+        for _ in range(c.epochs):
+            self.opt.zero_grad(set_to_none=True)
+            loss, stats = retrieval_loss(self.retriever, trajs, adv, c)
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(self._params, c.grad_clip)
+            self.opt.step()
+        self.step_no += 1
+        spread = rewards.view(len(examples), c.group_size)
+        metrics = {
+            "reward": float(rewards.mean()),
+            "answer_recall": sum(answer_recall(t) for t in trajs) / len(trajs),
+            "groups_with_signal": float(((spread.max(1).values - spread.min(1).values) > 0).float().mean()),
+            "retrievals_per_traj": sum(len(t.searches) for t in trajs) / len(trajs),
+            "loss": float(loss.detach()),
+            "grad_norm": float(gnorm.detach()),
+            "rollout_s": rollout_s,
+            "step_s": time.perf_counter() - t0,
+            **{f"loss/{k}": v for k, v in stats.items()},
+        }
+        return StepResult(self.step_no, metrics)
+
+    def train(self, examples: Sequence[Example], on_step: Callable[[StepResult], None] | None = None) -> Path:
+        """``cfg.steps`` steps over shuffled ``examples``; writes metrics.jsonl and ``encoder/``."""
+        if not examples:
+            raise ValueError("no training questions")
+        self.out.mkdir(parents=True, exist_ok=True)
+        order: list[Example] = []
+        with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as log:
+            for _ in range(self.cfg.steps):
+                if len(order) < self.cfg.questions_per_step:
+                    more = list(examples)
+                    self.rng.shuffle(more)
+                    order.extend(more)
+                batch, order = order[: self.cfg.questions_per_step], order[self.cfg.questions_per_step :]
+                res = self.step(batch)
+                log.write(json.dumps({"step": res.step, **res.metrics}) + "\n")
+                log.flush()
+                logger.info("step %d: %s", res.step, {k: round(v, 4) for k, v in res.metrics.items()})
+                if on_step is not None:
+                    on_step(res)
+        return self.tower.save(self.out / "encoder")
+
+
+# ---- data filtering ----------------------------------------------------------------------------
+def filter_examples(
+    runner: Any, examples: Sequence[Example], n: int, metric: str = "em", threshold: float = 1.0
+) -> tuple[list[Example], list[dict[str, Any]]]:
+    """HARR's filter: keep questions where some of ``n`` sampled retrievals succeed (reward ≥
+    ``threshold``) and some fail. Returns (kept examples, one stats row per question)."""
+    trajs = runner.run(list(examples), n)
+    kept, rows = [], []
+    for i, ex in enumerate(examples):
+        group = trajs[i * n : (i + 1) * n]
+        wins = sum(reward_of(t, metric) >= threshold for t in group)
+        rows.append({"id": ex.id, "successes": wins, "samples": n, "kept": 0 < wins < n})
+        if 0 < wins < n:
+            kept.append(ex)
+    return kept, rows
+
+
+# ---- wiring from a config ----------------------------------------------------------------------
+def build_from_config(cfg: RetrieverTrainConfig, backend: Any = None) -> tuple[StochasticDenseRetriever, Any]:
+    """The stochastic retriever (tower + fixed index) and the rollout runner of a config."""
+    from harness.backends import build_backend
+    from harness.config import from_dict
+    from harness.retrieval.index import load_index
+    from harness.retrieval.stochastic import QueryTower, StateFormat
+    from pipelines.methods import method_kind
+
+    e, s = cfg.encoder, cfg.sampling
+    tower = QueryTower(
+        e.name,
+        lora_r=e.lora_r,
+        lora_alpha=e.lora_alpha,
+        lora_dropout=e.lora_dropout,
+        lora_targets=list(e.lora_targets) or None,
+        max_length=e.max_length,
+    )
+    index_dir = cfg.index or _ensure_index(cfg)
+    fmt = StateFormat(s.stateful, s.template, s.max_history, s.max_titles, s.max_chars)
+    retriever = StochasticDenseRetriever(
+        load_index(index_dir, encoder=tower), tower, s.n_candidates, s.tau, state_format=fmt, seed=cfg.rl.seed
+    )
+    backend = backend or build_backend(cfg.backend)
+    if method_kind(cfg.method) == "agent":
+        from pipelines.search_agent import AgentConfig, SearchAgent
+
+        agent_cfg = from_dict(AgentConfig, {"topk": s.topk, **cfg.agent}, where="agent")
+        return retriever, AgentRunner(SearchAgent(backend, retriever, cfg.method, agent_cfg, method=cfg.method))
+    return retriever, BaselineRunner(cfg.method, backend, retriever, {"topk": s.topk, **cfg.baseline})
+
+
+def _ensure_index(cfg: RetrieverTrainConfig) -> str:
+    """The dense index over the corpus, built once with the document encoder (same cache as eval's)."""
+    from benchmarks.datasets import corpus_path
+    from harness.retrieval.factory import cache_dir
+    from harness.retrieval.index import build_index
+    from harness.runlog import file_hash
+
+    corpus = cfg.corpus or corpus_path(cfg.data.dataset, cfg.data.split, data_dir=cfg.data.data_dir)
+    if corpus is None:
+        raise ValueError(f"no corpus for {cfg.data.dataset}/{cfg.data.split}: set index=DIR or corpus=FILE")
+    model = cfg.doc_encoder or cfg.encoder.name
+    # The tag harness.retrieval.factory.ensure_index uses, so eval and training share the index.
+    out = cache_dir() / "indexes" / f"dense-{(model or 'default').replace('/', '_')}-{file_hash(str(corpus))[:16]}"
+    if not (out / "manifest.json").exists():
+        logger.info("building a dense index over %s into %s (once; cached)", corpus, out)
+        build_index(corpus, "dense", out, model=model)
+    return str(out)
+
+
+def load_train_examples(cfg: RetrieverTrainConfig) -> list[Example]:
+    from benchmarks.datasets import load_examples, read_examples
+
+    d = cfg.data
+    if d.file:
+        return read_examples(d.file)[: d.limit] if d.limit else read_examples(d.file)
+    return load_examples(d.dataset, d.split, data_dir=d.data_dir, limit=d.limit)
