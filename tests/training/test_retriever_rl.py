@@ -38,7 +38,9 @@ def _setup(tmp_path, seed=0, n_candidates=20, tau=0.05, topk=2):
     retriever = StochasticDenseRetriever.from_index_dir(
         toy_index(tmp_path, tower), tower, n_candidates=n_candidates, tau=tau, seed=seed
     )
-    agent = SearchAgent(OracleReader.backend(TARGETS), retriever, "search_r1", AgentConfig(max_turns=1, topk=topk))
+    # One item at a time: the retriever samples from one seeded generator, so call order must be fixed.
+    cfg = AgentConfig(max_turns=1, topk=topk, max_concurrency=1)
+    agent = SearchAgent(OracleReader.backend(TARGETS), retriever, "search_r1", cfg)
     return retriever, AgentRunner(agent)
 
 
