@@ -14,8 +14,25 @@ from typing import Any
 
 from benchmarks.report import Cell, Leaderboard, reference_datasets, reference_setting
 
-NAMES = {"em": "EM", "f1": "F1", "acc": "Acc", "cover_em": "Cover-EM"}
+NAMES = {
+    "em": "EM",
+    "f1": "F1",
+    "acc": "Acc",
+    "cover_em": "Cover-EM",
+    "em_last_answer": "EM (last answer)",
+    "em_r1_searcher": "EM (R1-Searcher)",
+    "f1_r1_searcher": "F1 (R1-Searcher)",
+    "f1_prorag": "F1 (ProRAG)",
+    "judge": "LLM judge",
+}
 PUBLISHED_TITLE = "Published numbers (not directly comparable: corpora, retrievers, models, k and subsets differ)"
+
+
+def profile_source(name: str) -> str:
+    """Where a metric profile's definitions come from (one line), or a note when unknown."""
+    from benchmarks.profiles import PROFILES
+
+    return PROFILES.get(name).source if name in PROFILES else "unknown profile"
 
 
 def pct(x: float | None) -> str:
@@ -76,9 +93,16 @@ def to_markdown(lb: Leaderboard, reference: list[dict[str, Any]] | None = None) 
         "datasets, only for rows with a complete run on every dataset.",
         "",
     ]
+    if lb.profile:
+        out += [f"Metric profile: `{lb.profile}` ({profile_source(lb.profile)}).", ""]
     if lb.baseline:
         out += [f"`*`: significantly different from `{lb.baseline}` (paired bootstrap on shared items).", ""]
     out += leaderboard_markdown(lb)
+    missing = [(r.label, ds, m, c.run.missing(m)) for r in lb.rows for ds, c in r.cells.items() for m in lb.metrics]
+    missing = [x for x in missing if x[3]]
+    if missing:
+        out += ["", "Missing values (left out of the mean, not counted as wrong):", ""]
+        out += [f"- {label} on {ds}: {NAMES.get(m, m)} missing for {k} items" for label, ds, m, k in missing]
     if lb.skipped:
         out += ["", "Skipped run directories (unreadable):", ""] + [f"- {s}" for s in lb.skipped]
     if lb.baseline:

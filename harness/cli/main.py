@@ -15,6 +15,7 @@ from harness.cli import (
     eval_cmd,
     index_cmd,
     prompt_cmd,
+    replicate_cmd,
     report_cmd,
     score_cmd,
     serve_cmd,
@@ -49,6 +50,9 @@ app.command("datasets", help="List the registered datasets, their splits and whe
     datasets_cmd.datasets_command
 )
 app.command("prompt", help="Show exactly what a model sees under a method's dialect.")(prompt_cmd.prompt_command)
+app.command("replicate", help="Run a seed system's replication card; print the paper's numbers beside ours.")(
+    replicate_cmd.replicate_command
+)
 app.command("score", help="Score any JSONL prediction file (EM, F1, acc, cover_em).")(score_cmd.score_command)
 
 
