@@ -98,6 +98,15 @@ def validate_metrics(cfg: EvalConfig) -> None:
     JudgeConfig.from_options(dict(cfg.judge))
 
 
+def _with_judge_identity(config: dict[str, Any], cfg: EvalConfig) -> dict[str, Any]:
+    """With the ``judge`` metric, the run's config names the judge's prompt, model and decoding."""
+    from benchmarks.judge import JudgeConfig, judge_identity
+
+    if "judge" in cfg.metrics:
+        config["judge"] = {**config.get("judge", {}), **judge_identity(JudgeConfig.from_options(dict(cfg.judge)))}
+    return config
+
+
 def build_judge(cfg: EvalConfig, run_dir: Path) -> Any:
     """The run's LLM judge (None unless the ``judge`` metric is asked for and ``judge.url`` is set)."""
     from benchmarks.judge import JudgeConfig, LLMJudge
@@ -185,7 +194,7 @@ def build_eval(cfg: EvalConfig, backend: Any = None, retriever: Any = None) -> E
         method_kind=kind,
         dataset=cfg.dataset.name,
         split=eval_split(cfg),
-        config=identity_config(cfg),
+        config=_with_judge_identity(identity_config(cfg), cfg),
         model=cfg.backend.model if cfg.backend.kind != "scripted" else "scripted",
         backend=cfg.backend.kind,
         retriever=cfg.retriever.kind if uses_retriever else None,

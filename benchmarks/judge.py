@@ -92,6 +92,17 @@ class JudgePrompt:
         )
 
 
+def judge_identity(cfg: JudgeConfig) -> dict[str, Any]:
+    """What identifies a judge's verdicts (for the run's config): prompt, model and decoding."""
+    prompt = JudgePrompt.load(cfg.prompt)
+    decoding = dict(prompt.decoding)
+    if cfg.max_tokens is not None:
+        decoding["max_tokens"] = cfg.max_tokens
+    if cfg.temperature is not None:
+        decoding["temperature"] = cfg.temperature
+    return {"prompt": cfg.prompt, "model": cfg.model or prompt.model, "decoding": decoding}
+
+
 def reference_text(golds: list[str]) -> str:
     """The gold answer as R1-Searcher's ``str.format`` writes it: one string, or a list's repr."""
     mapped = [{"False": "no", "True": "yes"}.get(g, g) for g in golds]
