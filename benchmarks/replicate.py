@@ -188,6 +188,13 @@ def setting_differences(card: Card, cfg: Any, manifest: Any, n_items: int, n_ful
     if manifest.retriever != r.get("kind") or not index or (prebuilt and prebuilt not in str(index)):
         where = f"index {index}" if index else f"{manifest.retriever} over {manifest.corpus or 'no corpus'}"
         out.append(f"retrieval {where} (paper: {r.get('corpus')}, {r.get('encoder')}, {r.get('index')})")
+    variant, template = cfg.agent.get("variant", "exact"), cfg.agent.get("template")
+    if variant != "exact":
+        out.append(f"dialect variant {variant!r} (paper: the {card.dialect} dialect exactly)")
+    if template and Path(template).resolve() != (REPO_ROOT / card.template).resolve():
+        out.append(f"prompt template {template} (paper: {card.template})")
+    if card.max_turns is not None and cfg.agent.get("max_turns") != card.max_turns:
+        out.append(f"max_turns {cfg.agent.get('max_turns')} (paper: {card.max_turns})")
     if card.topk and manifest.topk != card.topk:
         out.append(f"top-{manifest.topk} (paper: top-{card.topk})")
     if n_full is not None and n_items < n_full:
