@@ -143,6 +143,16 @@ def card_reference_entries() -> list[dict[str, Any]]:
     return out
 
 
+def reference_entries(path: str | Path) -> list[dict[str, Any]]:
+    """``harness report --reference``: the cards' paper numbers, then the published-numbers
+    file's entries for systems no card covers."""
+    from benchmarks.report import load_reference
+
+    cards = card_reference_entries()
+    covered = {e["system"] for e in cards}
+    return cards + [e for e in load_reference(path) if e["system"] not in covered]
+
+
 def card_configs(
     card: Card,
     data: dict[str, Any],

@@ -157,9 +157,22 @@ def expand(patterns: list[str]) -> list[Path]:
 
 
 def _rescored(run: RunDir) -> list[ItemScore]:
-    from benchmarks.evaluate import score_trajectory
+    """Scores recomputed from the trajectories with the metrics the run recorded; LLM-judge
+    verdicts are not recomputed (that needs the judge), so the stored ones are kept."""
+    from dataclasses import replace
 
-    return [score_trajectory(t) for t in run.trajectories()]
+    from benchmarks.evaluate import DEFAULT_METRICS, score_trajectory
+
+    metrics = tuple(run.manifest.config.get("metrics") or DEFAULT_METRICS)
+    stored = {s.key: s for s in run.scores()} if "judge" in metrics else {}
+    out = []
+    for t in run.trajectories():
+        s = score_trajectory(t, metrics)
+        old = stored.get(s.key)
+        if old is not None:
+            s = replace(s, metrics={**s.metrics, "judge": old.metric("judge")})
+        out.append(s)
+    return out
 
 
 def load_run(path: Path, rescore: bool = False) -> RunSummary:

@@ -182,7 +182,8 @@ def run_configs(configs: list[Any]) -> list[Any]:
             try:
                 run = build_eval(cfg, backend=backend)
                 console.print(f"[bold]{cfg.method}[/] on [bold]{cfg.dataset.name}[/] → {run.run_dir}", highlight=False)
-                with Progress(len(run.examples), run.run_dir, label) as progress:
+                headline = cfg.metrics[0] if cfg.metrics else "em"
+                with Progress(len(run.examples), run.run_dir, label, headline) as progress:
                     results.append(simple_evaluate(cfg, run=run, on_item=progress.add))
             except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
                 fail(f"{label}: {e}")
@@ -190,15 +191,16 @@ def run_configs(configs: list[Any]) -> list[Any]:
 
 
 class Progress:
-    """A rich progress bar with the running EM (quiet when stderr is not a terminal)."""
+    """A rich progress bar with the running headline metric (EM unless the profile's first metric
+    says otherwise; quiet when stderr is not a terminal)."""
 
-    def __init__(self, total: int, run_dir: Any, label: str) -> None:
+    def __init__(self, total: int, run_dir: Any, label: str, metric: str = "em") -> None:
         from harness.runlog import RunDir
 
         done = RunDir(run_dir).scores() if (run_dir / "scores.jsonl").exists() else []
-        self.total, self.label = total, label
+        self.total, self.label, self.metric = total, label, metric
         self.n = len(done)
-        self.em_sum = sum(s.metric("em") or 0.0 for s in done)
+        self.em_sum = sum(s.metric(metric) or 0.0 for s in done)
         self._progress = None
 
     def __enter__(self) -> Progress:
@@ -219,11 +221,13 @@ class Progress:
 
     def _desc(self) -> str:
         em = self.em_sum / self.n if self.n else 0.0
-        return f"{self.label}  EM {em:.3f}"
+        from benchmarks.report_render import NAMES
+
+        return f"{self.label}  {NAMES.get(self.metric, self.metric)} {em:.3f}"
 
     def add(self, score: Any) -> None:
         self.n += 1
-        self.em_sum += score.metric("em") or 0.0
+        self.em_sum += score.metric(self.metric) or 0.0
         if self._progress is not None:
             self._progress.update(self._task, advance=1, description=self._desc())
 

@@ -72,6 +72,7 @@ def report_command(
     seed: int = typer.Option(0, "--seed", help="Bootstrap seed (reports are reproducible)."),
 ) -> None:
     """Group runs by method × dataset and write the leaderboard files and the HTML report."""
+    from benchmarks.replicate import reference_entries
     from benchmarks.report import METRICS, build_leaderboard, load_runs, profile_columns, run_profile
 
     wanted = _formats(formats)
@@ -100,17 +101,6 @@ def report_command(
     for s in skipped:
         console.print(f"[yellow]skipped[/] {escape(s)}", highlight=False)
     console.print(f"{lb.n_runs} runs → {out_dir}/ ({', '.join(FILES[f] for f in wanted)})", highlight=False)
-
-
-def reference_entries(path: str) -> list[dict]:
-    """The published numbers: the replication cards' (configs/replicate/) and the file's entries
-    for systems no card covers."""
-    from benchmarks.replicate import card_reference_entries
-    from benchmarks.report import load_reference
-
-    cards = card_reference_entries()
-    covered = {e["system"] for e in cards}
-    return cards + [e for e in load_reference(path) if e["system"] not in covered]
 
 
 def _terminal_table(lb) -> Table:

@@ -156,7 +156,7 @@ def test_reference_rows_are_labelled_published(tmp_path):
     # Entries no card covers still come from the file.
     assert "| FlashRAG IRCoT (published) |" in md and "ReSearch pilot (published)" in md
     csv_lines = (tmp_path / "leaderboard.csv").read_text().splitlines()
-    from harness.cli.report_cmd import reference_entries
+    from benchmarks.replicate import reference_entries
 
     assert sum(line.startswith("published,") for line in csv_lines) == sum(
         len(e["values"]) for e in reference_entries(str(REFERENCE))
