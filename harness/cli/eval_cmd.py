@@ -128,6 +128,10 @@ def eval_command(
                 fail(str(e))
     results = run_configs(configs)
     print_results_table(results, profile=configs[0].metric_profile if configs else None)
+    if configs:
+        from harness.cli.replicate_cmd import judge_note
+
+        judge_note(configs[0].metric_profile, set(configs[0].metrics))
     failed = [(r, error_summary(r)) for r in results if r.errors]
     for r, summary in failed:
         console.print(f"[bold red]{r.method} on {r.dataset}:[/] {summary}", highlight=False)

@@ -189,9 +189,21 @@ def print_replication(card: Any, rows: list[Any], skipped: list[tuple[str, str]]
             console.print(f"{escape(r.dataset)}: the paper's setting (model, retrieval, top-k, all questions)")
     for label, why in skipped:
         console.print(f"[yellow]{escape(label)}: not run[/]: {escape(why)}", highlight=False)
+    judge_note(profile, {r.metric for r in rows})
     if local:
         console.print(
             "Local run (no --index): this checks the card's machinery, not the paper's number. A real "
             "replication needs the released checkpoint and the paper's index on a GPU.",
+            highlight=False,
+        )
+
+
+def judge_note(profile: str, metrics: set[str]) -> None:
+    """Say so when the profile's paper also reports an LLM judge and this run has none."""
+    from benchmarks.profiles import JUDGE, get_profile
+
+    if get_profile(profile).uses_judge and JUDGE not in metrics:
+        console.print(
+            f"LLM judge: not configured (the {profile} profile's paper also reports one; pass --judge-url)",
             highlight=False,
         )

@@ -81,6 +81,8 @@ def test_replicate_runs_every_card_locally_and_says_it_is_not_the_paper(card, tm
     assert f"harness replicate {card}" in out and "hotpotqa" in out
     assert "NOT the paper's setting: model scripted" in out and "1 of " in out
     assert "Local run (no --index)" in out
+    if load_card(card).metric_profile in ("r1_searcher", "research"):
+        assert "LLM judge: not configured" in out
     c = load_card(card)
     for p in c.paper:
         if "hotpotqa" in p.values:
