@@ -1,8 +1,9 @@
 """LLM-as-judge: a verdict per (item, prediction) from any OpenAI-compatible chat endpoint.
 
-The judge prompt is protocol data under ``configs/judges/`` (R1-Searcher's by default, with its
-source). :class:`LLMJudge` sends one chat request per item and reads the first standalone
-``True``/``False`` of the reply. Verdicts are cached in the run directory
+The judge prompt is protocol data under ``configs/judges/`` (R1-Searcher's and ReSearch's, each
+with its source; a metric profile picks its paper's). :class:`LLMJudge` sends one chat request
+per item and reads the verdict the way the prompt file says (a standalone ``True``/``False``, or
+a JSON field). Verdicts are cached in the run directory
 (``judge_cache.jsonl``, one line per verdict, keyed by item, prediction, judge model, prompt and
 decoding), so a rerun costs no calls. A call that fails (network, HTTP error, an unreadable
 reply) gives ``None``: the item's judge score is *missing*, never wrong; it is not cached, so the
@@ -41,7 +42,7 @@ class JudgeConfig:
     url: str | None = None
     model: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
-    prompt: str = "r1_searcher"
+    prompt: str = "r1_searcher"  # the metric profile's judge prompt when the profile has one
     temperature: float | None = None
     max_tokens: int | None = None
     timeout: float = 60.0
@@ -58,7 +59,8 @@ class JudgeConfig:
 
 @dataclass(frozen=True)
 class JudgePrompt:
-    """A judge prompt file: the template with ``{question}``, ``{reference}``, ``{prediction}``."""
+    """A judge prompt file: the template, the names of its question / reference / prediction
+    slots, how the gold answers are written into it, and how a reply becomes a verdict."""
 
     name: str
     template: str
@@ -66,6 +68,21 @@ class JudgePrompt:
     model: str = "gpt-4o-mini"
     decoding: dict[str, Any] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
+    slots: dict[str, str] = field(
+        default_factory=lambda: {"question": "question", "reference": "reference", "prediction": "prediction"}
+    )
+    reference_format: str = "r1_searcher"  # r1_searcher (one gold as is, several as a list) | list_repr
+    verdict: dict[str, Any] = field(default_factory=lambda: {"kind": "word"})
+
+    def reference(self, golds: list[str]) -> str:
+        if self.reference_format == "list_repr":
+            return str(list(golds))
+        return reference_text(golds)
+
+    def parse(self, reply: str) -> float | None:
+        if self.verdict.get("kind") == "json":
+            return parse_json_verdict(reply, self.verdict["field"], self.verdict["correct"], self.verdict["wrong"])
+        return parse_verdict(reply)
 
     @classmethod
     def load(cls, spec: str) -> JudgePrompt:
@@ -79,10 +96,19 @@ class JudgePrompt:
         for key in ("name", "template"):
             if not isinstance(d.get(key), str):
                 raise ValueError(f"judge prompt {path}: needs a string {key!r}")
-        for slot in ("{question}", "{reference}", "{prediction}"):
-            if slot not in d["template"]:
-                raise ValueError(f"judge prompt {path}: the template lacks {slot}")
+        slots = {"question": "question", "reference": "reference", "prediction": "prediction", **(d.get("slots") or {})}
+        for slot in slots.values():
+            if "{" + slot + "}" not in d["template"]:
+                raise ValueError(f"judge prompt {path}: the template lacks {{{slot}}}")
+        verdict = dict(d.get("verdict") or {"kind": "word"})
+        if verdict.get("kind", "word") not in ("word", "json"):
+            raise ValueError(f"judge prompt {path}: verdict.kind must be 'word' or 'json'")
+        if verdict.get("kind") == "json" and not {"field", "correct", "wrong"} <= set(verdict):
+            raise ValueError(f"judge prompt {path}: a json verdict needs field, correct and wrong")
         return cls(
+            slots=slots,
+            reference_format=str(d.get("reference_format", "r1_searcher")),
+            verdict=verdict,
             name=d["name"],
             template=d["template"],
             role=str(d.get("role", "user")),
@@ -101,6 +127,18 @@ def judge_identity(cfg: JudgeConfig) -> dict[str, Any]:
     if cfg.temperature is not None:
         decoding["temperature"] = cfg.temperature
     return {"prompt": cfg.prompt, "model": cfg.model or prompt.model, "decoding": decoding}
+
+
+def parse_json_verdict(reply: str, key: str, correct: str, wrong: str) -> float | None:
+    """The verdict in a JSON reply's ``key`` (a fenced ```json block is accepted); None otherwise."""
+    text = (reply or "").strip()
+    m = re.search(r"\{.*\}", text, re.DOTALL)
+    try:
+        value = json.loads(m.group(0) if m else text).get(key)
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    value = str(value).strip().lower()
+    return 1.0 if value == correct else 0.0 if value == wrong else None
 
 
 def reference_text(golds: list[str]) -> str:
@@ -189,7 +227,10 @@ class LLMJudge:
         return out
 
     def messages(self, question: str, golds: list[str], prediction: str) -> list[dict[str, str]]:
-        text = self.prompt.template.format(question=question, reference=reference_text(golds), prediction=prediction)
+        s = self.prompt.slots
+        text = self.prompt.template.format(
+            **{s["question"]: question, s["reference"]: self.prompt.reference(golds), s["prediction"]: prediction}
+        )
         return [{"role": self.prompt.role, "content": text}]
 
     def _ask(self, messages: list[dict[str, str]]) -> str:
@@ -220,10 +261,10 @@ class LLMJudge:
             self.failures += 1
             logger.warning("judge call for item %s failed (recorded as missing): %s", item_id, e)
             return None
-        verdict = parse_verdict(reply)
+        verdict = self.prompt.parse(reply)
         if verdict is None:
             self.failures += 1
-            logger.warning("judge reply for item %s has no True/False (recorded as missing): %.80r", item_id, reply)
+            logger.warning("judge reply for item %s has no verdict (recorded as missing): %.80r", item_id, reply)
             return None
         with self._lock:
             self._cache[key] = verdict

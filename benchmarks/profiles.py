@@ -22,6 +22,7 @@ class MetricProfile:
     name: str
     metrics: tuple[str, ...]
     source: str
+    judge_prompt: str | None = None  # configs/judges/<name>.yaml: the paper's own judge prompt
 
     @property
     def headline(self) -> str:
@@ -51,12 +52,14 @@ for _p in (
         ("cover_em", "em_r1_searcher", "f1_r1_searcher", JUDGE),
         "RUCAIBox/R1-Searcher evaluation/metric_calc_rule.py (cover_exact_match_score_1, exact_match_score, "
         "f1_score) and evaluation/metric_calc_gpt_as_judge.py (LLM-as-judge)",
+        judge_prompt="r1_searcher",
     ),
     MetricProfile(
         "research",
         ("em", JUDGE),
-        "Agent-RL/ReSearch: EM from its FlashRAG fork's evaluator, and an LLM-as-judge score (the judge "
-        "prompt used here is R1-Searcher's, configs/judges/r1_searcher.yaml)",
+        "Agent-RL/ReSearch: EM from its FlashRAG fork's evaluator and LLM-as-judge from "
+        "scripts/evaluation/llm_judge.py (configs/judges/research.yaml)",
+        judge_prompt="research",
     ),
     MetricProfile("rag_r1", ("em",), "inclusionAI/AWorld-RL RAG-R1: EM (REFERENCE §4)"),
     MetricProfile(
@@ -92,6 +95,8 @@ def apply_profile(data: dict, profile: str | None) -> dict:
     p = get_profile(name)
     out["metric_profile"] = name
     judge_on = bool((out.get("judge") or {}).get("url"))
+    if judge_on and p.judge_prompt and "prompt" not in out["judge"]:
+        out["judge"] = {**out["judge"], "prompt": p.judge_prompt}  # the paper's own judge prompt
     if "metrics" not in out:
         metrics = list(profile_metrics(name, judge_on))
         if judge_on and JUDGE not in metrics:

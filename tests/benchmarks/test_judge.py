@@ -38,13 +38,21 @@ class ScriptedJudge:
             self.requests.append(body)
             self.auth.append(request.headers.get("authorization"))
             text = body["messages"][0]["content"]
-            pred = text.split("Predicted Answer: ", 1)[1].strip()
-            gold = text.split("Golden Answer: ", 1)[1].split("\n", 1)[0]
+            research = "pred_answer: " in text  # ReSearch's prompt: answer in JSON
+            if research:
+                pred = text.split("pred_answer: ", 1)[1].split("\n", 1)[0].strip()
+                gold = text.split("ground truth answers: ", 1)[1].split("\n", 1)[0]
+            else:
+                pred = text.split("Predicted Answer: ", 1)[1].strip()
+                gold = text.split("Golden Answer: ", 1)[1].split("\n", 1)[0]
             if "FAIL" in pred:
                 return JSONResponse({"error": "scripted failure"}, status_code=500)
-            reply = (
-                "I cannot tell" if "GARBLE" in pred else ("True" if pred and pred.lower() in gold.lower() else "False")
-            )
+            right = bool(pred) and pred.lower() in gold.lower()
+            if research:
+                verdict = "correct" if right else "incorrect"
+                reply = "not json" if "GARBLE" in pred else json.dumps({"rationale": "scripted", "judgement": verdict})
+            else:
+                reply = "I cannot tell" if "GARBLE" in pred else ("True" if right else "False")
             return {"choices": [{"message": {"role": "assistant", "content": reply}}]}
 
         return api
@@ -65,6 +73,29 @@ def test_prompt_file_is_r1_searchers_text():
     assert reference_text(["Paris"]) == "Paris" and reference_text(["a", "b"]) == "['a', 'b']"
     assert reference_text(["False"]) == "no"
     assert parse_verdict("True.") == 1.0 and parse_verdict("false") == 0.0 and parse_verdict("Truely?") is None
+
+
+def test_research_prompt_is_researchs_text_and_reads_json_verdicts():
+    p = JudgePrompt.load("research")
+    assert p.source["repository"] == "Agent-RL/ReSearch" and p.decoding["temperature"] == 0
+    text = p.template.format(question="Q?", gt_answer=p.reference(["Paris", "Paris, France"]), pred_answer="paris")
+    assert "ground truth answers: ['Paris', 'Paris, France']\npred_answer: paris\n" in text
+    assert '```json \n{\n    "rationale"' in text and text.endswith("Your output:")
+    assert p.parse('```json\n{"rationale": "x", "judgement": "correct"}\n```') == 1.0
+    assert p.parse('{"judgement": "Incorrect"}') == 0.0 and p.parse("correct") is None
+
+
+def test_research_profile_uses_researchs_judge(judge_server, tmp_path):
+    from benchmarks.profiles import apply_profile
+
+    script, url = judge_server
+    data = apply_profile({"judge": {"url": url}}, "research")
+    assert data["judge"]["prompt"] == "research" and data["metrics"] == ["em", "judge"]
+    judge = LLMJudge(JudgeConfig.from_options(data["judge"]), cache_dir=tmp_path)
+    assert judge("a", "Capital?", ["Paris"], "Paris") == 1.0
+    assert judge("b", "Capital?", ["Paris"], "Rome") == 0.0
+    assert judge("c", "Capital?", ["Paris"], "GARBLE") is None
+    assert script.requests[0]["response_format"] == {"type": "json_object"}
 
 
 def test_verdicts_cache_and_failures_are_missing(judge_server, tmp_path, monkeypatch):
