@@ -30,6 +30,9 @@ from harness.types import Trajectory
         # bool_mapping compares the raw string: "True" → yes, " True" is not mapped.
         ("True", ["yes"], 1.0),
         (" True", ["yes"], 0.0),
+        # R1-Searcher's released HotpotQA results hold this prediction; its scorer gives 0 (the
+        # paper's 65.4 needs it), where mapping the stripped string would give 1.
+        (" False ", ["no"], 0.0),
         # order-free token cover, punctuation → space (so "U.S." gives "u s").
         ("The U.S. state of New York", ["new york"], 1.0),
         ("york new", ["New York"], 1.0),
