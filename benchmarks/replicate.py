@@ -259,3 +259,30 @@ def compare(
             )
         )
     return rows
+
+
+def replication_rows(lb: Any) -> list[list[str]]:
+    """Paper vs ours for every leaderboard cell that runs a card's method on a card's dataset:
+    ``[system, dataset, metric, paper, ours [CI], n, run]``, the rows ``harness replicate`` prints."""
+    from benchmarks.report_render import NAMES, pct
+
+    cards = [load_card(n) for n in card_names()]
+    out = []
+    for row in lb.rows:
+        for cell in row.cells.values():
+            run = cell.run
+            for card in cards:
+                if card.method != run.method:
+                    continue
+                for d in card.datasets:
+                    if d.name != run.dataset or (d.split and d.split != run.split):
+                        continue
+                    for m in lb.metrics:
+                        paper, _ = card.paper_value(m, d.key)
+                        if paper is None:
+                            continue
+                        ci = cell.ci[m]
+                        ours = f"{pct(ci.mean)} [{pct(ci.low)}, {pct(ci.high)}]"
+                        n = f"{run.n}/{run.n_total}"
+                        out.append([card.system, d.key, NAMES.get(m, m), f"{paper:g}", ours, n, row.label])
+    return out

@@ -109,8 +109,22 @@ def to_markdown(lb: Leaderboard, reference: list[dict[str, Any]] | None = None) 
         out += ["", f"## Paired differences vs. {lb.baseline}", "", *paired_markdown(lb)]
     out += ["", "## Cost", "", *cost_markdown(lb)]
     if reference:
+        out += ["", *replication_markdown(lb)]
         out += ["", *reference_markdown(reference)]
     return "\n".join(out) + "\n"
+
+
+def replication_markdown(lb: Leaderboard) -> list[str]:
+    """Runs of a replication card's method and dataset beside that paper's number (as ``harness
+    replicate`` prints them); the setting may still differ from the paper's (see the run's manifest)."""
+    from benchmarks.replicate import replication_rows
+
+    rows = replication_rows(lb)
+    if not rows:
+        return []
+    head = ["system", "dataset", "metric", "paper", "ours (95% CI)", "n", "row"]
+    title = "## Paper vs ours (replication cards; same number only in the paper's setting)"
+    return [title, "", *_md_table(head, rows)]
 
 
 def paired_markdown(lb: Leaderboard) -> list[str]:

@@ -162,7 +162,7 @@ def print_replication(card: Any, rows: list[Any], skipped: list[tuple[str, str]]
         table.add_row(
             r.dataset,
             NAMES.get(r.metric, r.metric),
-            "–" if r.paper is None else f"{r.paper:.1f}",
+            "–" if r.paper is None else f"{r.paper:g}",
             pct(r.ours),
             f"[{pct(r.low)}, {pct(r.high)}]",
             str(r.n),

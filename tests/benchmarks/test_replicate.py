@@ -86,9 +86,17 @@ def test_replicate_runs_every_card_locally_and_says_it_is_not_the_paper(card, tm
     c = load_card(card)
     for p in c.paper:
         if "hotpotqa" in p.values:
-            assert f"{p.values['hotpotqa']:.1f}" in out  # the paper's number beside ours
+            assert f"{p.values['hotpotqa']:g}" in out  # the paper's number beside ours
     runs = list(tmp_path.iterdir())
     assert len(runs) == 1 and (runs[0] / "results.json").is_file()
+    # harness report --reference shows the same paper-vs-ours rows.
+    rep = runner.invoke(app, ["report", str(runs[0]), "--out", str(tmp_path / "rep"), "--reference", "--format", "md"])
+    assert rep.exit_code == 0, rep.output
+    md = (tmp_path / "rep" / "leaderboard.md").read_text()
+    assert f"Metric profile: `{c.metric_profile}`" in md
+    for p in c.paper[:1]:
+        if "hotpotqa" in p.values:
+            assert f"| {c.system} | hotpotqa |" in md and f"| {p.values['hotpotqa']:g} |" in md
 
 
 @needs_data
