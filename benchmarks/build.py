@@ -50,7 +50,14 @@ EXECUTION_ONLY_KEYS = (
     "retriever.faiss_shard",
     "agent.max_concurrency",
     "baseline.max_concurrency",
+    "judge.url",
+    "judge.api_key_env",
+    "judge.timeout",
+    "judge.retries",
 )
+# Keys added after runs were first recorded: left out of the identity at their default, so a
+# run started before they existed still resumes.
+_OMIT_AT_DEFAULT = {"metric_profile": "default", "judge": {}}
 
 
 @dataclass
@@ -77,7 +84,45 @@ def split_config(cfg: EvalConfig) -> tuple[dict[str, Any], dict[str, Any]]:
             node = node.get(p, {}) if isinstance(node, dict) else {}
         if isinstance(node, dict) and leaf in node:
             execution[key] = node.pop(leaf)
+    for key, default in _OMIT_AT_DEFAULT.items():
+        if out.get(key) == default:
+            out.pop(key, None)
     return out, execution
+
+
+def validate_metrics(cfg: EvalConfig) -> None:
+    """Every metric is known, the profile exists, and the judge options (when given) are valid."""
+    from benchmarks.judge import JudgeConfig
+    from benchmarks.metrics import METRICS
+    from benchmarks.profiles import JUDGE, get_profile
+
+    get_profile(cfg.metric_profile)
+    for m in cfg.metrics:
+        if m != JUDGE:
+            METRICS.get(m)
+    JudgeConfig.from_options(dict(cfg.judge))
+
+
+def _with_judge_identity(config: dict[str, Any], cfg: EvalConfig) -> dict[str, Any]:
+    """With the ``judge`` metric, the run's config names the judge's prompt, model and decoding."""
+    from benchmarks.judge import JudgeConfig, judge_identity
+
+    if "judge" in cfg.metrics:
+        config["judge"] = {**config.get("judge", {}), **judge_identity(JudgeConfig.from_options(dict(cfg.judge)))}
+    return config
+
+
+def build_judge(cfg: EvalConfig, run_dir: Path) -> Any:
+    """The run's LLM judge (None unless the ``judge`` metric is asked for and ``judge.url`` is set)."""
+    from benchmarks.judge import JudgeConfig, LLMJudge
+
+    if "judge" not in cfg.metrics:
+        return None
+    jcfg = JudgeConfig.from_options(dict(cfg.judge))
+    if not jcfg.url:
+        logger.warning("metric 'judge' asked for without judge.url: every item's judge score is missing")
+        return None
+    return LLMJudge(jcfg, cache_dir=run_dir)
 
 
 def eval_split(cfg: EvalConfig) -> str:
@@ -137,6 +182,7 @@ def build_eval(cfg: EvalConfig, backend: Any = None, retriever: Any = None) -> E
     options = dict(cfg.agent if kind == "agent" else cfg.baseline)
     options.setdefault("topk", cfg.retriever.topk)
     validate_options(cfg.method, options)  # before anything slow is built or anything is written
+    validate_metrics(cfg)
     examples = load_eval_examples(cfg)
     uses_retriever = needs_retriever(cfg.method)
     corpus = None
@@ -154,7 +200,7 @@ def build_eval(cfg: EvalConfig, backend: Any = None, retriever: Any = None) -> E
         method_kind=kind,
         dataset=cfg.dataset.name,
         split=eval_split(cfg),
-        config=identity,
+        config=_with_judge_identity(identity, cfg),
         execution=execution,
         model=cfg.backend.model if cfg.backend.kind != "scripted" else "scripted",
         backend=cfg.backend.kind,
@@ -191,4 +237,14 @@ def simple_evaluate(
 
     run = run or build_eval(cfg, backend, retriever)
     preflight(run.backend, run.retriever if run.manifest.retriever else None)
-    return evaluate(run.method, run.examples, run.run_dir, cfg.metrics, run.manifest, on_item=on_item)
+    judge = build_judge(cfg, run.run_dir)
+    try:
+        results = evaluate(
+            run.method, run.examples, run.run_dir, cfg.metrics, run.manifest, on_item=on_item, judge=judge
+        )
+        if judge is not None:
+            judge.write_record(run.run_dir)  # the prompt, model and decoding the verdicts came from
+    finally:
+        if judge is not None:
+            judge.close()
+    return results

@@ -26,17 +26,39 @@ from harness.types import Example, Trajectory
 logger = logging.getLogger(__name__)
 
 DEFAULT_METRICS = ("em", "f1", "acc", "cover_em")
+# Metrics computed from more than the prediction (the whole response, the question).
+_TRAJECTORY_METRICS = ("em_last_answer", "judge")
 
 
-def score_trajectory(traj: Trajectory, metrics: Iterable[str] = DEFAULT_METRICS) -> ItemScore:
-    """The score of one item. A failed item scores 0 on every metric."""
-    from benchmarks.metrics import score_prediction
+def score_trajectory(
+    traj: Trajectory, metrics: Iterable[str] = DEFAULT_METRICS, judge: Callable[..., float | None] | None = None
+) -> ItemScore:
+    """The score of one item. A failed item scores 0 on every metric.
+
+    ``em_last_answer`` (Search-R1's EM) reads the last ``<answer>`` of the whole response when
+    the trajectory has one. ``judge`` (a :class:`benchmarks.judge.LLMJudge`) gives the ``judge``
+    metric; its None (a failed call) stays None: missing, not wrong. Without a judge the
+    ``judge`` metric is None too.
+    """
+    from benchmarks.metrics import em_last_answer_response, score_prediction
 
     metrics = tuple(metrics)
+    plain = tuple(m for m in metrics if m not in _TRAJECTORY_METRICS)
     if traj.error is not None:
         values: dict[str, float | None] = dict.fromkeys(metrics, 0.0)
     else:
-        values = score_prediction(traj.prediction, list(traj.answers), metrics=metrics)
+        values = dict(score_prediction(traj.prediction, list(traj.answers), metrics=plain))
+        if "em_last_answer" in metrics:
+            values["em_last_answer"] = (
+                em_last_answer_response(traj.response_text, list(traj.answers))
+                if traj.response_text
+                else score_prediction(traj.prediction, list(traj.answers), ("em_last_answer",))["em_last_answer"]
+            )
+        if "judge" in metrics:
+            values["judge"] = (
+                judge(traj.example_id, traj.question, list(traj.answers), traj.prediction or "") if judge else None
+            )
+        values = {m: values[m] for m in metrics}
     return ItemScore(
         id=traj.example_id,
         sample_index=traj.sample_index,
@@ -77,6 +99,7 @@ def aggregate(
         errors=len(failed),
         error_kinds=dict(Counter(error_label(s) for s in failed)),
         metrics={m: mean(s.metric(m) for s in scores) for m in metrics},
+        missing={m: k for m in metrics if (k := sum(1 for s in scores if s.metric(m) is None))},
         mean_searches=mean(s.n_searches for s in scores),
         mean_generated_tokens=mean(s.generated_tokens for s in scores),
         latency_p50_s=float(np.percentile(lat, 50)) if lat else None,
@@ -106,6 +129,7 @@ def evaluate(
     manifest: RunManifest | None = None,
     on_item: Callable[[ItemScore], None] | None = None,
     n_samples: int = 1,
+    judge: Callable[..., float | None] | None = None,
 ) -> RunResults:
     """Run (or resume) ``method`` on ``examples`` into ``run_dir``; returns the results.
 
@@ -113,7 +137,9 @@ def evaluate(
     ``run_examples(examples, n_samples=..., on_done=..., skip=...)``. ``manifest`` describes the
     run (a minimal one is made from the method's name when omitted); an existing run directory
     resumes when its manifest matches, skipping finished items and re-running failed ones.
-    ``on_item`` is called with each new score (a progress display).
+    ``on_item`` is called with each new score (a progress display). ``judge`` scores the
+    ``judge`` metric (:class:`benchmarks.judge.LLMJudge`); items whose verdict is missing are
+    asked again at the end of the run (cached verdicts cost nothing).
     """
     metrics = tuple(metrics)
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
@@ -126,7 +152,7 @@ def evaluate(
         logger.info("resuming %s: %d of %d items already done", run.path, len(skip), manifest.n_total)
 
     def on_done(traj: Trajectory) -> None:
-        score = score_trajectory(traj, metrics)
+        score = score_trajectory(traj, metrics, judge)
         run.append(traj, score)
         if on_item is not None:
             on_item(score)
@@ -135,6 +161,23 @@ def evaluate(
     method.run_examples(examples, n_samples=n_samples, on_done=on_done, skip=skip)
     logger.debug("%s: ran in %.1f s", run.path, time.perf_counter() - t0)
     wanted = {(e.id, j) for e in examples for j in range(n_samples)}
+    if judge is not None and "judge" in metrics:
+        _rejudge_missing(run, wanted, metrics, judge)
     results = aggregate([s for s in run.scores() if s.key in wanted], manifest, metrics)
     run.write_results(results)
     return results
+
+
+def _rejudge_missing(run: RunDir, wanted: set[tuple[str, int]], metrics: tuple[str, ...], judge: Callable) -> None:
+    """Ask the judge again for finished items whose verdict is missing (a failed call, or a run
+    scored before a judge was configured); a new verdict is appended as the item's latest score."""
+    from dataclasses import replace
+
+    scores = {s.key: s for s in run.scores() if s.key in wanted}
+    for traj in run.trajectories():
+        s = scores.get((traj.example_id, traj.sample_index))
+        if s is None or s.error or s.metric("judge") is not None:
+            continue
+        verdict = judge(traj.example_id, traj.question, list(traj.answers), traj.prediction or "")
+        if verdict is not None:
+            run.append_score(replace(s, metrics={**s.metrics, "judge": verdict}))

@@ -78,8 +78,9 @@ _COVER_PUNCT = set(string.punctuation) | {"‘", "’", "´", "`"}
 
 def normalize_cover(s: str) -> str:
     """R1-Searcher's normalisation for cover-EM (module docstring of :func:`cover_em`)."""
-    # A boolean answer written as Python would ("True"/"False") means yes/no.
-    s = {"True": "yes", "False": "no"}.get(s.strip(), s)
+    # A boolean answer written as Python would ("True"/"False") means yes/no. R1-Searcher's
+    # bool_mapping compares the raw string, so " True" (with a space) is not mapped.
+    s = {"True": "yes", "False": "no"}.get(s, s)
     s = s.replace("_", " ").lower()
     s = "".join(" " if ch in _COVER_PUNCT else ch for ch in s)
     s = _ARTICLES.sub(" ", s)
@@ -87,19 +88,85 @@ def normalize_cover(s: str) -> str:
 
 
 def cover_em(pred: str, golds: str | Sequence[str]) -> float:
-    """R1-Searcher's cover-EM.
+    """R1-Searcher's cover-EM (``cover_exact_match_score_1`` of its ``evaluation/metric_calc_rule.py``).
 
     Both sides: "True"/"False" → yes/no, "_" → space, lower-case, punctuation (plus ‘ ’ ´ `)
     → space, drop a/an/the, squeeze spaces. A prediction covers a gold answer when every token
-    of the gold is among the prediction's tokens (order-free). Max over gold answers.
+    of the gold is among the prediction's tokens (order-free). Max over gold answers. As in the
+    original, tokens come from ``split(" ")``, so a gold that normalises to nothing is covered
+    exactly by a prediction that also normalises to nothing (both are ``[""]``).
     """
-    ptoks = set(normalize_cover(pred).split())
+    ptoks = normalize_cover(pred).split(" ")
     best = 0.0
     for g in _golds(golds):
-        gtoks = normalize_cover(g).split()
-        if gtoks and all(t in ptoks for t in gtoks):
+        if all(t in ptoks for t in normalize_cover(g).split(" ")):
             best = 1.0
     return best
+
+
+def em_r1_searcher(pred: str, golds: str | Sequence[str]) -> float:
+    """R1-Searcher's EM (``exact_match_score``): its cover-EM normalisation (punctuation → space,
+    "_" → space, True/False → yes/no), then string equality; max over gold answers."""
+    p = normalize_cover(pred)
+    return float(any(normalize_cover(g) == p for g in _golds(golds)))
+
+
+def f1_r1_searcher(pred: str, golds: str | Sequence[str]) -> float:
+    """R1-Searcher's token F1 (``f1_score``): HotpotQA's F1 over its cover-EM normalisation."""
+    best = 0.0
+    p = normalize_cover(pred)
+    for g in _golds(golds):
+        gn = normalize_cover(g)
+        if (p in _SPECIAL or gn in _SPECIAL) and p != gn:
+            continue
+        common = Counter(p.split()) & Counter(gn.split())
+        same = sum(common.values())
+        if same:
+            prec, rec = same / len(p.split()), same / len(gn.split())
+            best = max(best, 2 * prec * rec / (prec + rec))
+    return best
+
+
+def f1_prorag(pred: str, golds: str | Sequence[str]) -> float:
+    """ProRAG's token F1 (``prorag/utils/metric.py``, ``calculate_f1_score``): lower-cased
+    whitespace tokens with no punctuation or article removal; max over gold answers."""
+    best = 0.0
+    pt = pred.lower().split()
+    for g in _golds(golds):
+        gt = g.lower().split()
+        same = sum((Counter(pt) & Counter(gt)).values()) if pt and gt else 0
+        if same:
+            prec, rec = same / len(pt), same / len(gt)
+            best = max(best, 2 * prec * rec / (prec + rec))
+    return best
+
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def last_answer(text: str) -> str | None:
+    """The last ``<answer>…</answer>`` of ``text``, stripped (Search-R1's ``extract_solution``); None
+    when there is none."""
+    matches = _ANSWER_TAG.findall(text)
+    return matches[-1].strip() if matches else None
+
+
+def em_last_answer(pred: str, golds: str | Sequence[str]) -> float:
+    """Search-R1's EM (``qa_em.compute_score_em``): the last ``<answer>`` of the text under SQuAD
+    normalisation, equal to a gold answer. Text with no ``<answer>`` tag is taken as an already
+    extracted answer (a prediction column); :func:`em_last_answer_response` is the strict form."""
+    answer = last_answer(pred)
+    return exact_match(pred if answer is None else answer, golds)
+
+
+def em_last_answer_response(response: str, golds: str | Sequence[str]) -> float:
+    """Search-R1's EM of a whole response: 0 when it holds no ``<answer>…</answer>``.
+
+    Search-R1 scores the prompt plus the response and needs at least two matches, the first
+    being the example in its own prompt; on the response alone that is at least one.
+    """
+    answer = last_answer(response)
+    return 0.0 if answer is None else exact_match(answer, golds)
 
 
 Metric = Callable[[str, Sequence[str]], float]
@@ -111,6 +178,10 @@ for _name, _fn in (
     ("cover_em", cover_em),
     ("precision", precision),
     ("recall", recall),
+    ("em_r1_searcher", em_r1_searcher),
+    ("f1_r1_searcher", f1_r1_searcher),
+    ("em_last_answer", em_last_answer),
+    ("f1_prorag", f1_prorag),
 ):
     METRICS.register(_name, _fn)
 

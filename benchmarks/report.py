@@ -37,7 +37,7 @@ from harness.runlog import RunDir, RunDirError
 
 logger = logging.getLogger(__name__)
 
-METRICS = ("em", "f1", "acc")
+METRICS = ("em", "f1", "acc", "cover_em")
 # The order papers print these benchmarks in; subsets such as ``hotpotqa_500`` sort with their base.
 DATASET_ORDER = ("hotpotqa", "2wikimultihopqa", "2wiki", "musique", "bamboogle")
 REFERENCE_FIELDS = ("system", "model", "metric", "values", "corpus", "retriever", "k", "subset", "source")
@@ -109,8 +109,15 @@ class RunSummary:
         """
         per_id: dict[str, list[float]] = {}
         for s in self.scores:
-            per_id.setdefault(s.id, []).append(float(s.metric(metric) or 0.0))
+            value = s.metric(metric)
+            if value is None and not s.error:
+                continue  # missing (a failed judge call; a metric this run never computed): not 0
+            per_id.setdefault(s.id, []).append(float(value or 0.0))
         return {k: float(np.mean(v)) for k, v in per_id.items()}
+
+    def missing(self, metric: str) -> int:
+        """Items (not failed) whose value of ``metric`` is missing."""
+        return sum(1 for s in self.scores if s.metric(metric) is None and not s.error)
 
     def finish_reasons(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -150,9 +157,22 @@ def expand(patterns: list[str]) -> list[Path]:
 
 
 def _rescored(run: RunDir) -> list[ItemScore]:
-    from benchmarks.evaluate import score_trajectory
+    """Scores recomputed from the trajectories with the metrics the run recorded; LLM-judge
+    verdicts are not recomputed (that needs the judge), so the stored ones are kept."""
+    from dataclasses import replace
 
-    return [score_trajectory(t) for t in run.trajectories()]
+    from benchmarks.evaluate import DEFAULT_METRICS, score_trajectory
+
+    metrics = tuple(run.manifest.config.get("metrics") or DEFAULT_METRICS)
+    stored = {s.key: s for s in run.scores()} if "judge" in metrics else {}
+    out = []
+    for t in run.trajectories():
+        s = score_trajectory(t, metrics)
+        old = stored.get(s.key)
+        if old is not None:
+            s = replace(s, metrics={**s.metrics, "judge": old.metric("judge")})
+        out.append(s)
+    return out
 
 
 def load_run(path: Path, rescore: bool = False) -> RunSummary:
@@ -218,6 +238,7 @@ class Leaderboard:
     bootstrap: int = DEFAULT_B
     seed: int = DEFAULT_SEED
     skipped: list[str] = field(default_factory=list)
+    profile: str | None = None  # the metric profile the columns come from (benchmarks.profiles)
 
     def is_best(self, dataset: str, metric: str, value: float | None) -> bool:
         best = self.best.get((dataset, metric))
@@ -274,6 +295,7 @@ def build_leaderboard(
     b: int = DEFAULT_B,
     seed: int = DEFAULT_SEED,
     skipped: list[str] | None = None,
+    profile: str | None = None,
 ) -> Leaderboard:
     """Group runs by method × dataset, bootstrap every cell, test against ``baseline``, mark the best."""
     labels = _labels(runs)
@@ -287,7 +309,8 @@ def build_leaderboard(
         rows.append(Row(key, labels[key], cells, *_average(cells, datasets, metrics)))
     if baseline is not None:
         _mark_significance(rows, baseline, metrics, b, seed)
-    return Leaderboard(rows, datasets, metrics, baseline, _best(rows, datasets, metrics), b, seed, skipped or [])
+    best = _best(rows, datasets, metrics)
+    return Leaderboard(rows, datasets, metrics, baseline, best, b, seed, skipped or [], profile)
 
 
 def _best(rows: list[Row], datasets: list[str], metrics: tuple[str, ...]) -> dict[tuple[str, str], float]:
@@ -354,3 +377,24 @@ def reference_setting(e: dict[str, Any]) -> str:
     parts = [f"corpus {e['corpus']}", f"retriever {e['retriever']}", f"top-{e['k']}" if e.get("k") else "", e["subset"]]
     text = ", ".join(p for p in parts if p) + f"; source: {e['source']}"
     return text + (f"; note: {e['note']}" if e.get("note") else "")
+
+
+def run_profile(runs: list[RunSummary]) -> str | None:
+    """The metric profile every run recorded (``metric_profile`` of its config), or None when
+    they differ or none recorded one."""
+    names = set()
+    for r in runs:
+        try:
+            names.add(RunDir(r.path).manifest.config.get("metric_profile", "default"))
+        except RunDirError:
+            names.add(None)
+    return names.pop() if len(names) == 1 else None
+
+
+def profile_columns(profile: str, runs: list[RunSummary]) -> tuple[str, ...]:
+    """The leaderboard metrics of ``profile``; ``judge`` only when some run has judge verdicts."""
+    from benchmarks.profiles import JUDGE, get_profile
+
+    p = get_profile(profile)
+    has_judge = any(s.metric(JUDGE) is not None for r in runs for s in r.scores)
+    return p.metrics if has_judge else p.without_judge()

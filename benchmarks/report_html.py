@@ -78,7 +78,7 @@ def _item(k: int, label: str, ds: str, t: Trajectory, s: ItemScore | None) -> di
         "prediction": t.prediction,
         "finish_reason": t.finish_reason,
         "error": t.error,
-        "scores": {m: metrics[m] for m in ("em", "f1", "acc", "cover_em") if metrics.get(m) is not None},
+        "scores": {m: v for m, v in metrics.items() if v is not None},  # every metric the run has (judge too)
         "correct": bool(metrics.get("em") or 0.0),
         "n_searches": len(t.searches),
         "generated_tokens": t.generated_tokens,
@@ -133,6 +133,7 @@ def report_data(lb: Leaderboard, reference: list[dict[str, Any]] | None = None) 
         "seed": lb.seed,
         "datasets": lb.datasets,
         "metrics": list(lb.metrics),
+        "metric_profile": lb.profile,
         "best": {f"{ds}|{m}": v for (ds, m), v in lb.best.items()},
         "rows": [
             {

@@ -14,8 +14,25 @@ from typing import Any
 
 from benchmarks.report import Cell, Leaderboard, reference_datasets, reference_setting
 
-NAMES = {"em": "EM", "f1": "F1", "acc": "Acc", "cover_em": "Cover-EM"}
+NAMES = {
+    "em": "EM",
+    "f1": "F1",
+    "acc": "Acc",
+    "cover_em": "Cover-EM",
+    "em_last_answer": "EM (last answer)",
+    "em_r1_searcher": "EM (R1-Searcher)",
+    "f1_r1_searcher": "F1 (R1-Searcher)",
+    "f1_prorag": "F1 (ProRAG)",
+    "judge": "LLM judge",
+}
 PUBLISHED_TITLE = "Published numbers (not directly comparable: corpora, retrievers, models, k and subsets differ)"
+
+
+def profile_source(name: str) -> str:
+    """Where a metric profile's definitions come from (one line), or a note when unknown."""
+    from benchmarks.profiles import PROFILES
+
+    return PROFILES.get(name).source if name in PROFILES else "unknown profile"
 
 
 def pct(x: float | None) -> str:
@@ -76,17 +93,38 @@ def to_markdown(lb: Leaderboard, reference: list[dict[str, Any]] | None = None) 
         "datasets, only for rows with a complete run on every dataset.",
         "",
     ]
+    if lb.profile:
+        out += [f"Metric profile: `{lb.profile}` ({profile_source(lb.profile)}).", ""]
     if lb.baseline:
         out += [f"`*`: significantly different from `{lb.baseline}` (paired bootstrap on shared items).", ""]
     out += leaderboard_markdown(lb)
+    missing = [(r.label, ds, m, c.run.missing(m)) for r in lb.rows for ds, c in r.cells.items() for m in lb.metrics]
+    missing = [x for x in missing if x[3]]
+    if missing:
+        out += ["", "Missing values (left out of the mean, not counted as wrong):", ""]
+        out += [f"- {label} on {ds}: {NAMES.get(m, m)} missing for {k} items" for label, ds, m, k in missing]
     if lb.skipped:
         out += ["", "Skipped run directories (unreadable):", ""] + [f"- {s}" for s in lb.skipped]
     if lb.baseline:
         out += ["", f"## Paired differences vs. {lb.baseline}", "", *paired_markdown(lb)]
     out += ["", "## Cost", "", *cost_markdown(lb)]
     if reference:
+        out += ["", *replication_markdown(lb)]
         out += ["", *reference_markdown(reference)]
     return "\n".join(out) + "\n"
+
+
+def replication_markdown(lb: Leaderboard) -> list[str]:
+    """Runs of a replication card's method and dataset beside that paper's number (as ``harness
+    replicate`` prints them); the setting may still differ from the paper's (see the run's manifest)."""
+    from benchmarks.replicate import replication_rows
+
+    rows = replication_rows(lb)
+    if not rows:
+        return []
+    head = ["system", "dataset", "metric", "paper", "ours (95% CI)", "n", "row"]
+    title = "## Paper vs ours (replication cards; same number only in the paper's setting)"
+    return [title, "", *_md_table(head, rows)]
 
 
 def paired_markdown(lb: Leaderboard) -> list[str]:

@@ -80,4 +80,9 @@ class EvalConfig:
     agent: dict[str, Any] = field(default_factory=dict)
     baseline: dict[str, Any] = field(default_factory=dict)
     metrics: list[str] = field(default_factory=lambda: ["em", "f1", "acc", "cover_em"])
+    # The paper whose metric set ``metrics`` is (benchmarks.profiles), recorded for reports.
+    metric_profile: str = "default"
+    # The LLM judge of the ``judge`` metric (benchmarks.judge.JudgeConfig options: url, model,
+    # api_key_env, prompt, temperature, max_tokens, ...); validated when the run is built.
+    judge: dict[str, Any] = field(default_factory=dict)
     out: str = "runs"

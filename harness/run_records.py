@@ -156,6 +156,9 @@ class RunResults:
     errors: int = 0
     error_kinds: dict[str, int] = field(default_factory=dict)
     metrics: dict[str, float | None] = field(default_factory=dict)
+    # Items whose value of a metric is missing (None: e.g. a failed LLM-judge call), per metric;
+    # the metric's mean is over the other items.
+    missing: dict[str, int] = field(default_factory=dict)
     mean_searches: float | None = None
     mean_generated_tokens: float | None = None
     latency_p50_s: float | None = None

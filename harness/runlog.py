@@ -254,5 +254,14 @@ class RunDir:
                 f.flush()
                 os.fsync(f.fileno())
 
+    def append_score(self, score: ItemScore) -> None:
+        """Append a new score of an already finished item (it becomes the item's latest), flushed.
+
+        Used when a metric is filled in later (an LLM-judge verdict that was missing)."""
+        with open(self.path / SCORES, "a", encoding="utf-8") as f:
+            f.write(json.dumps(score.to_dict(), ensure_ascii=False, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
     def write_results(self, results: RunResults) -> None:
         write_json_atomic(self.path / RESULTS, results.to_dict())

@@ -67,10 +67,19 @@ def eval_command(
     launch: bool = typer.Option(
         False, "--launch", help="Start the engine (sglang: SGLang, openai: vLLM) for --model, and stop it at the end."
     ),
+    metric_profile: str = typer.Option(
+        None, "--metric-profile", help="A paper's metric set: default|search_r1|r1_searcher|research|rag_r1|prorag."
+    ),
+    judge_url: str = typer.Option(None, "--judge-url", help="OpenAI-compatible endpoint (…/v1) of the LLM judge."),
+    judge_model: str = typer.Option(None, "--judge-model", help="Judge model name (default: the judge prompt's)."),
+    judge_key_env: str = typer.Option(
+        None, "--judge-api-key-env", help="Env var holding the judge's API key (default OPENAI_API_KEY)."
+    ),
     config_files: list[str] = typer.Option(None, "-c", "--config", help="YAML config file(s)."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. agent.max_turns=2"),
 ) -> None:
     from benchmarks.evaluate import error_summary
+    from benchmarks.profiles import apply_profile
     from harness.config import ConfigError, deep_merge, load_yaml, parse_overrides
     from harness.config import from_dict as build
     from harness.eval_config import EvalConfig
@@ -102,8 +111,10 @@ def eval_command(
             # --url is the model server's; an HTTP retriever's URL comes with --index (or retriever.url).
             flags["retriever"]["url"] = flags["retriever"].pop("index")
         data = deep_merge(data, flags)
+        data = deep_merge(data, judge_flags(judge_url, judge_model, judge_key_env))
         data = deep_merge(data, parse_overrides(overrides or []))
-    except ConfigError as e:
+        data = apply_profile(data, metric_profile)
+    except (ConfigError, KeyError) as e:  # RegistryError (an unknown profile) is a KeyError
         fail(str(e))
 
     methods = [m.strip() for m in method.split(",") if m.strip()]
@@ -116,12 +127,23 @@ def eval_command(
             except ConfigError as e:
                 fail(str(e))
     results = run_configs(configs)
-    print_results_table(results)
+    print_results_table(results, profile=configs[0].metric_profile if configs else None)
+    if configs:
+        from harness.cli.replicate_cmd import judge_note
+
+        judge_note(configs[0].metric_profile, set(configs[0].metrics))
     failed = [(r, error_summary(r)) for r in results if r.errors]
     for r, summary in failed:
         console.print(f"[bold red]{r.method} on {r.dataset}:[/] {summary}", highlight=False, soft_wrap=True)
     if failed:
         raise typer.Exit(1)
+
+
+def judge_flags(url: str | None, model: str | None, key_env: str | None) -> dict[str, Any]:
+    """The ``judge`` config section from the ``--judge-*`` flags (only those given)."""
+    values = {"url": url, "model": model, "api_key_env": key_env}
+    judge = {k: v for k, v in values.items() if v is not None}
+    return {"judge": judge} if judge else {}
 
 
 def launched_backend_config(stack: Any, bcfg: Any, out: str) -> Any:
@@ -164,7 +186,8 @@ def run_configs(configs: list[Any]) -> list[Any]:
             try:
                 run = build_eval(cfg, backend=backend)
                 console.print(f"[bold]{cfg.method}[/] on [bold]{cfg.dataset.name}[/] → {run.run_dir}", highlight=False)
-                with Progress(len(run.examples), run.run_dir, label) as progress:
+                headline = cfg.metrics[0] if cfg.metrics else "em"
+                with Progress(len(run.examples), run.run_dir, label, headline) as progress:
                     results.append(simple_evaluate(cfg, run=run, on_item=progress.add))
             except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
                 fail(f"{label}: {e}")
@@ -172,15 +195,16 @@ def run_configs(configs: list[Any]) -> list[Any]:
 
 
 class Progress:
-    """A rich progress bar with the running EM (quiet when stderr is not a terminal)."""
+    """A rich progress bar with the running headline metric (EM unless the profile's first metric
+    says otherwise; quiet when stderr is not a terminal)."""
 
-    def __init__(self, total: int, run_dir: Any, label: str) -> None:
+    def __init__(self, total: int, run_dir: Any, label: str, metric: str = "em") -> None:
         from harness.runlog import RunDir
 
         done = RunDir(run_dir).scores() if (run_dir / "scores.jsonl").exists() else []
-        self.total, self.label = total, label
+        self.total, self.label, self.metric = total, label, metric
         self.n = len(done)
-        self.em_sum = sum(s.metric("em") or 0.0 for s in done)
+        self.em_sum = sum(s.metric(metric) or 0.0 for s in done)
         self._progress = None
 
     def __enter__(self) -> Progress:
@@ -201,11 +225,13 @@ class Progress:
 
     def _desc(self) -> str:
         em = self.em_sum / self.n if self.n else 0.0
-        return f"{self.label}  EM {em:.3f}"
+        from benchmarks.report_render import NAMES
+
+        return f"{self.label}  {NAMES.get(self.metric, self.metric)} {em:.3f}"
 
     def add(self, score: Any) -> None:
         self.n += 1
-        self.em_sum += score.metric("em") or 0.0
+        self.em_sum += score.metric(self.metric) or 0.0
         if self._progress is not None:
             self._progress.update(self._task, advance=1, description=self._desc())
 
@@ -214,29 +240,35 @@ class Progress:
             self._progress.stop()
 
 
-def print_results_table(results: list[Any]) -> None:
-    """The comparison table of this invocation's runs (stdout, for people). Not a terminal (piped,
-    logged): rendered at full width, so no column is cut."""
+def print_results_table(results: list[Any], profile: str | None = None) -> None:
+    """The comparison table of this invocation's runs (stdout, for people): one column per metric
+    of the runs (the profile's), then searches, tokens, latency and errors. Not a terminal
+    (piped, logged): rendered at full width, so no column is cut."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="harness eval")
-    for col in ("method", "dataset", "n", "EM", "F1", "acc", "cEM", "srch", "tok", "p50 s", "err"):
+    from benchmarks.report_render import NAMES
+
+    metrics = list(dict.fromkeys(m for r in results for m in r.metrics))
+    title = "harness eval" + (f" (metric profile: {profile})" if profile else "")
+    table = Table(title=title)
+    cols = ["method", "dataset", "n", *(NAMES.get(m, m) for m in metrics), "srch", "tok", "p50 s", "err"]
+    for col in cols:
         table.add_column(col, justify="right" if col not in ("method", "dataset") else "left", no_wrap=True)
 
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{100 * v:.1f}"
 
+    def cell(r: Any, m: str) -> str:
+        missing = (getattr(r, "missing", None) or {}).get(m, 0)
+        return pct(r.metrics.get(m)) + (f" ({missing} missing)" if missing else "")
+
     for r in results:
-        m = r.metrics
         table.add_row(
             str(r.method),
             str(r.dataset),
             f"{r.n}/{r.n_total}",
-            pct(m.get("em")),
-            pct(m.get("f1")),
-            pct(m.get("acc")),
-            pct(m.get("cover_em")),
+            *(cell(r, m) for m in metrics),
             "-" if r.mean_searches is None else f"{r.mean_searches:.2f}",
             "-" if r.mean_generated_tokens is None else f"{r.mean_generated_tokens:.0f}",
             "-" if r.latency_p50_s is None else f"{r.latency_p50_s:.2f}",

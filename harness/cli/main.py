@@ -16,6 +16,7 @@ from harness.cli import (
     harr_cmd,
     index_cmd,
     prompt_cmd,
+    replicate_cmd,
     report_cmd,
     score_cmd,
     serve_cmd,
@@ -51,6 +52,9 @@ app.command("datasets", help="List the registered datasets, their splits and whe
 )
 app.command("prompt", help="Show exactly what a model sees under a method's dialect.")(prompt_cmd.prompt_command)
 app.add_typer(harr_cmd.data_app, name="data", help="Data tools (HARR's training-question filter).")
+app.command("replicate", help="Run a seed system's replication card; print the paper's numbers beside ours.")(
+    replicate_cmd.replicate_command
+)
 app.command("score", help="Score any JSONL prediction file (EM, F1, acc, cover_em).")(score_cmd.score_command)
 
 

@@ -63,20 +63,30 @@ def report_command(
         False, "--reference", help="Add the published numbers (labelled as such; not directly comparable)."
     ),
     reference_file: str = typer.Option(str(REFERENCE), "--reference-file", help="Published numbers YAML."),
+    metric_profile: str = typer.Option(
+        None,
+        "--metric-profile",
+        help="Columns of a paper's metric set (default: the profile the runs recorded, else em,f1,acc,cover_em).",
+    ),
     bootstrap: int = typer.Option(1000, "--bootstrap", min=10, help="Bootstrap resamples B."),
     seed: int = typer.Option(0, "--seed", help="Bootstrap seed (reports are reproducible)."),
 ) -> None:
     """Group runs by method × dataset and write the leaderboard files and the HTML report."""
-    from benchmarks.report import build_leaderboard, load_reference, load_runs
+    from benchmarks.replicate import reference_entries
+    from benchmarks.report import METRICS, build_leaderboard, load_runs, profile_columns, run_profile
 
     wanted = _formats(formats)
     try:
         loaded, skipped = load_runs(runs, rescore=rescore)
         if not loaded:
             fail("no readable run directories: " + "; ".join(skipped))
-        lb = build_leaderboard(loaded, baseline=baseline, b=bootstrap, seed=seed, skipped=skipped)
-        ref = load_reference(reference_file) if reference else None
-    except (ValueError, OSError) as e:
+        profile = metric_profile or run_profile(loaded)
+        metrics = profile_columns(profile, loaded) if profile else METRICS
+        lb = build_leaderboard(
+            loaded, metrics=metrics, baseline=baseline, b=bootstrap, seed=seed, skipped=skipped, profile=profile
+        )
+        ref = reference_entries(reference_file) if reference else None
+    except (ValueError, OSError, KeyError) as e:  # KeyError: RegistryError, an unknown profile
         fail(str(e))
     out_dir = Path(out)
     try:
@@ -89,7 +99,7 @@ def report_command(
     # The leaderboard goes to stdout (pipeable); wide enough that the columns stay readable.
     Console(width=max(shutil.get_terminal_size().columns, 140)).print(_terminal_table(lb))
     for s in skipped:
-        console.print(f"[yellow]skipped[/] {escape(s)}", highlight=False)
+        console.print(f"[yellow]skipped[/] {escape(s)}", highlight=False, soft_wrap=True)
     console.print(f"{lb.n_runs} runs → {out_dir}/ ({', '.join(FILES[f] for f in wanted)})", highlight=False)
 
 
@@ -97,7 +107,10 @@ def _terminal_table(lb) -> Table:
     """The leaderboard as a rich table: one column per dataset, one line per metric in each cell."""
     from benchmarks.report_render import NAMES, cell_text, pct
 
-    table = Table(title="Leaderboard (percent, 95% bootstrap CI; * significant vs. baseline)", show_lines=True)
+    title = "Leaderboard (percent, 95% bootstrap CI; * significant vs. baseline)"
+    if lb.profile:
+        title += f"; metric profile: {lb.profile}"
+    table = Table(title=title, show_lines=True)
     table.add_column("method")
     for ds in [*lb.datasets, "avg"]:
         table.add_column(ds)

@@ -70,7 +70,7 @@ def test_partial_and_failed_runs_are_shown_not_averaged():
     research, naive = _row(lb, "research"), _row(lb, "naive")
     partial = research.cells["bamboogle"].run
     assert (partial.n, partial.n_total, partial.complete, partial.status) == (4, 6, False, "4/6")
-    assert research.average == {"em": None, "f1": None, "acc": None}
+    assert research.average == {"em": None, "f1": None, "acc": None, "cover_em": None}
     # naive is complete everywhere; its one error scores 0, enters the average and is flagged.
     failed = naive.cells["bamboogle"].run
     assert (failed.errors, failed.complete, failed.status) == (1, True, "1 err")
@@ -149,11 +149,17 @@ def test_reference_rows_are_labelled_published(tmp_path):
     assert result.exit_code == 0, result.output
     md = (tmp_path / "leaderboard.md").read_text()
     assert "not directly comparable" in md
-    assert "| ReSearch (published) | Qwen2.5-7B-Instruct | EM | 43.52 | 47.59 | 22.3 | 42.4 |" in md
-    assert "corpus wiki-18, retriever E5, top-3, full dev" in md and "verify before quoting" in md
+    # Systems with a replication card take their published rows from the card (configs/replicate/).
+    assert "| ReSearch (published) | agentrl/ReSearch-Qwen-7B-Instruct (Qwen2.5-7B-Instruct, GRPO) | EM | 43.52 |" in md
+    assert "replication card configs/replicate/research.yaml" in md
+    assert "| R1-Searcher (published) |" in md and "| Cover-EM | 65.4 |" in md
+    # Entries no card covers still come from the file.
+    assert "| FlashRAG IRCoT (published) |" in md and "ReSearch pilot (published)" in md
     csv_lines = (tmp_path / "leaderboard.csv").read_text().splitlines()
+    from benchmarks.replicate import reference_entries
+
     assert sum(line.startswith("published,") for line in csv_lines) == sum(
-        len(e["values"]) for e in load_reference(REFERENCE)
+        len(e["values"]) for e in reference_entries(str(REFERENCE))
     )
     assert "System (published)" in (tmp_path / "leaderboard.tex").read_text()
 
