@@ -30,6 +30,7 @@ import httpx
 
 from benchmarks.perf.loadgen import (
     CORPUS,
+    cpu_seconds,
     free_port,
     median,
     post_retrieve,
@@ -49,27 +50,35 @@ def build(kind: str, tmp: Path) -> Path:
     return out
 
 
-def single_vs_batched(url: str, args: argparse.Namespace, qs: list[str], tmp: Path) -> None:
+def single_vs_batched(url: str, pid: int, args: argparse.Namespace, qs: list[str], tmp: Path) -> None:
     lua = write_lua(tmp / "single.lua", qs, 1)
     batch = qs[: args.batch]
     post_retrieve(url, batch, 3)  # warm: first batch of this size
-    singles, batched = [], []
+    singles, batched, cpu_single, cpu_batched = [], [], [], []
     for r in range(args.rounds):
-        times = []
+        times, c0 = [], cpu_seconds(pid)
         for _ in range(args.batch_repeats):
             t0 = time.perf_counter()
             post_retrieve(url, batch, 3)
             times.append(time.perf_counter() - t0)
+        cpu_batched.append((cpu_seconds(pid) - c0) / (args.batch_repeats * len(batch)) * 1e3)
         batched.append(len(batch) / statistics.median(times))
+        c0 = cpu_seconds(pid)
         w = run_wrk(url + "/retrieve", lua, args.connections, args.seconds)
+        cpu_single.append((cpu_seconds(pid) - c0) / w["requests"] * 1e3)
         singles.append(w["rps"])
         print(
-            f"round {r + 1}: batched {batched[-1]:8.0f} q/s | {args.connections} single-query clients "
-            f"{w['rps']:8.0f} req/s p50 {w['p50_ms']:.1f} ms p95 {w['p95_ms']:.1f} ms "
-            f"non2xx {w['non2xx']:.0f} sockerr {w['sockerr']:.0f}"
+            f"round {r + 1}: batched {batched[-1]:8.0f} q/s ({cpu_batched[-1]:.3f} server CPU ms/q) | "
+            f"{args.connections} single-query clients {w['rps']:8.0f} req/s ({cpu_single[-1]:.3f} server CPU ms/req) "
+            f"p50 {w['p50_ms']:.1f} ms p95 {w['p95_ms']:.1f} ms non2xx {w['non2xx']:.0f} sockerr {w['sockerr']:.0f}"
         )
     s, b = median(singles), median(batched)
     print(f"median: single-query {s:.0f} q/s, batched {b:.0f} q/s -> {100 * s / b:.1f}% of batched (goal >= 25%)")
+    cs, cb = median(cpu_single), median(cpu_batched)
+    print(
+        f"server CPU per query: single-query {cs:.3f} ms, batched {cb:.3f} ms -> single-query costs "
+        f"{cs / cb:.1f}x a batched query (load-independent; 1/{cs / cb:.1f} = {100 * cb / cs:.0f}%)"
+    )
 
 
 def soak(url: str, pid: int, args: argparse.Namespace, qs: list[str], tmp: Path) -> int:
@@ -127,7 +136,7 @@ def main() -> int:
         with server(cmd, port, tmp / "server.log") as (url, proc):
             if args.soak:
                 return soak(url, proc.pid, args, qs, tmp)
-            single_vs_batched(url, args, qs, tmp)
+            single_vs_batched(url, proc.pid, args, qs, tmp)
     return 0
 
 
