@@ -8,8 +8,12 @@ timer on the common path: the batch is whatever queued up during the previous se
 request waits for nothing. ``max_wait_s`` (0 by default) can hold the first request of a batch a
 little longer to collect more; ``max_batch`` bounds the queries in one call.
 
-The search runs on one worker thread, so the event loop keeps reading requests (and answering
-``/health`` and ``/metrics``) while it runs; retrievers therefore see one call at a time.
+A slow search (a dense encoder forward) runs on one worker thread, so the event loop keeps reading
+requests (and answering ``/health`` and ``/metrics``) while it runs. A search predicted to take
+less than ``inline_below_s`` (from the measured cost per query of earlier calls; BM25 batches) runs
+on the event loop itself: handing it to a thread and back costs more than the search (GIL
+hand-offs), and the requests that arrive meanwhile wait in the socket buffers and form the next
+batch. Retrievers see one call at a time either way.
 """
 
 from __future__ import annotations
@@ -93,7 +97,12 @@ class MicroBatcher:
     """
 
     def __init__(
-        self, retriever: Retriever, max_batch: int = 256, max_wait_s: float = 0.0, metrics: Metrics | None = None
+        self,
+        retriever: Retriever,
+        max_batch: int = 256,
+        max_wait_s: float = 0.0,
+        metrics: Metrics | None = None,
+        inline_below_s: float = 0.005,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
@@ -106,6 +115,8 @@ class MicroBatcher:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._in_flight = 0
+        self.inline_below_s = inline_below_s
+        self._cost_per_query: float | None = None  # seconds, moving average; None until measured
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieve")
 
     @property
@@ -153,8 +164,12 @@ class MicroBatcher:
             for k, group in by_k.items():
                 flat = [q for p in group for q in p.queries]
                 self._in_flight += 1
+                inline = self._cost_per_query is not None and self._cost_per_query * len(flat) < self.inline_below_s
                 try:
-                    results = await loop.run_in_executor(self._pool, self._search, flat, k)
+                    if inline:
+                        results = self._search(flat, k)
+                    else:
+                        results = await loop.run_in_executor(self._pool, self._search, flat, k)
                 except Exception as e:  # every request of the call gets the retriever's failure
                     for p in group:
                         if not p.future.done():
@@ -168,9 +183,15 @@ class MicroBatcher:
                     if not p.future.done():  # a client that went away cancelled its future
                         p.future.set_result(results[start : start + len(p.queries)])
                     start += len(p.queries)
+                if inline:  # let the loop read the requests that arrived during the search
+                    for _ in range(3):
+                        await asyncio.sleep(0)
 
     def _search(self, queries: list[str], k: int) -> list[list[Doc]]:
+        t0 = time.perf_counter()
         results = self.retriever.search(queries, k)
+        cost = (time.perf_counter() - t0) / max(len(queries), 1)
+        self._cost_per_query = cost if self._cost_per_query is None else 0.8 * self._cost_per_query + 0.2 * cost
         if len(results) != len(queries):
             raise RuntimeError(f"retriever returned {len(results)} result lists for {len(queries)} queries")
         return results
