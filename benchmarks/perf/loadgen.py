@@ -96,6 +96,10 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log: Path) ->
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return
+            # Search-R1's server has no /health: ready when it answers a query
+            probe = {"queries": ["ready?"], "topk": 1, "return_scores": True}
+            if httpx.post(url + "/retrieve", json=probe, timeout=60).status_code == 200:
+                return
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
