@@ -18,19 +18,42 @@ def retriever(
     port: int = typer.Option(8000, "--port"),
     max_k: int = typer.Option(100, "--max-k", help="Largest k a request may ask for."),
     default_k: int = typer.Option(3, "--default-k", help="k when a Search-R1/R1-Searcher request gives none."),
+    max_batch: int = typer.Option(256, "--max-batch", help="Most queries concurrent requests share in one search."),
+    max_wait_ms: float = typer.Option(
+        0.0, "--max-wait-ms", help="Hold a batch this long to collect more requests (0: batch what queued)."
+    ),
+    embed_cache: int = typer.Option(50_000, "--embed-cache", help="Query embeddings cached (dense; 0: none)."),
+    access_log: bool = typer.Option(False, "--access-log/--no-access-log", help="One log line per request."),
 ) -> None:
-    """Serve an index over the Search-R1, FlashRAG and R1-Searcher HTTP APIs."""
+    """Serve an index over the Search-R1, FlashRAG and R1-Searcher HTTP APIs (and /health, /metrics)."""
     from harness.retrieval.index import IndexLoadError, load_index
     from harness.retrieval.server import serve
 
     if not 1 <= default_k <= max_k:
         fail(f"--default-k must be between 1 and --max-k ({max_k}), got {default_k}")
+    if max_batch < 1 or max_wait_ms < 0 or embed_cache < 0:
+        fail(
+            f"--max-batch must be >= 1, --max-wait-ms and --embed-cache >= 0 "
+            f"(got {max_batch}, {max_wait_ms}, {embed_cache})"
+        )
     try:
         r = load_index(index)
     except (IndexLoadError, RuntimeError, OSError) as e:  # RuntimeError: the encoder cannot be loaded
         fail(str(e))
-    console.print(f"serving {index} on http://{host}:{port} (/retrieve, /search, /batch_search, /queries, /health)")
-    serve(r, host=host, port=port, max_k=max_k, default_k=default_k)
+    console.print(
+        f"serving {index} on http://{host}:{port} (/retrieve, /search, /batch_search, /queries, /health, /metrics)"
+    )
+    serve(
+        r,
+        host=host,
+        port=port,
+        max_k=max_k,
+        default_k=default_k,
+        access_log=access_log,
+        max_batch=max_batch,
+        max_wait_s=max_wait_ms / 1000,
+        embed_cache=embed_cache,
+    )
 
 
 @app.command(
