@@ -53,7 +53,16 @@ class AlgoConfig:
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     kl_in_reward: bool = False  # PPO style: fold k1 KL into the token rewards instead of the loss
     entropy_coef: float = 0.0
-    update_epochs: int = 1
+    # verl's update schedule: the step's rollouts (``prompts_per_step × n_samples`` rows, all ranks)
+    # are split into mini-batches of ``ppo_mini_batch_size`` ROWS (verl counts prompts: a verl
+    # value × rollout.n), each one optimizer step with gradient accumulation over micro-batches of
+    # ``optim.micro_batch_size``; ``ppo_epochs`` passes over the batch. None: one mini-batch.
+    # More than one update per batch moves the ratio away from 1, so clipping can act.
+    ppo_epochs: int = 1
+    ppo_mini_batch_size: int | None = None
+    update_epochs: int | None = None  # older name of ppo_epochs (an alias; both set must agree)
+    whiten_advantages: bool = True  # GAE: whiten advantages over the batch (verl, Search-R1)
+    critic_warmup: int = 0  # PPO: the first N steps update only the critic (verl's trainer.critic_warmup)
     gamma: float = 1.0
     lam: float = 1.0
     vf_coef: float = 0.5
@@ -62,6 +71,24 @@ class AlgoConfig:
     step_scorer: str = "rule"  # dual_granularity: a training.rewards.STEP_SCORERS name
     norm_by_std: bool = True
     max_len: int | None = None  # truncate collated sequences (Dr. GRPO's constant denominator too)
+
+    def __post_init__(self) -> None:
+        if self.update_epochs is not None and self.ppo_epochs not in (1, self.update_epochs):
+            raise ValueError(
+                f"algo.update_epochs={self.update_epochs} and algo.ppo_epochs={self.ppo_epochs} disagree; "
+                "set only ppo_epochs"
+            )
+        if self.epochs < 1:
+            raise ValueError(f"algo.ppo_epochs must be >= 1, got {self.epochs}")
+        if self.ppo_mini_batch_size is not None and self.ppo_mini_batch_size < 1:
+            raise ValueError(f"algo.ppo_mini_batch_size must be >= 1, got {self.ppo_mini_batch_size}")
+        if self.critic_warmup < 0:
+            raise ValueError(f"algo.critic_warmup must be >= 0, got {self.critic_warmup}")
+
+    @property
+    def epochs(self) -> int:
+        """Passes over each rollout batch (``ppo_epochs``, or its alias ``update_epochs``)."""
+        return self.update_epochs if self.update_epochs is not None else self.ppo_epochs
 
 
 @dataclass(frozen=True)
