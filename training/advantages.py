@@ -37,7 +37,7 @@ def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.
         sel = group_ids == g  # [B] bool
         r = rewards[sel]  # [n_g]
         mean[sel] = r.mean()
-        std[sel] = r.std(unbiased=True) if r.numel() > 1 else torch.zeros(())
+        std[sel] = r.std(unbiased=True) if r.numel() > 1 else r.new_zeros(())
     return mean, std
 
 
@@ -204,12 +204,12 @@ def dual_granularity(
     valid tokens of the group.  → [B, T]
     """
     a_out = grpo(outcome, group_ids, mask, eps)  # [B, T]
-    a_step = torch.zeros(step_scores.shape, dtype=torch.float32)  # [B, T]
+    a_step = torch.zeros(step_scores.shape, dtype=torch.float32, device=step_scores.device)  # [B, T]
     for g in torch.unique(group_ids):
         sel = group_ids == g  # [B] bool
         vals = step_scores[sel][mask[sel].bool()].float()  # [N_valid in group]
         if vals.numel():
-            std = vals.std(unbiased=False) if vals.numel() > 1 else torch.tensor(0.0)
+            std = vals.std(unbiased=False) if vals.numel() > 1 else vals.new_zeros(())
             a_step[sel] = (step_scores[sel].float() - vals.mean()) / (std + eps)
     return (a_out + beta * a_step) * mask
 

@@ -9,12 +9,31 @@ from harness.eval_config import BackendConfig, RetrieverConfig
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """LoRA via ``peft`` (policy and critic bodies). The reference model is the base with the
+    adapters disabled (no second copy); checkpoints hold the adapters; weight sync pushes merged
+    full weights (or, for SGLang, ``rollout.backend`` may load the adapter: see training.lora)."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     path: str = "smollm2-135m-instruct"  # name, local dir or hub id
     dtype: Literal["float32", "bfloat16"] = "float32"
     # Build a tiny random Llama offline instead of loading weights (tests): e.g. {hidden_size: 64}.
     tiny: dict[str, Any] | None = None
     gradient_checkpointing: bool = False
+    # Attention kernel: sdpa (PyTorch's, any device), eager, or flash_attention_2 (needs the
+    # flash-attn package and a CUDA GPU; refused with a clear error otherwise).
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    # LoRA adapters (peft) instead of full fine-tuning: {r, alpha, dropout, target_modules}.
+    lora: LoraConfig | None = None
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,9 @@ from training.checkpoint import export_hf, latest_checkpoint, load_checkpoint, s
 from training.config import TrainConfig
 from training.engine import (
     ValueHead,
+    autocast,
     build_model,
+    engine_device,
     frozen_copy,
     full_state_dict,
     initialize,
@@ -81,6 +83,10 @@ class Trainer:
         model = build_model(cfg.model, vocab_size=len(self.tokenizer))
         self.ref = frozen_copy(model) if a.kl_coef > 0 else None  # taken before any update
         self.policy = initialize(model, o, o.lr, mini_all_ranks)
+        self.device = engine_device(self.policy)  # batches, reference, critic, rollout model live here
+        if self.ref is not None:  # DeepSpeed moved the policy; the frozen copy is ours to place
+            self.ref.to(self.device, dtype=torch.bfloat16 if o.bf16 else None)
+        self._place_rollout_model()
         self.critic = None
         self.advantage_fn = ADVANTAGES.get(a.advantage)
         adv_info = ADVANTAGES.info(a.advantage)
@@ -143,7 +149,7 @@ class Trainer:
         rewards = [r for r, _ in scored]
         t_reward = time.perf_counter()
         # 4. collate: token ids, loss mask from roles (0 on prompt/observation), group id = prompt index
-        batch = collate(rollout.trajectories, rewards, rollout.group_ids, self.pad_id, c.algo.max_len)
+        batch = collate(rollout.trajectories, rewards, rollout.group_ids, self.pad_id, c.algo.max_len).to(self.device)
         # 5. no-grad forwards: reference log-probs (KL), values (PPO), old log-probs if advantages need them
         fwd = self.forward(batch)
         # 6. advantages (and returns for the critic)
@@ -172,6 +178,7 @@ class Trainer:
         metrics.update(memory_metrics())
         metrics["rollout_tokens_per_s"] = metrics["tokens/generated"] / max(1e-9, t_rollout - t0)
         metrics["update_tokens_per_s"] = float(batch.attention_mask.sum()) / max(1e-9, t_update - t_reward)
+        metrics.update(self._device_metrics(float(batch.attention_mask.sum()), t_sync - t0))
         if self.log is not None:
             self.log.write(self.step_no, metrics)
             if c.trainer.save_rollouts:
@@ -224,7 +231,10 @@ class Trainer:
         def cat(fn: Callable[[slice], torch.Tensor]) -> torch.Tensor:
             return torch.cat([fn(s) for s in slices])
 
-        ref = cat(lambda s: self._logprobs(self.ref, batch, s, offset)[0]) if self.ref is not None else None
+        ref = None
+        if self.ref is not None:  # not a DeepSpeed engine: bf16 autocast on CUDA when the run is bf16
+            with autocast(self.device, self.cfg.optim.bf16 or self.cfg.model.dtype == "bfloat16"):
+                ref = cat(lambda s: self._logprobs(self.ref, batch, s, offset)[0].float())
         values = None
         if self.critic is not None:
             values = cat(lambda s: self.critic(batch.input_ids[s], batch.attention_mask[s])[:, offset:-1])
@@ -265,7 +275,8 @@ class Trainer:
         elif fwd.ref_logp is not None and a.kl_in_reward:  # Reinforce++ (OpenRLHF): −β·KL_t (k1) per token
             x.token_rewards = -a.kl_coef * losses.kl_penalty(fwd.old_logp, fwd.ref_logp, "k1") * m
         if self.step_scorer is not None:
-            x.step_scores = step_score_tensor(trajs, self.step_scorer, batch.mask.shape[1])[:, fwd.offset :]  # [B, W]
+            scores = step_score_tensor(trajs, self.step_scorer, batch.mask.shape[1])[:, fwd.offset :]  # [B, W]
+            x.step_scores = scores.to(self.device)
         return self.advantage_fn(x, a)
 
     def update(self, batch: Batch, fwd: Forward, adv: torch.Tensor, returns: torch.Tensor | None) -> dict[str, float]:
@@ -330,6 +341,23 @@ class Trainer:
             st["grad_norm"] = gn
         st["loss"] = float(loss.detach())
         return st
+
+    def _place_rollout_model(self) -> None:
+        """An in-process rollout model (the hf backend) generates on the engine's device."""
+        if getattr(self.backend, "name", None) == "hf" and hasattr(self.backend, "to"):
+            self.backend.to(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def _device_metrics(self, tokens: float, step_s: float) -> dict[str, float]:
+        """Tokens (prompt + response, all rows) per second of the whole step; on CUDA the step's
+        peak allocated GPU memory (the counter is reset for the next step)."""
+        out = {"tokens_per_s": tokens / max(1e-9, step_s)}
+        if self.device.type == "cuda":
+            out["mem/gpu_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            out["mem/gpu_reserved_gb"] = torch.cuda.memory_reserved(self.device) / 2**30
+            torch.cuda.reset_peak_memory_stats(self.device)
+        return out
 
     def _critic_step(self, batch: Batch, s: slice, fwd: Forward, returns: torch.Tensor, mask: torch.Tensor) -> dict:
         """One micro-batch of PPO's clipped value loss."""

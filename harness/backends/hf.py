@@ -130,6 +130,17 @@ class HFBackend(BackendBase):
         """From a :class:`~harness.eval_config.BackendConfig` (model, dtype, max_batch_size, threads)."""
         return cls(model=cfg.model, dtype=cfg.dtype, max_batch_size=cfg.max_batch_size, threads=cfg.threads)
 
+    @property
+    def device(self) -> Any:
+        """Where the model's weights live (inputs are moved there; sampling stays on the CPU)."""
+        return next(self.model.parameters()).device
+
+    def to(self, device: Any) -> HFBackend:
+        """Move the in-process model to ``device`` between batches (a trainer puts it on its engine's)."""
+        with self._lock:
+            self.model.to(device)
+        return self
+
     def update_weights(self, update: WeightUpdate) -> None:
         """Load new weights (a state dict, or a safetensors file or directory) between batches."""
         from pathlib import Path
@@ -205,17 +216,20 @@ class HFBackend(BackendBase):
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, L]
         budget = [min(r.params.max_new_tokens, self.max_context - lens[i]) for i, r in enumerate(batch)]
         past = None
-        step_ids, step_pos = ids, pos
         # Rows of the batch still generating, in the order of the KV cache's batch dimension. A
         # finished row is dropped from the cache, so the rows left run at a smaller batch's cost.
         active = list(range(B))
+        dev = self.device
+        ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
+        step_ids, step_pos = ids, pos
         with torch.inference_mode():
             for _ in range(max(budget)):
                 out = self.model(
                     input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=past, use_cache=True
                 )
                 past = out.past_key_values
-                logits = out.logits[:, -1, :].float()  # [A, V]
+                # Sampled on the CPU with each request's CPU generator: the same draws on any device.
+                logits = out.logits[:, -1, :].float().cpu()  # [A, V]
                 logp = torch.log_softmax(logits, dim=-1)  # [A, V]
                 for j, i in enumerate(active):
                     r = batch[i]
@@ -230,13 +244,13 @@ class HFBackend(BackendBase):
                 if not keep:
                     break
                 if len(keep) < len(active):
-                    sel = torch.tensor(keep, dtype=torch.long)
+                    sel = torch.tensor(keep, dtype=torch.long, device=dev)
                     past.batch_select_indices(sel)
                     mask, step_pos = mask[sel], step_pos[sel]
                     active = [active[j] for j in keep]
-                step_ids = torch.tensor([[batch[i].out[-1]] for i in active], dtype=torch.long)  # [A, 1]
+                step_ids = torch.tensor([[batch[i].out[-1]] for i in active], dtype=torch.long, device=dev)  # [A, 1]
                 step_pos = step_pos[:, -1:] + 1  # [A, 1]
-                mask = torch.cat([mask, torch.ones((len(active), 1), dtype=mask.dtype)], dim=1)  # [A, L+t]
+                mask = torch.cat([mask, torch.ones((len(active), 1), dtype=mask.dtype, device=dev)], dim=1)  # [A, L+t]
         for r in batch:
             if not r.done:  # budget exhausted without a stop
                 self._finish(r, "length", None)
