@@ -41,9 +41,9 @@ from training.engine import (
     initialize,
     optimizer_step,
     rank_and_world,
-    unwrap,
 )
 from training.logging_utils import MetricsLog, ProgressBar, memory_metrics, release_freed_memory, rollout_metrics
+from training.lora import adapters_disabled, apply_lora, base_model, lora_critic, merged_state_dict, save_adapter
 from training.rewards import STEP_SCORERS, build_reward
 from training.rollout import PromptSampler, collect
 from training.weight_sync import sync_weights
@@ -81,7 +81,18 @@ class Trainer:
         self.mini_rows = mini_batch_rows(cfg, self.world)  # rows per optimizer step on this rank
         mini_all_ranks = self.mini_rows * self.world  # DeepSpeed: gradient_accumulation = micro-batches per mini-batch
         model = build_model(cfg.model, vocab_size=len(self.tokenizer))
-        self.ref = frozen_copy(model) if a.kl_coef > 0 else None  # taken before any update
+        lora = cfg.model.lora
+        if lora is not None:
+            model = apply_lora(model, lora)
+            if lora.sync == "adapter" and not hasattr(self.backend, "update_lora_adapter"):
+                raise ValueError(
+                    f"model.lora.sync=adapter needs a backend that loads LoRA adapters (sglang), "
+                    f"not {getattr(self.backend, 'name', type(self.backend).__name__)!r}; use sync: merged"
+                )
+        # The KL reference: a frozen copy taken before any update, or with LoRA the policy itself
+        # with its adapters disabled (the base; no second copy).
+        self.ref = frozen_copy(model) if a.kl_coef > 0 and lora is None else None
+        self.ref_is_base = a.kl_coef > 0 and lora is not None
         self.policy = initialize(model, o, o.lr, mini_all_ranks)
         self.device = engine_device(self.policy)  # batches, reference, critic, rollout model live here
         if self.ref is not None:  # DeepSpeed moved the policy; the frozen copy is ours to place
@@ -94,6 +105,8 @@ class Trainer:
         self.loss_fn = losses.RLLoss.from_config(a)
         if adv_info.get("needs_critic"):  # PPO: a critic on the same LM architecture
             critic = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))
+            if lora is not None:
+                critic = lora_critic(critic, lora)
             self.critic = initialize(critic, o, o.critic_lr, mini_all_ranks)
         elif a.critic_warmup:
             raise ValueError(f"algo.critic_warmup={a.critic_warmup} needs a critic (algo.advantage: gae)")
@@ -235,6 +248,9 @@ class Trainer:
         if self.ref is not None:  # not a DeepSpeed engine: bf16 autocast on CUDA when the run is bf16
             with autocast(self.device, self.cfg.optim.bf16 or self.cfg.model.dtype == "bfloat16"):
                 ref = cat(lambda s: self._logprobs(self.ref, batch, s, offset)[0].float())
+        elif self.ref_is_base:
+            with adapters_disabled(self.policy):
+                ref = cat(lambda s: self._logprobs(self.policy, batch, s, offset)[0].float())
         values = None
         if self.critic is not None:
             values = cat(lambda s: self.critic(batch.input_ids[s], batch.attention_mask[s])[:, offset:-1])
@@ -370,13 +386,18 @@ class Trainer:
     # ---- sync, checkpoints, validation ------------------------------------------------------
     def sync(self) -> None:
         """Push the policy's full weights into the rollout backend, tagged with ``step_no``."""
+        lora = self.cfg.model.lora
+        if lora is not None and lora.sync == "adapter":  # SGLang loads the adapter itself
+            path = save_adapter(self.policy, self.out / "sync" / f"adapter-v{self.step_no}")
+            self.backend.update_lora_adapter(path, self.step_no)
+            return
         sync_weights(
             self.backend,
-            full_state_dict(self.policy),
+            merged_state_dict(self.policy) if lora is not None else full_state_dict(self.policy),
             self.step_no,
             scratch=self.out / "sync",
             tokenizer=self.tokenizer,
-            model_config=unwrap(self.policy).config,
+            model_config=base_model(self.policy).config,
         )
 
     def save(self) -> Path:

@@ -1,0 +1,72 @@
+"""A stand-in for SGLang's weight-sync endpoints, for tests over real HTTP on loopback.
+
+It answers what SGLang's server answers for ``/update_weights_from_disk``, ``/flush_cache``,
+``/load_lora_adapter`` and ``/unload_lora_adapter`` (``{"success": true, ...}``) and records every
+call in order as ``(path, body)``; ``/generate`` answers one fixed token. It checks nothing about
+weights: tests that need real loading use the real engine tier (tests/engines)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+
+class SGLangStandIn:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.loaded: set[str] = set()
+
+    def of(self, path: str) -> list[Any]:
+        return [b for p, b in self.calls if p == path]
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.get("/health")
+        async def health():
+            return {}
+
+        async def body(request: Request) -> Any:
+            raw = await request.body()
+            return await request.json() if raw else None
+
+        @app.post("/update_weights_from_disk")
+        async def update(request: Request):
+            b = await body(request)
+            self.calls.append(("/update_weights_from_disk", b))
+            return {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+
+        @app.post("/flush_cache")
+        async def flush(request: Request):
+            self.calls.append(("/flush_cache", None))
+            return JSONResponse({"text": "Cache flushed."})
+
+        @app.post("/load_lora_adapter")
+        async def load(request: Request):
+            b = await body(request)
+            self.calls.append(("/load_lora_adapter", b))
+            self.loaded.add(b["lora_name"])
+            return {"success": True, "loaded_adapters": {n: "x" for n in self.loaded}}
+
+        @app.post("/unload_lora_adapter")
+        async def unload(request: Request):
+            b = await body(request)
+            self.calls.append(("/unload_lora_adapter", b))
+            if b["lora_name"] not in self.loaded:
+                return JSONResponse({"success": False, "error_message": "not loaded"}, status_code=400)
+            self.loaded.discard(b["lora_name"])
+            return {"success": True, "loaded_adapters": {n: "x" for n in self.loaded}}
+
+        @app.post("/generate")
+        async def generate(request: Request):
+            b = await body(request)
+            self.calls.append(("/generate", b))
+            return {
+                "text": "a",
+                "output_ids": [97],
+                "meta_info": {"finish_reason": {"type": "length"}, "prompt_tokens": len(b["input_ids"])},
+            }
+
+        return app
