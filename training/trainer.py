@@ -46,7 +46,7 @@ from training.logging_utils import MetricsLog, ProgressBar, memory_metrics, rele
 from training.lora import adapters_disabled, apply_lora, base_model, lora_critic, merged_state_dict, save_adapter
 from training.rewards import STEP_SCORERS, build_reward
 from training.rollout import PromptSampler, collect
-from training.weight_sync import sync_weights
+from training.weight_sync import rank_safe_sync, sync_weights
 
 logger = logging.getLogger(__name__)
 
@@ -385,20 +385,36 @@ class Trainer:
 
     # ---- sync, checkpoints, validation ------------------------------------------------------
     def sync(self) -> None:
-        """Push the policy's full weights into the rollout backend, tagged with ``step_no``."""
+        """Push the policy's weights into the rollout backend, tagged with ``step_no``: merged
+        full weights (LoRA: W + ΔW), or the adapter itself (``model.lora.sync: adapter``). With
+        several ranks and a server, only rank 0 exports and posts, behind a barrier
+        (:func:`training.weight_sync.rank_safe_sync`)."""
         lora = self.cfg.model.lora
-        if lora is not None and lora.sync == "adapter":  # SGLang loads the adapter itself
-            path = save_adapter(self.policy, self.out / "sync" / f"adapter-v{self.step_no}")
-            self.backend.update_lora_adapter(path, self.step_no)
-            return
-        sync_weights(
-            self.backend,
-            merged_state_dict(self.policy) if lora is not None else full_state_dict(self.policy),
-            self.step_no,
-            scratch=self.out / "sync",
-            tokenizer=self.tokenizer,
-            model_config=base_model(self.policy).config,
-        )
+        zero3 = getattr(self.policy, "zero_optimization_stage", lambda: 0)() == 3
+        adapter = lora is not None and lora.sync == "adapter"
+        box: dict[str, Any] = {}
+
+        def export() -> None:
+            box["w"] = merged_state_dict(self.policy) if lora is not None else full_state_dict(self.policy)
+
+        def push() -> None:
+            if adapter:  # SGLang loads the adapter itself
+                path = save_adapter(self.policy, self.out / "sync" / f"adapter-v{self.step_no}")
+                self.backend.update_lora_adapter(path, self.step_no)
+                return
+            if "w" not in box:
+                export()
+            sync_weights(
+                self.backend,
+                box.pop("w"),
+                self.step_no,
+                scratch=self.out / "sync",
+                tokenizer=self.tokenizer,
+                model_config=base_model(self.policy).config,
+            )
+
+        gather = export if zero3 and not adapter else None
+        rank_safe_sync(self.backend, push, self.step_no, self.rank, self.world, gather, adapter)
 
     def save(self) -> Path:
         """A checkpoint of this step (atomic); keeps the newest ``trainer.keep_checkpoints``."""

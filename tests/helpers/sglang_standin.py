@@ -17,6 +17,8 @@ class SGLangStandIn:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.loaded: set[str] = set()
+        self.version = "0"  # the weight_version it reports, as SGLang does in meta_info
+        self.n_generated = 0
 
     def of(self, path: str) -> list[Any]:
         return [b for p, b in self.calls if p == path]
@@ -36,6 +38,7 @@ class SGLangStandIn:
         async def update(request: Request):
             b = await body(request)
             self.calls.append(("/update_weights_from_disk", b))
+            self.version = b.get("weight_version", self.version)
             return {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
 
         @app.post("/flush_cache")
@@ -61,12 +64,16 @@ class SGLangStandIn:
 
         @app.post("/generate")
         async def generate(request: Request):
+            # 1 to 3 copies of one token, so samples differ in length; n samples as a list, as SGLang does.
             b = await body(request)
             self.calls.append(("/generate", b))
-            return {
-                "text": "a",
-                "output_ids": [97],
-                "meta_info": {"finish_reason": {"type": "length"}, "prompt_tokens": len(b["input_ids"])},
-            }
+            n = b["sampling_params"].get("n")
+            items = []
+            for _ in range(n or 1):
+                self.n_generated += 1
+                ids = [100] * (1 + self.n_generated % 3)
+                meta = {"finish_reason": {"type": "length"}, "prompt_tokens": len(b["input_ids"])}
+                items.append({"text": "", "output_ids": ids, "meta_info": {**meta, "weight_version": self.version}})
+            return items if n else items[0]
 
         return app

@@ -5,8 +5,6 @@ stand-in server (NOT against real SGLang)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from safetensors.torch import load_file
