@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -239,6 +239,25 @@ def load_examples(
 ) -> list[Example]:
     """Load (and select from) a registered dataset split."""
     return select(read_examples(dataset_file(name, split, data_dir)), limit=limit, sample=sample, seed=seed)
+
+
+def load_merged_examples(
+    names: list[str] | tuple[str, ...],
+    split: str | None = None,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+) -> list[Example]:
+    """Several datasets' split as one training set (Search-R1 trains on NQ + HotpotQA train).
+
+    ``limit`` applies to each dataset. Ids become ``"<dataset>/<id>"`` (ids repeat across
+    datasets) and ``metadata["dataset"]`` names the source."""
+    if not names:
+        raise ValueError("data.dataset: an empty list of datasets")
+    out: list[Example] = []
+    for name in names:
+        for ex in load_examples(name, split, data_dir=data_dir, limit=limit):
+            out.append(replace(ex, id=f"{name}/{ex.id}", metadata={**ex.metadata, "dataset": name}))
+    return out
 
 
 def corpus_path(

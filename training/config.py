@@ -40,7 +40,10 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = "hotpotqa"
+    # One dataset, or a list trained as one merged set (Search-R1: [nq, hotpotqa]); a merged set
+    # needs a retriever over a shared corpus (http, or retriever.corpus/index), and validation
+    # (val_split) runs on the FIRST dataset listed.
+    dataset: str | list[str] = "hotpotqa"
     split: str = "train100"
     data_dir: str | None = None
     limit: int | None = None
