@@ -133,11 +133,13 @@ class ValueHead(torch.nn.Module):
 
 
 def ds_config(cfg: OptimConfig, batch_size: int, lr: float) -> dict[str, Any]:
-    """The DeepSpeed config for one optimisation step over ``batch_size`` rows (all ranks together)."""
+    """The DeepSpeed config for one optimisation step over ``batch_size`` rows (all ranks together):
+    the trainer passes one MINI-batch (``algo.ppo_mini_batch_size``), so DeepSpeed's accumulation
+    boundary falls at the end of each mini-batch's micro-batches."""
     _, world = rank_and_world()
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
-        # One optimizer step per training step: the rows of a step are split into micro-batches.
+        # One optimizer step per mini-batch: its rows on this rank are split into micro-batches.
         "gradient_accumulation_steps": max(1, -(-batch_size // (cfg.micro_batch_size * world))),
         "gradient_clipping": cfg.grad_clip,
         "zero_optimization": {"stage": cfg.zero_stage},
