@@ -108,6 +108,14 @@ _register(
         folder="r1searcher_eval_subsets",
     )
 )
+_register(
+    DatasetSpec(
+        "r1searcher_train",
+        ("stage_1", "stage_2"),
+        "R1-Searcher's RL training sets as published (data/training_set/stage_{1,2}.jsonl: idx, question, answer)",
+        folder="r1searcher_training_set",
+    )
+)
 _register(DatasetSpec("demo", ("test",), "Shipped two-hop demo over a fictional world (32 q, 160+ passages)"))
 
 
@@ -177,7 +185,8 @@ def dataset_file(name: str, split: str | None = None, data_dir: str | Path | Non
 
 
 def read_examples(path: str | Path) -> list[Example]:
-    """Parse a FlashRAG question file strictly; errors name the file and line."""
+    """Parse a FlashRAG question file strictly; errors name the file and line. R1-Searcher's
+    published training layout (``idx``, ``question``, ``answer``) reads as ``id``/``golden_answers``."""
     path = Path(path)
     examples: list[Example] = []
     seen: dict[str, int] = {}
@@ -199,6 +208,10 @@ def read_examples(path: str | Path) -> list[Example]:
         if not isinstance(q, str) or not q.strip():
             raise DatasetError(f"{where}: missing or empty 'question'")
         golds = d.get("golden_answers")
+        if golds is None and "answer" in d:  # R1-Searcher's training sets: {"idx", "question", "answer"}
+            golds = d["answer"]
+            if d.get("id") is None and d.get("idx") is not None:
+                d["id"] = d["idx"]
         if isinstance(golds, str):
             golds = [golds]
         if not isinstance(golds, list) or not golds or not all(isinstance(g, str | int | float) for g in golds):

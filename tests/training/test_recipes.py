@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -132,3 +133,23 @@ def test_merged_dataset_loads_both_with_prefixed_ids():
     assert all(e.metadata["dataset"] == "demo" for e in both)
     with pytest.raises(ValueError, match="empty"):
         load_merged_examples([], "test")
+
+
+def test_r1_searcher_training_layout_reads(tmp_path):
+    """R1-Searcher's data/training_set/stage_1.jsonl layout (idx, question, answer, extra keys)."""
+    from benchmarks.datasets import load_examples
+
+    folder = tmp_path / "r1searcher_training_set"
+    folder.mkdir()
+    rows = [
+        {
+            "idx": 37653,
+            "question": "Which Route 22 runs through a major city?",
+            "answer": "U.S. Route 22",
+            "pred_anses": [],
+        },
+        {"idx": 37664, "question": "Who directed it?", "answer": "Someone", "pred_anses": [""]},
+    ]
+    (folder / "stage_1.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    ex = load_examples("r1searcher_train", "stage_1", data_dir=tmp_path)
+    assert [(e.id, e.answers) for e in ex] == [("37653", ("U.S. Route 22",)), ("37664", ("Someone",))]
