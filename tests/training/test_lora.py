@@ -104,3 +104,25 @@ def test_sglang_adapter_sync_protocol_against_a_stand_in(tmp_path):
         assert standin.of("/unload_lora_adapter") == [{"lora_name": "policy-v0"}]
         assert backend.weight_version == "1" and standin.loaded == {"policy-v1"}
         assert backend.payload([1, 2], SamplingParams(max_new_tokens=4))["lora_path"] == "policy-v1"
+
+
+@pytest.mark.slow
+def test_lora_ppo_critic_trains_its_adapters_and_head(tmp_path):
+    from harness.config import compose
+    from tests.training.test_trainer import TINY as RECIPE
+    from training.build import build_trainer
+    from training.config import TrainConfig
+
+    f = tmp_path / "lora.yaml"
+    f.write_text(RECIPE.replace("model:\n", "model:\n  lora: {r: 4, alpha: 8, target_modules: [q_proj, v_proj]}\n", 1))
+    cfg = compose(TrainConfig, [f], ["algo.reward=test_length", "algo.advantage=gae", "trainer.save_every=0"])
+    trainer = build_trainer(cfg, tmp_path / "run")
+    critic = trainer.critic.module
+    trainable = {k for k, p in critic.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in k or k.startswith("head.") for k in trainable)
+    before = {k: v.detach().clone() for k, v in critic.named_parameters()}
+    m = trainer.step()
+    assert "value_loss" in m
+    after = dict(critic.named_parameters())
+    assert not torch.equal(before["head.weight"], after["head.weight"])
+    assert all(torch.equal(before[k], after[k]) for k in before if k not in trainable)
