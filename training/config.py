@@ -64,6 +64,10 @@ class RolloutConfig:
     # dtype are ``model.path`` and ``model.dtype``. ``launch: true`` starts SGLang for the run.
     backend: BackendConfig = field(default_factory=lambda: BackendConfig(max_batch_size=16))
     agent: dict[str, Any] = field(default_factory=dict)  # AgentConfig overrides
+    # How weights reach a server: "disk" (a model directory + /update_weights_from_disk, tested
+    # against real SGLang) or "distributed" (broadcast over NCCL/gloo, SGLang's
+    # /update_weights_from_distributed; tested only against a stand-in, see training.dist_sync).
+    weight_sync: Literal["disk", "distributed"] = "disk"
 
 
 @dataclass(frozen=True)

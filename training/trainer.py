@@ -31,6 +31,7 @@ from training.advantages import ADVANTAGES, AdvantageInputs, outcome_to_tokens, 
 from training.batch import Batch, collate, token_logprobs
 from training.checkpoint import export_hf, latest_checkpoint, load_checkpoint, save_checkpoint
 from training.config import TrainConfig
+from training.dist_sync import DistributedWeightSync
 from training.engine import (
     ValueHead,
     autocast,
@@ -94,6 +95,11 @@ class Trainer:
         self.ref = frozen_copy(model) if a.kl_coef > 0 and lora is None else None
         self.ref_is_base = a.kl_coef > 0 and lora is not None
         self.policy = initialize(model, o, o.lr, mini_all_ranks)
+        self.dist_sync = None  # rollout.weight_sync: distributed (one SGLang server, by broadcast)
+        if cfg.rollout.weight_sync == "distributed":
+            if not hasattr(self.backend, "update_weights_from_distributed"):
+                raise ValueError("rollout.weight_sync=distributed needs the sglang backend")
+            self.dist_sync = DistributedWeightSync(self.backend)
         self.device = engine_device(self.policy)  # batches, reference, critic, rollout model live here
         if self.ref is not None:  # DeepSpeed moved the policy; the frozen copy is ours to place
             self.ref.to(self.device, dtype=torch.bfloat16 if o.bf16 else None)
@@ -404,6 +410,9 @@ class Trainer:
                 return
             if "w" not in box:
                 export()
+            if self.dist_sync is not None:  # broadcast, no disk round trip
+                self.dist_sync.push(box.pop("w"), self.step_no)
+                return
             sync_weights(
                 self.backend,
                 box.pop("w"),

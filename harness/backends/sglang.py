@@ -195,6 +195,40 @@ class SGLangBackend(HTTPBackendBase):
                 self._post_ok(url, "/unload_lora_adapter", {"lora_name": old})
         self.weight_version = str(version)
 
+    def init_weights_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+    ) -> dict[str, Any]:
+        """``POST /init_weights_update_group``: the server's workers join a process group with the
+        trainer (ranks ``rank_offset`` + tp_rank of ``world_size``) at ``master_address:master_port``.
+        Blocks until the trainer joins too, so call it from a thread. One server only."""
+        if len(self.urls) != 1:
+            raise NotImplementedError("distributed weight sync is implemented for one SGLang server (its TP ranks)")
+        payload = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        return self._post_ok(self.urls[0], "/init_weights_update_group", payload)
+
+    def update_weights_from_distributed(
+        self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str, version: int
+    ) -> dict[str, Any]:
+        """``POST /update_weights_from_distributed``: the server receives each named tensor by a
+        broadcast from the trainer (rank 0 of the group), in order. Blocks until every tensor has
+        arrived, so call it from a thread while broadcasting."""
+        payload = {
+            "names": names,
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "group_name": group_name,
+            "flush_cache": True,
+            "weight_version": str(version),
+        }
+        return self._post_ok(self.urls[0], "/update_weights_from_distributed", payload)
+
     @staticmethod
     def _post_ok(url: str, path: str, payload: dict[str, Any] | None) -> dict[str, Any]:
         r = httpx.post(url + path, json=payload, timeout=120.0) if payload is not None else httpx.post(url + path)

@@ -19,6 +19,8 @@ class SGLangStandIn:
         self.loaded: set[str] = set()
         self.version = "0"  # the weight_version it reports, as SGLang does in meta_info
         self.n_generated = 0
+        self.group: Any = None  # distributed sync: the process group it joined (one worker)
+        self.received: dict[str, Any] = {}  # name -> tensor received by broadcast
 
     def of(self, path: str) -> list[Any]:
         return [b for p, b in self.calls if p == path]
@@ -61,6 +63,35 @@ class SGLangStandIn:
                 return JSONResponse({"success": False, "error_message": "not loaded"}, status_code=400)
             self.loaded.discard(b["lora_name"])
             return {"success": True, "loaded_adapters": {n: "x" for n in self.loaded}}
+
+        @app.post("/init_weights_update_group")
+        def init_group(payload: dict):  # a plain def: FastAPI runs it in a worker thread (it blocks)
+            from training.dist_sync import join_group
+
+            self.calls.append(("/init_weights_update_group", payload))
+            p = payload
+            self.group = join_group(
+                p["master_address"],
+                p["master_port"],
+                p["rank_offset"],
+                p["world_size"],
+                p["group_name"],
+                p["backend"],
+                60,
+            )
+            return {"success": True, "message": "Succeeded to initialize custom process group."}
+
+        @app.post("/update_weights_from_distributed")
+        def update_distributed(payload: dict):
+            import torch
+
+            self.calls.append(("/update_weights_from_distributed", payload))
+            for name, dtype, shape in zip(payload["names"], payload["dtypes"], payload["shapes"], strict=True):
+                t = torch.empty(shape, dtype=getattr(torch, dtype))
+                self.group.broadcast([t]).wait()
+                self.received[name] = t
+            self.version = payload.get("weight_version", self.version)
+            return {"success": True, "message": "Succeeded to update parameter online."}
 
         @app.post("/generate")
         async def generate(request: Request):
