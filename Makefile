@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-engines engines lint format clean browser
+.PHONY: install demo test test-engines test-gpu engines lint format clean browser
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ engines:
 
 test-engines: $(STAMP) engines
 	$(VENV)/bin/python -m pytest -q -rsP -m engines tests/engines
+
+# One CUDA GPU: 2 GRPO + 2 PPO steps of SmolLM2 in bf16, then weight sync into a GPU SGLang
+# server (that test skips without an sglang venv). Every test skips, saying why, without CUDA.
+test-gpu: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -rsP -m gpu tests/gpu
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

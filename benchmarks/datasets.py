@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -109,6 +109,14 @@ _register(
         folder="r1searcher_eval_subsets",
     )
 )
+_register(
+    DatasetSpec(
+        "r1searcher_train",
+        ("stage_1", "stage_2"),
+        "R1-Searcher's RL training sets as published (data/training_set/stage_{1,2}.jsonl: idx, question, answer)",
+        folder="r1searcher_training_set",
+    )
+)
 _register(DatasetSpec("demo", ("test",), "Shipped two-hop demo over a fictional world"))
 
 
@@ -178,7 +186,8 @@ def dataset_file(name: str, split: str | None = None, data_dir: str | Path | Non
 
 
 def read_examples(path: str | Path) -> list[Example]:
-    """Parse a FlashRAG question file strictly; errors name the file and line.
+    """Parse a FlashRAG question file strictly; errors name the file and line. R1-Searcher's
+    published training layout (``idx``, ``question``, ``answer``) reads as ``id``/``golden_answers``.
 
     ``golden_answers`` must be a non-empty list of strings (or numbers, kept as text); an empty
     list, ``null`` or a nested list is an error. Gold answers that SQuAD-normalise to the empty
@@ -223,6 +232,10 @@ def _parse_line(line: str, where: str) -> dict:
     if not isinstance(q, str) or not q.strip():
         raise DatasetError(f"{where}: missing or empty 'question'")
     golds = d.get("golden_answers")
+    if golds is None and "answer" in d:  # R1-Searcher's training sets: {"idx", "question", "answer"}
+        golds = d["answer"]
+        if d.get("id") is None and d.get("idx") is not None:
+            d["id"] = d["idx"]
     if isinstance(golds, str):
         golds = [golds]
     if not isinstance(golds, list) or not golds:
@@ -277,6 +290,25 @@ def load_examples(
 ) -> list[Example]:
     """Load (and select from) a registered dataset split."""
     return select(read_examples(dataset_file(name, split, data_dir)), limit=limit, sample=sample, seed=seed)
+
+
+def load_merged_examples(
+    names: list[str] | tuple[str, ...],
+    split: str | None = None,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+) -> list[Example]:
+    """Several datasets' split as one training set (Search-R1 trains on NQ + HotpotQA train).
+
+    ``limit`` applies to each dataset. Ids become ``"<dataset>/<id>"`` (ids repeat across
+    datasets) and ``metadata["dataset"]`` names the source."""
+    if not names:
+        raise ValueError("data.dataset: an empty list of datasets")
+    out: list[Example] = []
+    for name in names:
+        for ex in load_examples(name, split, data_dir=data_dir, limit=limit):
+            out.append(replace(ex, id=f"{name}/{ex.id}", metadata={**ex.metadata, "dataset": name}))
+    return out
 
 
 def corpus_path(

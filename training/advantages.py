@@ -9,7 +9,10 @@ Conventions chosen here (and why):
 
 - Group std is the unbiased one (``torch.std``), as verl's ``compute_grpo_outcome_advantage``.
   A singleton group has no baseline, so its advantage is 0 (verl instead uses mean 0, std 1).
-- Batch whitening (Reinforce++) uses the population std over all valid tokens of the batch.
+- Batch whitening follows each reference exactly. Reinforce++ (OpenRLHF's replay-buffer
+  ``normalize``, as R1-Searcher's OpenRLHF fork runs it): (x − mean)·rsqrt(max(var_pop, 1e-8)).
+  GAE (verl's ``masked_whiten``): (x − mean)·rsqrt(var_unbiased + 1e-8). Both over every valid
+  token of the rank's batch (the references all-reduce across ranks; we do not).
 - GAE runs over model-token positions only: an observation token in the middle of a multi-turn
   rollout is skipped, i.e. the "next state" of a model token is the next MODEL token. This is
   verl's ``compute_gae_advantage_return`` ("skip values and TD-error on observation tokens").
@@ -34,7 +37,7 @@ def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.
         sel = group_ids == g  # [B] bool
         r = rewards[sel]  # [n_g]
         mean[sel] = r.mean()
-        std[sel] = r.std(unbiased=True) if r.numel() > 1 else torch.zeros(())
+        std[sel] = r.std(unbiased=True) if r.numel() > 1 else r.new_zeros(())
     return mean, std
 
 
@@ -98,17 +101,44 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
     return (x - vals.mean()) / (vals.std(unbiased=False) + eps)
 
 
+def whiten_rsqrt(x: torch.Tensor, mask: torch.Tensor, unbiased: bool, eps: float = 1e-8) -> torch.Tensor:
+    """Whitening as verl and OpenRLHF write it: (x − mean) · rsqrt(var), over the valid tokens.
+
+    ``unbiased=True`` is verl's ``masked_whiten`` (Bessel-corrected var, ``rsqrt(var + eps)``);
+    ``unbiased=False`` is OpenRLHF's ``normalize`` (population var, ``rsqrt(max(var, eps))``).
+    A constant input thus scales by at most 1/√eps = 1e4, never by 1/eps.  [B, T] → [B, T]
+    """
+    m = mask.to(x.dtype)  # [B, T]
+    n = m.sum()
+    if n < 2:  # variance undefined: only centre
+        return (x - (x * m).sum() / n.clamp(min=1)) * m
+    mean = (x * m).sum() / n
+    var = (((x - mean) ** 2) * m).sum() / n
+    if unbiased:
+        return (x - mean) * torch.rsqrt(var * n / (n - 1) + eps) * m
+    return (x - mean) * var.clamp(min=eps).rsqrt() * m
+
+
 def reinforce_pp(
-    rewards: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, eps: float = 1e-8
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 1.0,
+    eps: float = 1e-8,
+    token_penalty: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Reinforce++ with a group-mean baseline (R1-Searcher; OpenRLHF ``reinforce_baseline``):
-    subtract the group mean (no std), put the result on the last valid token, take the
-    return-to-go, whiten over every valid token of the batch.  rewards [B] → [B, T]"""
+    """Reinforce++ with a group-mean baseline, as R1-Searcher runs it (its OpenRLHF fork,
+    ``--advantage_estimator reinforce_baseline``): subtract the group mean (no std), put the result
+    on the last valid token, add the per-token KL penalty ``token_penalty`` [B, T] (−β·KL_t, OpenRLHF's
+    ``compute_reward``; None without KL), take the return-to-go, whiten over every valid token of
+    the batch with OpenRLHF's formula (:func:`whiten_rsqrt`).  rewards [B] → [B, T]"""
     mean, _ = _group_stats(rewards.float(), group_ids)  # [B]
     centred = rewards.float() - mean  # [B]
     token_r = outcome_to_tokens(centred, mask)  # [B, T]
+    if token_penalty is not None:
+        token_r = token_r + token_penalty * mask
     returns = returns_to_go(token_r, mask, gamma)  # [B, T]
-    return masked_whiten(returns, mask, eps) * mask
+    return whiten_rsqrt(returns, mask, unbiased=False, eps=eps)
 
 
 def gae(
@@ -141,7 +171,7 @@ def gae(
         next_adv = torch.where(valid, a, next_adv)
     returns = (adv + values) * mask  # [B, T]
     if whiten:
-        adv = masked_whiten(adv, mask) * mask
+        adv = whiten_rsqrt(adv, mask, unbiased=True)
     return adv, returns
 
 
@@ -174,12 +204,12 @@ def dual_granularity(
     valid tokens of the group.  → [B, T]
     """
     a_out = grpo(outcome, group_ids, mask, eps)  # [B, T]
-    a_step = torch.zeros(step_scores.shape, dtype=torch.float32)  # [B, T]
+    a_step = torch.zeros(step_scores.shape, dtype=torch.float32, device=step_scores.device)  # [B, T]
     for g in torch.unique(group_ids):
         sel = group_ids == g  # [B] bool
         vals = step_scores[sel][mask[sel].bool()].float()  # [N_valid in group]
         if vals.numel():
-            std = vals.std(unbiased=False) if vals.numel() > 1 else torch.tensor(0.0)
+            std = vals.std(unbiased=False) if vals.numel() > 1 else vals.new_zeros(())
             a_step[sel] = (step_scores[sel].float() - vals.mean()) / (std + eps)
     return (a_out + beta * a_step) * mask
 
@@ -191,7 +221,8 @@ class AdvantageInputs:
 
     ``rewards`` [B] outcome rewards; ``group_ids`` [B] prompt index; ``mask`` [B, W] model tokens;
     ``values`` [B, W] the critic's (PPO); ``token_rewards`` [B, W] per-token rewards with the
-    outcome on the last model token and any KL folded in (PPO); ``step_scores`` [B, W] each
+    outcome on the last model token and any KL folded in (PPO; for Reinforce++ only the KL
+    penalty −β·KL_t, the outcome being added after the group baseline); ``step_scores`` [B, W] each
     step's score painted on its tokens (ProRAG).
     """
 
@@ -211,14 +242,15 @@ def _grpo(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
 
 
 def _reinforce_pp(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
-    return reinforce_pp(x.rewards, x.group_ids, x.mask, algo.gamma), None
+    # token_rewards, when given, hold only the KL penalty (−β·KL_t): OpenRLHF folds it in (kl_in_reward)
+    return reinforce_pp(x.rewards, x.group_ids, x.mask, algo.gamma, token_penalty=x.token_rewards), None
 
 
 def _gae(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, torch.Tensor]:
     token_rewards = x.token_rewards if x.token_rewards is not None else outcome_to_tokens(x.rewards, x.mask)
     if x.values is None:
         raise ValueError("gae advantages need the critic's values")
-    return gae(token_rewards, x.values, x.mask, algo.gamma, algo.lam)
+    return gae(token_rewards, x.values, x.mask, algo.gamma, algo.lam, whiten=algo.whiten_advantages)
 
 
 def _dual_granularity(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:

@@ -34,6 +34,11 @@ class Batch:
     rewards: torch.Tensor  # [B] float
     step_spans: list[list[tuple[int, int]]]  # per row: [start, end) TARGET positions of each model turn
 
+    def to(self, device: torch.device | str) -> Batch:
+        """The same batch with every tensor on ``device`` (the engine's)."""
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.__dict__.items()}
+        return Batch(**moved)
+
     @property
     def targets(self) -> torch.Tensor:
         """Next-token targets.  [B, T] = input_ids[:, 1:]"""

@@ -73,7 +73,7 @@ def build_validation(cfg: TrainConfig, backend: Any, out: Path) -> Validation | 
         EvalConfig,
         {
             "method": cfg.rollout.method,
-            "dataset": {"name": d.dataset, "split": d.val_split, "limit": d.val_limit, "data_dir": d.data_dir},
+            "dataset": {"name": first_dataset(cfg), "split": d.val_split, "limit": d.val_limit, "data_dir": d.data_dir},
             "retriever": to_dict(cfg.retriever),
             "backend": {"kind": cfg.rollout.backend.kind, "model": cfg.model.path},
             "agent": {**cfg.rollout.agent, "temperature": 0.0},
@@ -85,17 +85,40 @@ def build_validation(cfg: TrainConfig, backend: Any, out: Path) -> Validation | 
     return Validation(run.method, run.examples, run.manifest, tuple(ecfg.metrics), out / "validation")
 
 
+def first_dataset(cfg: TrainConfig) -> str:
+    """The dataset named first in ``data.dataset`` (validation runs on it)."""
+    d = cfg.data.dataset
+    return d if isinstance(d, str) else d[0]
+
+
+def merged_corpus_dataset(cfg: TrainConfig) -> str:
+    """The dataset whose corpus the retriever uses. A merged training set has no single dataset
+    corpus: it needs a shared one (an http retriever, or ``retriever.corpus`` / ``index``)."""
+    d, r = cfg.data.dataset, cfg.retriever
+    if isinstance(d, str) or len(d) == 1:
+        return first_dataset(cfg)
+    if r.kind in ("http", "memory") or r.corpus or r.index:
+        return d[0]
+    raise ValueError(
+        f"data.dataset={list(d)} merges datasets with different local corpora: give the retriever a "
+        "shared corpus (retriever.kind=http, or retriever.corpus / retriever.index)"
+    )
+
+
 def build_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
     """The :class:`~training.trainer.Trainer` for ``cfg``, writing into ``out``. ``backend``: an
     already built rollout backend (e.g. one pointing at a launched engine)."""
     from benchmarks.build import dataset_retriever
-    from benchmarks.datasets import load_examples
+    from benchmarks.datasets import load_examples, load_merged_examples
     from pipelines.search_agent import AgentConfig, SearchAgent
     from training.trainer import Trainer
 
     d = cfg.data
-    examples = load_examples(d.dataset, d.split, data_dir=d.data_dir, limit=d.limit)
-    retriever = dataset_retriever(cfg.retriever, d.dataset, d.split, d.data_dir)
+    if isinstance(d.dataset, str):
+        examples = load_examples(d.dataset, d.split, data_dir=d.data_dir, limit=d.limit)
+    else:
+        examples = load_merged_examples(d.dataset, d.split, data_dir=d.data_dir, limit=d.limit)
+    retriever = dataset_retriever(cfg.retriever, merged_corpus_dataset(cfg), d.split, d.data_dir)
     backend = backend or rollout_backend(cfg)
     agent_cfg = from_dict(AgentConfig, dict(cfg.rollout.agent), where="rollout.agent")
     agent = SearchAgent(backend, retriever, cfg.rollout.method, agent_cfg, method=cfg.rollout.method)

@@ -9,17 +9,41 @@ from harness.eval_config import BackendConfig, RetrieverConfig
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """LoRA via ``peft`` (policy and critic bodies). The reference model is the base with the
+    adapters disabled (no second copy); checkpoints hold the adapters; weight sync pushes merged
+    full weights (or, for SGLang, ``rollout.backend`` may load the adapter: see training.lora)."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    # merged: push W + ΔW as full weights (any backend); adapter: SGLang's /load_lora_adapter
+    sync: Literal["merged", "adapter"] = "merged"
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     path: str = "smollm2-135m-instruct"  # name, local dir or hub id
     dtype: Literal["float32", "bfloat16"] = "float32"
     # Build a tiny random Llama offline instead of loading weights (tests): e.g. {hidden_size: 64}.
     tiny: dict[str, Any] | None = None
     gradient_checkpointing: bool = False
+    # Attention kernel: sdpa (PyTorch's, any device), eager, or flash_attention_2 (needs the
+    # flash-attn package and a CUDA GPU; refused with a clear error otherwise).
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    # LoRA adapters (peft) instead of full fine-tuning: {r, alpha, dropout, target_modules}.
+    lora: LoraConfig | None = None
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = "hotpotqa"
+    # One dataset, or a list trained as one merged set (Search-R1: [nq, hotpotqa]); a merged set
+    # needs a retriever over a shared corpus (http, or retriever.corpus/index), and validation
+    # (val_split) runs on the FIRST dataset listed.
+    dataset: str | list[str] = "hotpotqa"
     split: str = "train100"
     data_dir: str | None = None
     limit: int | None = None
@@ -40,6 +64,10 @@ class RolloutConfig:
     # dtype are ``model.path`` and ``model.dtype``. ``launch: true`` starts SGLang for the run.
     backend: BackendConfig = field(default_factory=lambda: BackendConfig(max_batch_size=16))
     agent: dict[str, Any] = field(default_factory=dict)  # AgentConfig overrides
+    # How weights reach a server: "disk" (a model directory + /update_weights_from_disk, tested
+    # against real SGLang) or "distributed" (broadcast over NCCL/gloo, SGLang's
+    # /update_weights_from_distributed; tested only against a stand-in, see training.dist_sync).
+    weight_sync: Literal["disk", "distributed"] = "disk"
 
 
 @dataclass(frozen=True)
@@ -53,7 +81,16 @@ class AlgoConfig:
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     kl_in_reward: bool = False  # PPO style: fold k1 KL into the token rewards instead of the loss
     entropy_coef: float = 0.0
-    update_epochs: int = 1
+    # verl's update schedule: the step's rollouts (``prompts_per_step × n_samples`` rows, all ranks)
+    # are split into mini-batches of ``ppo_mini_batch_size`` ROWS (verl counts prompts: a verl
+    # value × rollout.n), each one optimizer step with gradient accumulation over micro-batches of
+    # ``optim.micro_batch_size``; ``ppo_epochs`` passes over the batch. None: one mini-batch.
+    # More than one update per batch moves the ratio away from 1, so clipping can act.
+    ppo_epochs: int = 1
+    ppo_mini_batch_size: int | None = None
+    update_epochs: int | None = None  # older name of ppo_epochs (an alias; both set must agree)
+    whiten_advantages: bool = True  # GAE: whiten advantages over the batch (verl, Search-R1)
+    critic_warmup: int = 0  # PPO: the first N steps update only the critic (verl's trainer.critic_warmup)
     gamma: float = 1.0
     lam: float = 1.0
     vf_coef: float = 0.5
@@ -62,6 +99,24 @@ class AlgoConfig:
     step_scorer: str = "rule"  # dual_granularity: a training.rewards.STEP_SCORERS name
     norm_by_std: bool = True
     max_len: int | None = None  # truncate collated sequences (Dr. GRPO's constant denominator too)
+
+    def __post_init__(self) -> None:
+        if self.update_epochs is not None and self.ppo_epochs not in (1, self.update_epochs):
+            raise ValueError(
+                f"algo.update_epochs={self.update_epochs} and algo.ppo_epochs={self.ppo_epochs} disagree; "
+                "set only ppo_epochs"
+            )
+        if self.epochs < 1:
+            raise ValueError(f"algo.ppo_epochs must be >= 1, got {self.epochs}")
+        if self.ppo_mini_batch_size is not None and self.ppo_mini_batch_size < 1:
+            raise ValueError(f"algo.ppo_mini_batch_size must be >= 1, got {self.ppo_mini_batch_size}")
+        if self.critic_warmup < 0:
+            raise ValueError(f"algo.critic_warmup must be >= 0, got {self.critic_warmup}")
+
+    @property
+    def epochs(self) -> int:
+        """Passes over each rollout batch (``ppo_epochs``, or its alias ``update_epochs``)."""
+        return self.update_epochs if self.update_epochs is not None else self.ppo_epochs
 
 
 @dataclass(frozen=True)

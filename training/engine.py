@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib
+import importlib.util
 import logging
 import os
 import socket
@@ -68,15 +69,53 @@ def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> Any:
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     dtype = getattr(torch, cfg.dtype)
+    attn = check_attn_implementation(cfg.attn_implementation)
     if cfg.tiny is not None:
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab_size, **{**TINY_DEFAULTS, **cfg.tiny})).to(dtype)
+        config = LlamaConfig(vocab_size=vocab_size, **{**TINY_DEFAULTS, **cfg.tiny})
+        config._attn_implementation = attn
+        model = LlamaForCausalLM(config).to(dtype)
     else:
         from harness.models import resolve_model
 
-        model = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.path), dtype=dtype, use_safetensors=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            resolve_model(cfg.path), dtype=dtype, use_safetensors=True, attn_implementation=attn
+        )
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        # Non-reentrant: works with frozen inputs (LoRA's frozen embeddings) and under no_grad.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False  # a KV cache is useless in training and clashes with checkpointing
     return model
+
+
+def check_attn_implementation(name: str) -> str:
+    """``sdpa`` / ``eager`` anywhere; ``flash_attention_2`` only with flash-attn and CUDA (clear error)."""
+    if name in ("sdpa", "eager"):
+        return name
+    if name == "flash_attention_2":
+        if importlib.util.find_spec("flash_attn") is None:
+            raise ValueError(
+                "model.attn_implementation=flash_attention_2 needs the flash-attn package (pip install flash-attn)"
+            )
+        if not torch.cuda.is_available():
+            raise ValueError("model.attn_implementation=flash_attention_2 needs a CUDA GPU; use sdpa on CPU")
+        return name
+    raise ValueError(f"unknown model.attn_implementation {name!r}; use sdpa, eager or flash_attention_2")
+
+
+def engine_device(engine: Any) -> torch.device:
+    """The device a DeepSpeed engine (or a plain module) computes on."""
+    dev = getattr(engine, "device", None)
+    if dev is not None:
+        return torch.device(dev)
+    return next(unwrap(engine).parameters()).device
+
+
+def autocast(device: torch.device, bf16: bool) -> Any:
+    """bf16 autocast for forwards DeepSpeed does not manage (the frozen reference) on CUDA; a no-op
+    elsewhere (CPU runs stay fp32, the tested default)."""
+    if bf16 and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 class ValueHead(torch.nn.Module):
@@ -94,11 +133,13 @@ class ValueHead(torch.nn.Module):
 
 
 def ds_config(cfg: OptimConfig, batch_size: int, lr: float) -> dict[str, Any]:
-    """The DeepSpeed config for one optimisation step over ``batch_size`` rows (all ranks together)."""
+    """The DeepSpeed config for one optimisation step over ``batch_size`` rows (all ranks together):
+    the trainer passes one MINI-batch (``algo.ppo_mini_batch_size``), so DeepSpeed's accumulation
+    boundary falls at the end of each mini-batch's micro-batches."""
     _, world = rank_and_world()
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
-        # One optimizer step per training step: the rows of a step are split into micro-batches.
+        # One optimizer step per mini-batch: its rows on this rank are split into micro-batches.
         "gradient_accumulation_steps": max(1, -(-batch_size // (cfg.micro_batch_size * world))),
         "gradient_clipping": cfg.grad_clip,
         "zero_optimization": {"stage": cfg.zero_stage},

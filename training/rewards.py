@@ -23,6 +23,8 @@ Definitions (and where they come from):
 - ``r1_searcher_stage2`` (same source): F1 of the answer when the format is valid, ``format_penalty``
   (−2) when it is not (the paper subtracts 2 from the answer reward; we return −2 flat, the
   variant REFERENCE §1 specifies).
+- ``prorag`` (ProRAG ``prorag/rl/reward.py``): 2·F1 when F1 ≥ 0.2 (else 0) plus ±1 format; see
+  :class:`ProRAGOutcome`.
 - ``search_r1_format`` (Search-R1 v0.3, ``verl/utils/reward_score/qa_em_format.py``
   ``compute_score_em``): see :class:`SearchR1Format`; the v0.3 training scripts pass
   ``structure_format_score=0.2``, ``final_format_score=0.1``, ``retrieval_score=0``.
@@ -152,6 +154,44 @@ class R1SearcherStage2:
         return (f1 if ok else self.format_penalty), {"f1": f1, "format_valid": float(ok)}
 
 
+def prorag_f1(prediction: str, gold: str) -> float:
+    """ProRAG's ``calculate_f1_score`` (``prorag/utils/metric.py``): token F1 over lower-cased
+    whitespace tokens, no SQuAD normalisation (punctuation and articles count)."""
+    from collections import Counter
+
+    p, g = prediction.lower().split(), gold.lower().split()
+    if not p or not g:
+        return 0.0
+    same = sum((Counter(p) & Counter(g)).values())
+    if same == 0:
+        return 0.0
+    prec, rec = same / len(p), same / len(g)
+    return 2 * prec * rec / (prec + rec)
+
+
+@dataclass(frozen=True)
+class ProRAGOutcome:
+    """ProRAG's RL outcome reward (``prorag/rl/reward.py`` ``outcome_reward``): ``scale``·F1 of the
+    first ``<answer>`` block when F1 ≥ ``gate`` (else 0), plus the format term +1 / −1 from the
+    prorag dialect's validator (ProRAG's ``format_reward``). F1 is ProRAG's own (:func:`prorag_f1`).
+
+    Differences, and why: ProRAG scores against one gold string; a dataset here may list several
+    answers, so the best F1 over them is taken (identical with one answer). ProRAG's answer regex
+    ignores case (``<ANSWER>``); the dialect's extraction does not (the model is prompted with the
+    lower-case tags, and the format term already fails such a response)."""
+
+    scale: float = 2.0
+    gate: float = 0.2
+    validator: Any = None
+
+    def __call__(self, traj: Trajectory) -> RewardOut:
+        answer = extract_answer(traj, self.validator)
+        f1 = max((prorag_f1(answer, g) for g in traj.answers), default=0.0) if answer is not None else 0.0
+        acc = self.scale * f1 if f1 >= self.gate else 0.0
+        fmt = 1.0 if format_ok(traj, self.validator) else -1.0
+        return acc + fmt, {"f1": f1, "format_valid": float(fmt > 0)}
+
+
 @dataclass(frozen=True)
 class SearchR1Format:
     """Search-R1 v0.3's EM-with-format reward (``qa_em_format.compute_score_em``), term by term:
@@ -217,6 +257,7 @@ REWARDS.register("research_f1_format", ResearchF1Format)
 REWARDS.register("r1_searcher_stage1", R1SearcherStage1)
 REWARDS.register("r1_searcher_stage2", R1SearcherStage2)
 REWARDS.register("search_r1_format", SearchR1Format)
+REWARDS.register("prorag", ProRAGOutcome)
 
 
 def build_reward(spec: str | dict | Sequence[str | dict]) -> RewardFn:

@@ -1,8 +1,9 @@
 """The training loop. :meth:`Trainer.step` reads top to bottom:
 
 sample prompts → rollouts (THE search agent) → rewards → collate (role-based loss mask, group
-ids) → forward (reference log-probs, values) → advantages → loss and DeepSpeed step (old
-log-probs = the policy's own, before the update) → weight sync into the rollout backend → log →
+ids) → forward (reference log-probs, values, old log-probs once before any update) → advantages
+→ ``ppo_epochs`` passes over ``ppo_mini_batch_size`` mini-batches, one DeepSpeed optimizer step
+each (gradient accumulation over micro-batches) → weight sync into the rollout backend → log →
 checkpoint → periodic validation (the eval path, ``benchmarks.evaluate``; see ``training.build``).
 
 Data parallelism: every rank draws the same prompts for a step and rolls out its own contiguous
@@ -31,20 +32,23 @@ from training.advantages import ADVANTAGES, AdvantageInputs, outcome_to_tokens, 
 from training.batch import Batch, collate, token_logprobs
 from training.checkpoint import checkpoints, export_hf, latest_checkpoint, load_checkpoint, save_checkpoint
 from training.config import TrainConfig
+from training.dist_sync import DistributedWeightSync
 from training.engine import (
     ValueHead,
+    autocast,
     build_model,
+    engine_device,
     frozen_copy,
     full_state_dict,
     initialize,
     optimizer_step,
     rank_and_world,
-    unwrap,
 )
 from training.logging_utils import MetricsLog, ProgressBar, memory_metrics, release_freed_memory, rollout_metrics
+from training.lora import adapters_disabled, apply_lora, base_model, lora_critic, merged_state_dict, save_adapter
 from training.rewards import STEP_SCORERS, build_reward
 from training.rollout import PromptSampler, collect
-from training.weight_sync import sync_weights
+from training.weight_sync import rank_safe_sync, sync_weights
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +80,31 @@ class Trainer:
         if cfg.optim.threads:
             torch.set_num_threads(cfg.optim.threads)
         a, o = cfg.algo, cfg.optim
-        batch_size = cfg.rollout.prompts_per_step * cfg.rollout.n_samples  # rows per optimizer step, all ranks
+        self.mini_rows = mini_batch_rows(cfg, self.world)  # rows per optimizer step on this rank
+        mini_all_ranks = self.mini_rows * self.world  # DeepSpeed: gradient_accumulation = micro-batches per mini-batch
         model = build_model(cfg.model, vocab_size=len(self.tokenizer))
-        self.ref = frozen_copy(model) if a.kl_coef > 0 else None  # taken before any update
-        self.policy = initialize(model, o, o.lr, batch_size)
+        lora = cfg.model.lora
+        if lora is not None:
+            model = apply_lora(model, lora)
+            if lora.sync == "adapter" and not hasattr(self.backend, "update_lora_adapter"):
+                raise ValueError(
+                    f"model.lora.sync=adapter needs a backend that loads LoRA adapters (sglang), "
+                    f"not {getattr(self.backend, 'name', type(self.backend).__name__)!r}; use sync: merged"
+                )
+        # The KL reference: a frozen copy taken before any update, or with LoRA the policy itself
+        # with its adapters disabled (the base; no second copy).
+        self.ref = frozen_copy(model) if a.kl_coef > 0 and lora is None else None
+        self.ref_is_base = a.kl_coef > 0 and lora is not None
+        self.policy = initialize(model, o, o.lr, mini_all_ranks)
+        self.dist_sync = None  # rollout.weight_sync: distributed (one SGLang server, by broadcast)
+        if cfg.rollout.weight_sync == "distributed":
+            if not hasattr(self.backend, "update_weights_from_distributed"):
+                raise ValueError("rollout.weight_sync=distributed needs the sglang backend")
+            self.dist_sync = DistributedWeightSync(self.backend)
+        self.device = engine_device(self.policy)  # batches, reference, critic, rollout model live here
+        if self.ref is not None:  # DeepSpeed moved the policy; the frozen copy is ours to place
+            self.ref.to(self.device, dtype=torch.bfloat16 if o.bf16 else None)
+        self._place_rollout_model()
         self.critic = None
         self.advantage_fn = ADVANTAGES.get(a.advantage)
         adv_info = ADVANTAGES.info(a.advantage)
@@ -87,7 +112,11 @@ class Trainer:
         self.loss_fn = losses.RLLoss.from_config(a)
         if adv_info.get("needs_critic"):  # PPO: a critic on the same LM architecture
             critic = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))
-            self.critic = initialize(critic, o, o.critic_lr, batch_size)
+            if lora is not None:
+                critic = lora_critic(critic, lora)
+            self.critic = initialize(critic, o, o.critic_lr, mini_all_ranks)
+        elif a.critic_warmup:
+            raise ValueError(f"algo.critic_warmup={a.critic_warmup} needs a critic (algo.advantage: gae)")
         self.reward_fn = build_reward(a.reward)
         self.sampler = PromptSampler(examples, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
         self.sampling = SamplingParams(
@@ -143,12 +172,12 @@ class Trainer:
         rewards = [r for r, _ in scored]
         t_reward = time.perf_counter()
         # 4. collate: token ids, loss mask from roles (0 on prompt/observation), group id = prompt index
-        batch = collate(rollout.trajectories, rewards, rollout.group_ids, self.pad_id, c.algo.max_len)
+        batch = collate(rollout.trajectories, rewards, rollout.group_ids, self.pad_id, c.algo.max_len).to(self.device)
         # 5. no-grad forwards: reference log-probs (KL), values (PPO), old log-probs if advantages need them
         fwd = self.forward(batch)
         # 6. advantages (and returns for the critic)
         adv, returns = self.advantages(batch, rollout.trajectories, fwd)
-        # 7. loss, backward, DeepSpeed step (one optimizer step over the micro-batches)
+        # 7. loss, backward, DeepSpeed steps: ppo_epochs × mini-batches optimizer steps (verl's schedule)
         stats = self.update(batch, fwd, adv, returns)
         self.step_no += 1
         t_update = time.perf_counter()
@@ -172,6 +201,7 @@ class Trainer:
         metrics.update(memory_metrics())
         metrics["rollout_tokens_per_s"] = metrics["tokens/generated"] / max(1e-9, t_rollout - t0)
         metrics["update_tokens_per_s"] = float(batch.attention_mask.sum()) / max(1e-9, t_update - t_reward)
+        metrics.update(self._device_metrics(float(batch.attention_mask.sum()), t_sync - t0))
         if self.log is not None:
             self.log.write(self.step_no, metrics)
             if c.trainer.save_rollouts:
@@ -224,16 +254,40 @@ class Trainer:
         def cat(fn: Callable[[slice], torch.Tensor]) -> torch.Tensor:
             return torch.cat([fn(s) for s in slices])
 
-        ref = cat(lambda s: self._logprobs(self.ref, batch, s, offset)[0]) if self.ref is not None else None
+        ref = None
+        if self.ref is not None:  # not a DeepSpeed engine: bf16 autocast on CUDA when the run is bf16
+            with autocast(self.device, self.cfg.optim.bf16 or self.cfg.model.dtype == "bfloat16"):
+                ref = cat(lambda s: self._logprobs(self.ref, batch, s, offset)[0].float())
+        elif self.ref_is_base:
+            with adapters_disabled(self.policy):
+                ref = cat(lambda s: self._logprobs(self.policy, batch, s, offset)[0].float())
         values = None
         if self.critic is not None:
             values = cat(lambda s: self.critic(batch.input_ids[s], batch.attention_mask[s])[:, offset:-1])
-        # The training forward of the first epoch runs before the optimizer steps, so it yields the
-        # old log-probs for free; a separate pass is needed only when advantages depend on them.
+        # Old log-probs are computed ONCE, before any update. With one epoch and one mini-batch the
+        # training forward runs before the only optimizer step, so it yields them for free; with
+        # several updates per batch (or advantages that read them) a separate pass is needed.
         old = None
-        if ref is not None and a.kl_in_reward:
+        if self.updates_per_batch(batch) > 1 or (ref is not None and a.kl_in_reward):
             old = cat(lambda s: self._logprobs(self.policy, batch, s, offset)[0])
         return Forward(offset, ref, values, old)
+
+    def updates_per_batch(self, batch: Batch) -> int:
+        """Policy optimizer steps one rollout batch makes: epochs × mini-batches."""
+        return self.cfg.algo.epochs * len(self._mini_batches(batch))
+
+    def _mini_batches(self, batch: Batch) -> list[list[slice]]:
+        """The batch's mini-batches (``mini_rows`` rows each), each a list of micro-batch slices.
+
+        Every mini-batch has the same number of micro-batches, equal to DeepSpeed's
+        ``gradient_accumulation_steps``, so the optimizer steps exactly at each mini-batch's end."""
+        B, mb = batch.input_ids.shape[0], self.cfg.optim.micro_batch_size
+        rows = min(self.mini_rows, B)
+        out = []
+        for start in range(0, B, rows):
+            end = min(start + rows, B)
+            out.append([slice(i, min(i + mb, end)) for i in range(start, end, mb)])
+        return out
 
     def advantages(self, batch: Batch, trajs: list, fwd: Forward) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token advantages [B, W] (and returns [B, W] for PPO's critic), from the registered estimator."""
@@ -244,40 +298,91 @@ class Trainer:
             if fwd.ref_logp is not None and a.kl_in_reward:  # PPO: KL (k1) folded into the token rewards
                 token_r = losses.kl_in_reward(token_r, fwd.old_logp, fwd.ref_logp, a.kl_coef, "k1") * m
             x.token_rewards = token_r
+        elif fwd.ref_logp is not None and a.kl_in_reward:  # Reinforce++ (OpenRLHF): −β·KL_t (k1) per token
+            x.token_rewards = -a.kl_coef * losses.kl_penalty(fwd.old_logp, fwd.ref_logp, "k1") * m
         if self.step_scorer is not None:
-            x.step_scores = step_score_tensor(trajs, self.step_scorer, batch.mask.shape[1])[:, fwd.offset :]  # [B, W]
+            scores = step_score_tensor(trajs, self.step_scorer, batch.mask.shape[1])[:, fwd.offset :]  # [B, W]
+            x.step_scores = scores.to(self.device)
         return self.advantage_fn(x, a)
 
     def update(self, batch: Batch, fwd: Forward, adv: torch.Tensor, returns: torch.Tensor | None) -> dict[str, float]:
-        """``update_epochs`` passes over the micro-batches; one DeepSpeed optimizer step per pass."""
+        """verl's schedule: ``ppo_epochs`` passes over the batch's mini-batches, one optimizer step per
+        mini-batch (DeepSpeed accumulates its micro-batches). During ``critic_warmup`` steps only
+        the critic learns. Stats are means over micro-batches; ``clip_frac/epoch_k`` per epoch."""
         a, o = self.cfg.algo, fwd.offset
         mask = batch.mask[:, o:]  # [B, W]
         old = fwd.old_logp.clone() if fwd.old_logp is not None else torch.zeros_like(mask)  # [B, W]
         have_old = fwd.old_logp is not None
-        global_tokens, gas = float(mask.sum()), self.policy.gradient_accumulation_steps()
+        train_policy = self.step_no >= a.critic_warmup
+        gas = self.policy.gradient_accumulation_steps()
         acc: dict[str, list[float]] = {}
-        for _epoch in range(a.update_epochs):
-            for s in self._slices(batch):
-                logp, logits = self._logprobs(self.policy, batch, s, o)  # [b, W], [b, w, V]
-                if not have_old:
-                    old[s] = logp.detach()  # pre-update: the optimizer steps only after the last micro-batch
-                ref = fwd.ref_logp[s] if fwd.ref_logp is not None else None
-                loss, st = self.loss_fn(logp, old[s], adv[s], mask[s], logits, ref, global_tokens, gas)
-                with torch.no_grad():
-                    if batch.has_rollout_logprobs:  # the backend's logprobs vs the policy's: sync health
-                        diff = (logp.detach() - batch.rollout_logprobs[s, o:]).abs()  # [b, W]
-                        st["rollout_logprob_diff"] = float(losses.aggregate(diff, mask[s]))
-                self.policy.backward(loss)
-                gn = optimizer_step(self.policy)
-                if gn is not None:
-                    st["grad_norm"] = gn
-                if self.critic is not None:
-                    st.update(self._critic_step(batch, s, fwd, returns, mask))
-                for k, v in {**st, "loss": float(loss.detach())}.items():
-                    acc.setdefault(k, []).append(v)
+        policy_steps = 0
+        for epoch in range(a.epochs):
+            for mini in self._mini_batches(batch):
+                rows = slice(mini[0].start, mini[-1].stop)
+                mini_tokens = float(mask[rows].sum())  # DAPO's denominator: the optimizer step's tokens
+                for s in mini:
+                    st: dict[str, float] = {}
+                    if train_policy:
+                        st = self._policy_micro_step(batch, s, fwd, adv, old, have_old, mask, mini_tokens, gas)
+                        policy_steps += int("grad_norm" in st)
+                        if a.epochs > 1:
+                            st[f"clip_frac/epoch_{epoch + 1}"] = st["clip_frac"]
+                    if self.critic is not None:
+                        st.update(self._critic_step(batch, s, fwd, returns, mask))
+                    for k, v in st.items():
+                        acc.setdefault(k, []).append(v)
             have_old = True
         out = {k: float(np.mean(v)) for k, v in acc.items()}
+        out["policy_updates"] = float(policy_steps)  # optimizer steps this batch (0 in critic warm-up)
         out["lr"] = float(self.policy.get_lr()[0])
+        return out
+
+    def _policy_micro_step(
+        self,
+        batch: Batch,
+        s: slice,
+        fwd: Forward,
+        adv: torch.Tensor,
+        old: torch.Tensor,
+        have_old: bool,
+        mask: torch.Tensor,
+        mini_tokens: float,
+        gas: int,
+    ) -> dict[str, float]:
+        """Forward, loss and backward of one micro-batch; DeepSpeed steps on the mini-batch's last."""
+        o = fwd.offset
+        logp, logits = self._logprobs(self.policy, batch, s, o)  # [b, W], [b, w, V]
+        if not have_old:
+            old[s] = logp.detach()  # one update per batch: this forward precedes the only optimizer step
+        ref = fwd.ref_logp[s] if fwd.ref_logp is not None else None
+        loss, st = self.loss_fn(logp, old[s], adv[s], mask[s], logits, ref, mini_tokens, gas)
+        with torch.no_grad():
+            if batch.has_rollout_logprobs:  # the backend's logprobs vs the policy's: sync health
+                diff = (logp.detach() - batch.rollout_logprobs[s, o:]).abs()  # [b, W]
+                st["rollout_logprob_diff"] = float(losses.aggregate(diff, mask[s]))
+        self.policy.backward(loss)
+        gn = optimizer_step(self.policy)
+        if gn is not None:
+            st["grad_norm"] = gn
+        st["loss"] = float(loss.detach())
+        return st
+
+    def _place_rollout_model(self) -> None:
+        """An in-process rollout model (the hf backend) generates on the engine's device."""
+        if getattr(self.backend, "name", None) == "hf" and hasattr(self.backend, "to"):
+            self.backend.to(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def _device_metrics(self, tokens: float, step_s: float) -> dict[str, float]:
+        """Tokens (prompt + response, all rows) per second of the whole step; on CUDA the step's
+        peak allocated GPU memory (the counter is reset for the next step)."""
+        out = {"tokens_per_s": tokens / max(1e-9, step_s)}
+        if self.device.type == "cuda":
+            out["mem/gpu_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            out["mem/gpu_reserved_gb"] = torch.cuda.memory_reserved(self.device) / 2**30
+            torch.cuda.reset_peak_memory_stats(self.device)
         return out
 
     def _critic_step(self, batch: Batch, s: slice, fwd: Forward, returns: torch.Tensor, mask: torch.Tensor) -> dict:
@@ -290,15 +395,39 @@ class Trainer:
 
     # ---- sync, checkpoints, validation ------------------------------------------------------
     def sync(self) -> None:
-        """Push the policy's full weights into the rollout backend, tagged with ``step_no``."""
-        sync_weights(
-            self.backend,
-            full_state_dict(self.policy),
-            self.step_no,
-            scratch=self.out / "sync",
-            tokenizer=self.tokenizer,
-            model_config=unwrap(self.policy).config,
-        )
+        """Push the policy's weights into the rollout backend, tagged with ``step_no``: merged
+        full weights (LoRA: W + ΔW), or the adapter itself (``model.lora.sync: adapter``). With
+        several ranks and a server, only rank 0 exports and posts, behind a barrier
+        (:func:`training.weight_sync.rank_safe_sync`)."""
+        lora = self.cfg.model.lora
+        zero3 = getattr(self.policy, "zero_optimization_stage", lambda: 0)() == 3
+        adapter = lora is not None and lora.sync == "adapter"
+        box: dict[str, Any] = {}
+
+        def export() -> None:
+            box["w"] = merged_state_dict(self.policy) if lora is not None else full_state_dict(self.policy)
+
+        def push() -> None:
+            if adapter:  # SGLang loads the adapter itself
+                path = save_adapter(self.policy, self.out / "sync" / f"adapter-v{self.step_no}")
+                self.backend.update_lora_adapter(path, self.step_no)
+                return
+            if "w" not in box:
+                export()
+            if self.dist_sync is not None:  # broadcast, no disk round trip
+                self.dist_sync.push(box.pop("w"), self.step_no)
+                return
+            sync_weights(
+                self.backend,
+                box.pop("w"),
+                self.step_no,
+                scratch=self.out / "sync",
+                tokenizer=self.tokenizer,
+                model_config=base_model(self.policy).config,
+            )
+
+        gather = export if zero3 and not adapter else None
+        rank_safe_sync(self.backend, push, self.step_no, self.rank, self.world, gather, adapter)
 
     def _save_due(self) -> bool:
         """Whether this step ends with a checkpoint (rank 0's clock decides for every rank)."""
@@ -356,6 +485,26 @@ def _run_id(ckpt: Path) -> str | None:
         return json.loads((ckpt / "trainer_state.json").read_text()).get("run_id")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def mini_batch_rows(cfg: TrainConfig, world: int) -> int:
+    """Rows per optimizer step on one rank (``algo.ppo_mini_batch_size / world``), checked to split
+    the step's batch into equal mini-batches of whole micro-batches (so DeepSpeed's accumulation
+    boundary falls exactly at each mini-batch's end)."""
+    batch = cfg.rollout.prompts_per_step * cfg.rollout.n_samples  # rows per step, all ranks
+    mini = cfg.algo.ppo_mini_batch_size or batch
+    mb = cfg.optim.micro_batch_size
+    if batch % mini or mini % world:
+        raise ValueError(
+            f"algo.ppo_mini_batch_size={mini} must divide the step's batch "
+            f"(rollout.prompts_per_step × n_samples = {batch}) and be divisible by {world} ranks"
+        )
+    per_rank = mini // world
+    if per_rank > mb and per_rank % mb:
+        raise ValueError(
+            f"algo.ppo_mini_batch_size / ranks = {per_rank} rows must be a multiple of optim.micro_batch_size={mb}"
+        )
+    return per_rank
 
 
 def seed_everything(seed: int) -> None:

@@ -141,6 +141,17 @@ class HFBackend(BackendBase):
         """From a :class:`~harness.eval_config.BackendConfig` (model, dtype, max_batch_size, threads)."""
         return cls(model=cfg.model, dtype=cfg.dtype, max_batch_size=cfg.max_batch_size, threads=cfg.threads)
 
+    @property
+    def device(self) -> Any:
+        """Where the model's weights live (inputs are moved there; sampling stays on the CPU)."""
+        return next(self.model.parameters()).device
+
+    def to(self, device: Any) -> HFBackend:
+        """Move the in-process model to ``device`` between batches (a trainer puts it on its engine's)."""
+        with self._lock:
+            self.model.to(device)
+        return self
+
     def update_weights(self, update: WeightUpdate) -> None:
         """Load new weights (a state dict, or a safetensors file or directory) between batches."""
         from pathlib import Path
@@ -329,6 +340,8 @@ class _Running:
             ids[i, L - lens[i] :] = torch.tensor(r.input_ids)
             mask[i, L - lens[i] :] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
+        dev = b.device
+        ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
         with torch.inference_mode():
             out = b.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
             self._pick(reqs, out.logits[:, -1, :])
@@ -337,7 +350,7 @@ class _Running:
                 return
             past, next_pos = out.past_key_values, pos[:, -1:] + 1  # [N, 1]
             if len(keep) < len(reqs):
-                sel = torch.tensor(keep, dtype=torch.long)
+                sel = torch.tensor(keep, dtype=torch.long, device=dev)
                 past.batch_select_indices(sel)
                 mask, next_pos = mask[sel], next_pos[sel]
             reqs = [reqs[j] for j in keep]
@@ -350,9 +363,11 @@ class _Running:
     def step(self) -> None:
         """One decode step of every running row; finished rows leave the batch and the cache."""
         torch, b = self.torch, self.b
+        dev = self.mask.device
         with torch.inference_mode():
-            step_ids = torch.tensor([[r.out[-1]] for r in self.rows], dtype=torch.long)  # [A, 1]
-            mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=self.mask.dtype)], dim=1)  # [A, T+1]
+            step_ids = torch.tensor([[r.out[-1]] for r in self.rows], dtype=torch.long, device=dev)  # [A, 1]
+            ones = torch.ones((len(self.rows), 1), dtype=self.mask.dtype, device=dev)  # [A, 1]
+            mask = torch.cat([self.mask, ones], dim=1)  # [A, T+1]
             out = b.model(
                 input_ids=step_ids,
                 attention_mask=mask,
@@ -369,15 +384,17 @@ class _Running:
             if not keep:
                 self.reset()
                 return
-            sel = torch.tensor(keep, dtype=torch.long)
+            sel = torch.tensor(keep, dtype=torch.long, device=dev)
             self.past.batch_select_indices(sel)
             self.mask, self.next_pos = self.mask[sel], self.next_pos[sel]
             self.rows = [self.rows[j] for j in keep]
             self._trim()
 
     def _pick(self, rows: list[_Request], logits: Any) -> None:
-        """Choose each row's next token from its logits [A, V] and finish the rows that are done."""
-        logits = logits.float()  # [A, V]
+        """Choose each row's next token from its logits [A, V] and finish the rows that are done.
+
+        Sampled on the CPU with each request's CPU generator: the same draws on any device."""
+        logits = logits.float().cpu()  # [A, V]
         logp = self.torch.log_softmax(logits, dim=-1)  # [A, V]
         for j, r in enumerate(rows):
             if r.future.cancelled():  # its caller gave up (e.g. a timeout): stop spending on it

@@ -17,6 +17,7 @@ tokens, whose logprobs are reported as 0.0.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -61,6 +62,7 @@ class SGLangBackend(HTTPBackendBase):
             model = self._server_model()
         self.tokenizer = self.load_tokenizer(model, tokenizer)
         self.max_context = self.context_limit(self.tokenizer, max_context, ask_server=health_check)
+        self.lora_name: str | None = None  # the LoRA adapter rollouts use (update_lora_adapter), if any
 
     def _server_model(self) -> str | None:
         """The tokenizer (else model) path the first server reports on ``/model_info``, if any."""
@@ -87,7 +89,10 @@ class SGLangBackend(HTTPBackendBase):
             sp["stop_token_ids"] = list(params.stop_token_ids)
         if params.seed is not None:
             sp["sampling_seed"] = params.seed
-        return {"input_ids": list(input_ids), "sampling_params": sp, "return_logprob": params.logprobs}
+        body = {"input_ids": list(input_ids), "sampling_params": sp, "return_logprob": params.logprobs}
+        if self.lora_name is not None:
+            body["lora_path"] = self.lora_name  # SGLang takes the loaded adapter's NAME here
+        return body
 
     async def agenerate(self, input_ids: list[int], params: SamplingParams) -> Completion:
         data = await self.post_json("/generate", self.payload(input_ids, params))
@@ -173,6 +178,65 @@ class SGLangBackend(HTTPBackendBase):
             for old in update.scratch.glob("weights-v*"):  # keep only the copy the servers now serve
                 if old != path:
                     shutil.rmtree(old, ignore_errors=True)
+
+    def update_lora_adapter(self, path: str | Path, version: int) -> None:
+        """RL weight sync for LoRA without merging: ``POST /load_lora_adapter {lora_name, lora_path}``
+        (a peft adapter directory) on every server, switch rollouts to it (``/generate``'s
+        ``lora_path``), flush the cache, then ``/unload_lora_adapter`` the previous one. The server
+        must run with ``--enable-lora`` (and ``--max-lora-rank``/``--lora-target-modules`` to load
+        adapters it did not start with)."""
+        name = f"policy-v{version}"
+        for url in self.urls:
+            self._post_ok(url, "/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        old, self.lora_name = self.lora_name, name
+        for url in self.urls:
+            self._post_ok(url, "/flush_cache", None)
+            if old is not None and old != name:
+                self._post_ok(url, "/unload_lora_adapter", {"lora_name": old})
+        self.weight_version = str(version)
+
+    def init_weights_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+    ) -> dict[str, Any]:
+        """``POST /init_weights_update_group``: the server's workers join a process group with the
+        trainer (ranks ``rank_offset`` + tp_rank of ``world_size``) at ``master_address:master_port``.
+        Blocks until the trainer joins too, so call it from a thread. One server only."""
+        if len(self.urls) != 1:
+            raise NotImplementedError("distributed weight sync is implemented for one SGLang server (its TP ranks)")
+        payload = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        return self._post_ok(self.urls[0], "/init_weights_update_group", payload)
+
+    def update_weights_from_distributed(
+        self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str, version: int
+    ) -> dict[str, Any]:
+        """``POST /update_weights_from_distributed``: the server receives each named tensor by a
+        broadcast from the trainer (rank 0 of the group), in order. Blocks until every tensor has
+        arrived, so call it from a thread while broadcasting."""
+        payload = {
+            "names": names,
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "group_name": group_name,
+            "flush_cache": True,
+            "weight_version": str(version),
+        }
+        return self._post_ok(self.urls[0], "/update_weights_from_distributed", payload)
+
+    @staticmethod
+    def _post_ok(url: str, path: str, payload: dict[str, Any] | None) -> dict[str, Any]:
+        r = httpx.post(url + path, json=payload, timeout=120.0) if payload is not None else httpx.post(url + path)
+        ok_json = r.headers.get("content-type", "").startswith("application/json")
+        body = r.json() if ok_json else {"text": r.text}
+        if r.status_code != 200 or (isinstance(body, dict) and body.get("success") is False):
+            raise BackendError(f"{url}{path} failed ({r.status_code}): {str(body)[:300]}")
+        return body
 
     async def update_weights_from_disk(self, model_path: str, weight_version: str, flush_cache: bool = True) -> dict:
         """RL weight sync: load a saved checkpoint into every server, tagged with a version."""

@@ -14,6 +14,7 @@ from training.advantages import (
     masked_whiten,
     reinforce_pp,
     step_score_tensor,
+    whiten_rsqrt,
 )
 from training.batch import collate
 from training.rewards import STEP_SCORERS, RuleStepScorer
@@ -26,7 +27,7 @@ def test_registry_one_signature_matches_the_estimators():
 
     assert ADVANTAGES.names() == ["dual_granularity", "gae", "grpo", "reinforce_pp"]
     assert ADVANTAGES.info("gae")["needs_critic"] and ADVANTAGES.info("dual_granularity")["needs_step_scores"]
-    algo = SimpleNamespace(norm_by_std=True, gamma=1.0, lam=1.0, dual_beta=0.3)
+    algo = SimpleNamespace(norm_by_std=True, gamma=1.0, lam=1.0, dual_beta=0.3, whiten_advantages=False)
     r, g, m = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0, 0, 1]), torch.ones(3, 2)
     x = AdvantageInputs(r, g, m, values=torch.zeros(3, 2), step_scores=torch.ones(3, 2))
     adv, ret = ADVANTAGES.get("grpo")(x, algo)
@@ -110,9 +111,10 @@ def test_gae_skips_observation_tokens_in_the_middle():
     v2 = v.clone()
     v2[0, 2:4] = -100.0
     assert torch.equal(gae(r, v2, m)[0], gae(r, v, m)[0])
-    # whiten=True: A over valid tokens .5, .6, .8 -> mean .633333, population std .124722.
+    # whiten=True (verl's masked_whiten): A over valid tokens .5, .6, .8 -> mean .633333, unbiased
+    # var (.017778 + .001111 + .027778) / 2 = .023333, std .152753 -> -.872872, -.218218, 1.091089.
     w, _ = gae(r, v, m, whiten=True)
-    assert w[0].tolist() == pytest.approx([-1.069045, -0.267261, 0.0, 0.0, 1.336306], abs=1e-5)
+    assert w[0].tolist() == pytest.approx([-0.872872, -0.218218, 0.0, 0.0, 1.091089], abs=1e-5)
 
 
 def test_dual_granularity_by_hand():
@@ -170,3 +172,46 @@ def _traj(example_id: str, prompt: list[int]) -> Trajectory:
         method="m",
         segments=[Segment("prompt", prompt), Segment("model", [9, 9], logprobs=[-0.1, -0.1])],
     )
+
+
+def test_whiten_rsqrt_by_hand_verl_and_openrlhf():
+    # Valid values 1, 2, 3 (the 100 is masked): mean 2, squared deviations 1, 0, 1.
+    # verl (unbiased): var = 2 / 2 = 1 → (x − 2)·rsqrt(1 + 1e-8) = −1, 0, 1.
+    # OpenRLHF (population): var = 2 / 3 → (x − 2)·sqrt(3/2) = ∓1.224745, 0.
+    x = torch.tensor([[1.0, 2.0, 3.0, 100.0]])
+    m = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    assert whiten_rsqrt(x, m, unbiased=True)[0].tolist() == pytest.approx([-1.0, 0.0, 1.0, 0.0], abs=1e-6)
+    assert whiten_rsqrt(x, m, unbiased=False)[0].tolist() == pytest.approx([-1.224745, 0.0, 1.224745, 0.0], abs=1e-6)
+    # A constant input: var 0 → OpenRLHF scales the (zero) deviations by rsqrt(1e-8) = 1e4, never 1e8.
+    c = torch.tensor([[0.5, 0.5 + 1e-7]])
+    out = whiten_rsqrt(c, torch.ones(1, 2), unbiased=False)
+    assert out.abs().max() < 1e-2  # 0.5e-7 · 1e4 = 5e-4 (the old (std + 1e-8) form gave ≈ 1)
+
+
+def test_reinforce_pp_kl_penalty_enters_the_returns_before_whitening():
+    # One group of two, rewards 1 and 0 → centred ±0.5 on the last token. Row 0 has a −0.1 KL
+    # penalty on its first token only: returns row 0 = [0.5 − 0.1, 0.5] = [0.4, 0.5], row 1 = [−0.5, −0.5].
+    # Population whitening of [0.4, 0.5, −0.5, −0.5]: mean −0.025, var = (0.180625 + 0.275625 + 2·0.225625)/4
+    # = 0.226875 → rstd 2.099465.
+    r, g, m = torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), torch.ones(2, 2)
+    pen = torch.tensor([[-0.1, 0.0], [0.0, 0.0]])
+    a = reinforce_pp(r, g, m, token_penalty=pen)
+    rstd = 1 / 0.226875**0.5
+    expect = [[(0.4 + 0.025) * rstd, (0.5 + 0.025) * rstd], [(-0.475) * rstd, (-0.475) * rstd]]
+    assert a.tolist() == [pytest.approx(row, abs=1e-5) for row in expect]
+
+
+def test_gae_whitening_is_on_by_default_for_ppo():
+    from types import SimpleNamespace
+
+    from training.advantages import AdvantageInputs
+    from training.config import AlgoConfig
+
+    assert AlgoConfig().whiten_advantages is True
+    # Rewards 1, 0, 1 on one token each, values 0: raw advantages 1, 0, 1; verl's whitening:
+    # mean 2/3, unbiased var = ((1/3)² + (2/3)² + (1/3)²) / 2 = 1/3 → (x − 2/3)·√3 = 0.57735, −1.1547, 0.57735.
+    r, g, m = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0, 0, 1]), torch.ones(3, 1)
+    algo = SimpleNamespace(gamma=1.0, lam=1.0, whiten_advantages=True)
+    adv, ret = ADVANTAGES.get("gae")(AdvantageInputs(r, g, m, values=torch.zeros(3, 1)), algo)
+    assert adv[:, 0].tolist() == pytest.approx([0.57735, -1.154701, 0.57735], abs=1e-5)
+    assert ret[:, 0].tolist() == pytest.approx([1.0, 0.0, 1.0])  # returns are not whitened

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,3 +27,129 @@ def test_recipe_is_valid(path):
 def test_there_is_a_cpu_recipe_and_gpu_recipes():
     names = {p.stem for p in RECIPES}
     assert "smollm2_cpu_grpo" in names and len(names) >= 6
+
+
+# ---- dry runs: every recipe's data config, model config and reward on tiny stand-ins ------------
+TINY_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+
+
+def _datasets(cfg: TrainConfig) -> list[str]:
+    return [cfg.data.dataset] if isinstance(cfg.data.dataset, str) else list(cfg.data.dataset)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_recipe_dry_run_on_tiny_stand_ins(path):
+    """Data: every dataset and split is registered, a merged set has a shared-corpus retriever;
+    model: the recipe's model config (LoRA, checkpointing, attention) on a tiny Llama, critic for
+    GAE, with parameter names and output shapes checked; the update schedule divides; the reward
+    scores a trajectory in the recipe's dialect."""
+    import torch
+
+    from benchmarks.datasets import get_spec
+    from harness.types import Trajectory
+    from pipelines.dialects import get_dialect
+    from training.advantages import ADVANTAGES
+    from training.build import merged_corpus_dataset
+    from training.engine import ValueHead, build_model
+    from training.lora import apply_lora, lora_critic, merged_state_dict
+
+    cfg = compose(TrainConfig, [path])
+    # data
+    for name in _datasets(cfg):
+        spec = get_spec(name)
+        assert cfg.data.split in spec.all_splits, (name, cfg.data.split, spec.all_splits)
+    merged_corpus_dataset(cfg)  # a merged set without a shared corpus raises
+    # model, on a tiny stand-in with the recipe's options
+    model_cfg = replace(cfg.model, tiny=TINY_MODEL, dtype="float32")
+    base = build_model(model_cfg, vocab_size=64)
+    names = set(base.state_dict())
+    assert base.config._attn_implementation == cfg.model.attn_implementation
+    model = apply_lora(base, cfg.model.lora) if cfg.model.lora else base
+    ids = torch.randint(0, 64, (2, 5))
+    assert model(input_ids=ids).logits.shape == (2, 5, 64)
+    if cfg.model.lora:
+        trainable = [k for k, p in model.named_parameters() if p.requires_grad]
+        assert trainable and all("lora_" in k for k in trainable)
+        assert set(merged_state_dict(model)) == names  # what weight sync pushes: the base's names
+    if ADVANTAGES.info(cfg.algo.advantage).get("needs_critic"):
+        critic = ValueHead(build_model(model_cfg, vocab_size=64))
+        if cfg.model.lora:
+            critic = lora_critic(critic, cfg.model.lora)
+        assert critic(ids, torch.ones_like(ids)).shape == (2, 5)
+    # the update schedule: some world size splits the step's batch into whole mini-batches
+    assert any(_divides(cfg, w) for w in (1, 2, 4, 8)), "no rank count fits ppo_mini_batch_size"
+    # reward, on a trajectory in the recipe's dialect
+    get_dialect(cfg.rollout.method)
+    traj = Trajectory(
+        example_id="q",
+        question="q",
+        answers=["Paris"],
+        method=cfg.rollout.method,
+        response_text="no tags at all",
+        finish_reason="answer",
+        metadata={"dialect": cfg.rollout.method},
+    )
+    r, parts = build_reward(cfg.algo.reward)(traj)
+    assert isinstance(r, float) and isinstance(parts, dict)
+
+
+def _divides(cfg: TrainConfig, world: int) -> bool:
+    from training.trainer import mini_batch_rows
+
+    try:
+        mini_batch_rows(cfg, world)
+    except ValueError:
+        return False
+    return cfg.rollout.prompts_per_step % world == 0
+
+
+def test_r1_searcher_stage2_starts_from_stage1():
+    root = RECIPES[0].parent
+    s1 = compose(TrainConfig, [root / "r1_searcher_reinforce_pp_stage1.yaml"])
+    s2 = compose(TrainConfig, [root / "r1_searcher_reinforce_pp_stage2.yaml"])
+    assert s2.model.path == f"{s1.trainer.out}/final"
+
+
+def test_papers_settings_in_the_recipes():
+    root = RECIPES[0].parent
+    sr1 = compose(TrainConfig, [root / "search_r1_ppo_qwen2.5_3b.yaml"])
+    assert list(sr1.data.dataset) == ["nq", "hotpotqa"]
+    assert (sr1.rollout.prompts_per_step, sr1.algo.ppo_mini_batch_size, sr1.trainer.max_steps) == (512, 256, 1005)
+    pro = compose(TrainConfig, [root / "prorag_dual_granularity.yaml"])
+    assert pro.rollout.method == "prorag" and pro.algo.reward == "prorag" and pro.optim.lr == 1e-5
+    assert pro.model.lora is not None and (pro.model.lora.r, pro.model.lora.alpha) == (16, 32)
+    cpu = compose(TrainConfig, [root / "smollm2_cpu_grpo.yaml"])
+    rows = cpu.rollout.prompts_per_step * cpu.rollout.n_samples
+    assert cpu.algo.epochs * rows // (cpu.algo.ppo_mini_batch_size or rows) >= 2  # ≥ 2 updates per batch
+
+
+def test_merged_dataset_loads_both_with_prefixed_ids():
+    from benchmarks.datasets import load_examples, load_merged_examples
+
+    one = load_examples("demo", "test", limit=3)
+    both = load_merged_examples(["demo", "demo"], "test", limit=3)
+    assert len(both) == 2 * len(one)
+    assert [e.id for e in both[:3]] == [f"demo/{e.id}" for e in one]
+    assert all(e.metadata["dataset"] == "demo" for e in both)
+    with pytest.raises(ValueError, match="empty"):
+        load_merged_examples([], "test")
+
+
+def test_r1_searcher_training_layout_reads(tmp_path):
+    """R1-Searcher's data/training_set/stage_1.jsonl layout (idx, question, answer, extra keys)."""
+    from benchmarks.datasets import load_examples
+
+    folder = tmp_path / "r1searcher_training_set"
+    folder.mkdir()
+    rows = [
+        {
+            "idx": 37653,
+            "question": "Which Route 22 runs through a major city?",
+            "answer": "U.S. Route 22",
+            "pred_anses": [],
+        },
+        {"idx": 37664, "question": "Who directed it?", "answer": "Someone", "pred_anses": [""]},
+    ]
+    (folder / "stage_1.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    ex = load_examples("r1searcher_train", "stage_1", data_dir=tmp_path)
+    assert [(e.id, e.answers) for e in ex] == [("37653", ("U.S. Route 22",)), ("37664", ("Someone",))]

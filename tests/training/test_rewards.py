@@ -158,3 +158,25 @@ def test_r1_searcher_stage1_uses_its_own_checks():
     assert s1(traj(no_docs, dialect="r1_searcher", searches=[MISS]))[0] == 0.5  # format only
     broken = good.replace("(1)D", "D")  # documents not numbered as the original inserts them
     assert s1(traj(broken, dialect="r1_searcher"))[0] == 0.5
+
+
+def test_prorag_reward_by_hand_with_its_dialect():
+    from training.rewards import prorag_f1
+
+    r = build_reward("prorag")
+    # The prompt opens the first <step>; a valid response: step answer (S F), or (S Q R S A)* S F.
+    valid = "I know.</step>\n<answer>Paris city</answer>"
+    # F1("Paris city", "Paris") = 2·(1/2·1)/(1/2+1) = 2/3 ≥ 0.2 → 2·2/3 = 4/3; format +1.
+    assert r(traj(valid, dialect="prorag"))[0] == pytest.approx(4 / 3 + 1)
+    # F1 below the 0.2 gate counts 0: "a b c d e f Paris" vs "Paris": P 1/7, R 1 → F1 0.25 (kept);
+    # with 9 other tokens P = 1/10 → F1 = 2·0.1/1.1 = 0.1818 < 0.2 → 0, format +1 → 1.
+    many = "I know.</step>\n<answer>a b c d e f g h i Paris</answer>"
+    assert r(traj(many, dialect="prorag"))[0] == pytest.approx(1.0)
+    assert prorag_f1("a b c d e f Paris", "Paris") == pytest.approx(0.25)
+    # Broken order (subquery without retrieval) → format −1; the answer still scores.
+    broken = "x</step>\n<subquery>q</subquery>\n<step>y</step>\n<answer>Paris</answer>"
+    assert r(traj(broken, dialect="prorag"))[0] == pytest.approx(2.0 - 1.0)
+    # No answer at all: 0 − 1.
+    assert r(traj("thinking</step>", dialect="prorag"))[0] == pytest.approx(-1.0)
+    # ProRAG's F1 does not strip punctuation (SQuAD's would): "Paris." vs "Paris" → 0, gated.
+    assert prorag_f1("Paris.", "Paris") == 0.0
