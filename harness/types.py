@@ -57,10 +57,13 @@ class Doc:
 
     @classmethod
     def from_contents(cls, id: str, contents: str, score: float = 0.0) -> Doc:
+        """Split FlashRAG's ``contents`` at its first newline. The title is kept as written, quotes
+        included: wiki-18's titles are quoted (``"Paris"``) and Search-R1's and FlashRAG's prompts
+        show them so, so ``contents`` round-trips exactly."""
         title, sep, text = contents.partition("\n")
         if not sep:
             return cls(id=str(id), title="", text=title, score=score)
-        return cls(id=str(id), title=title.strip().strip('"'), text=text, score=score)
+        return cls(id=str(id), title=title.rstrip("\r"), text=text, score=score)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

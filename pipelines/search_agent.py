@@ -194,7 +194,9 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
             traj.finish_reason = "error"
             traj.error = f"{type(e).__name__}: {e}"
             traj.error_kind = error_kind(e)
-        traj.wall_time_s = time.perf_counter() - start
+        # The item starts when its first request starts being served: time spent queued behind
+        # other items before that (an in-process backend reports it) is not this item's latency.
+        traj.wall_time_s = time.perf_counter() - start - traj.metadata.get("queue_s", 0.0)
         traj.response_text = "".join(s.text for s in traj.segments[1:])  # after the prompt proper
         if traj.finish_reason != "error" or not traj.prediction:
             traj.prediction = traj.prediction or self.dialect.extract_answer(traj.response_text) or ""
@@ -282,6 +284,8 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
             completion = await self.backend.agenerate(list(context), params)
         finally:
             traj.generation_time_s += time.perf_counter() - t0
+        if traj.n_turns == 0 and completion.meta.get("queue_s"):
+            traj.metadata["queue_s"] = float(completion.meta["queue_s"])
         # The weights that served each turn, as the backend reports them (RL: a rollout must come
         # from the synced policy; a weight update landing mid-trajectory shows as two versions).
         if completion.weight_version is not None:

@@ -358,8 +358,8 @@ class Trainer:
         ref = fwd.ref_logp[s] if fwd.ref_logp is not None else None
         loss, st = self.loss_fn(logp, old[s], adv[s], mask[s], logits, ref, mini_tokens, gas)
         with torch.no_grad():
-            if batch.has_rollout_logprobs:  # the backend's logprobs vs the policy's: sync health
-                diff = (logp.detach() - batch.rollout_logprobs[s, o:]).abs()  # [b, W]
+            if batch.has_rollout_logprobs:  # the backend's logprobs vs the pre-update policy's: sync health
+                diff = (old[s] - batch.rollout_logprobs[s, o:]).abs()  # [b, W]
                 st["rollout_logprob_diff"] = float(losses.aggregate(diff, mask[s]))
         self.policy.backward(loss)
         gn = optimizer_step(self.policy)

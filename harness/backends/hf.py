@@ -28,6 +28,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,8 @@ class _Request:
     generator: Any = None
     done: bool = False
     budget: int = 0  # most tokens this row may generate (max_new_tokens, cut to the context)
+    queued_at: float = field(default_factory=time.perf_counter)
+    queue_s: float = 0.0  # waited before its prefill (reported in Completion.meta["queue_s"])
 
 
 class HFBackend(BackendBase):
@@ -284,6 +287,7 @@ class HFBackend(BackendBase):
             logprobs=list(r.logprobs) if r.params.logprobs else None,
             prompt_tokens=len(r.input_ids),
             weight_version=self.weight_version,
+            meta={"queue_s": r.queue_s},
         )
         try:
             r.future.set_result(comp)
@@ -322,7 +326,9 @@ class _Running:
     def admit(self, reqs: list[_Request]) -> None:
         """Prefill ``reqs`` together, pick their first tokens, and join the rows still going."""
         torch, b = self.torch, self.b
+        now = time.perf_counter()
         for i, r in enumerate(reqs):
+            r.queue_s = now - r.queued_at
             r.budget = min(r.params.max_new_tokens, b.max_context - len(r.input_ids))
             if r.params.temperature > 0:
                 r.generator = torch.Generator().manual_seed(r.params.seed if r.params.seed is not None else b.seed + i)

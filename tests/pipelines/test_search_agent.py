@@ -369,3 +369,21 @@ def test_template_file_and_variant_from_the_agent_config(tmp_path, toy_retriever
     assert traj.prediction == "Lunne" and traj.metadata["dialect"] == "search_r1"
     traj = run_one(RecordingBackend([]), toy_retriever, "research", variant="small")
     assert traj.metadata["dialect"] == "research_small"
+
+
+def test_item_latency_leaves_out_the_wait_before_its_first_request_is_served(toy_retriever):
+    class Queued(ScriptedBackend):
+        """Waits 0.3 s 'in the queue' before serving the first request, and says so (as hf does)."""
+
+        async def agenerate(self, input_ids, params):
+            first = self.calls == 0
+            if first:
+                await asyncio.sleep(0.3)
+            c = await super().agenerate(input_ids, params)
+            if first:
+                c.meta["queue_s"] = 0.3
+            return c
+
+    backend = Queued([{"match": "glass harp-clock", "turns": SCRIPTS["search_r1"]}])
+    traj = SearchAgent(backend, toy_retriever, "search_r1", AgentConfig(max_total_tokens=100000)).run_examples([Q])[0]
+    assert traj.metadata["queue_s"] == 0.3 and traj.wall_time_s < 0.25
