@@ -11,6 +11,7 @@ import logging
 import typer
 
 from harness.cli import (
+    data_cmd,
     datasets_cmd,
     eval_cmd,
     index_cmd,
@@ -43,6 +44,7 @@ app.command("train", help="Train the search agent with GRPO / PPO / Reinforce++ 
 app.command("report", help="Leaderboards with confidence intervals, plots and a trajectory browser.")(
     report_cmd.report_command
 )
+app.add_typer(data_cmd.app, name="data", help="Build SFT data: synthesize protocol-following trajectories.")
 app.add_typer(index_cmd.app, name="index", help="Build and inspect retrieval indexes.")
 app.add_typer(serve_cmd.app, name="serve", help="Serve a retriever or a model over HTTP.")
 app.command("datasets", help="List the registered datasets, their splits and where each is read from.")(
