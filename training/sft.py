@@ -182,7 +182,9 @@ class SFTTrainer:
         trajs = trajs or self.data
         tot, n = 0.0, 0.0
         for i in range(0, len(trajs), self.cfg.optim.micro_batch_size):
-            batch = collate(trajs[i : i + self.cfg.optim.micro_batch_size], pad_id=self.pad_id, max_len=self.cfg.algo.max_len)
+            batch = collate(
+                trajs[i : i + self.cfg.optim.micro_batch_size], pad_id=self.pad_id, max_len=self.cfg.algo.max_len
+            )
             nll, m = self.nll(batch, slice(0, batch.input_ids.shape[0]))
             tot += float((nll * m).sum())
             n += float(m.sum())

@@ -177,7 +177,9 @@ def _messages(rec: dict[str, Any], where: str) -> list[dict[str, str]]:
     elif "conversations" in rec:
         raw, rkey, ckey = rec["conversations"], "from", "value"
     else:
-        raise SFTDataError(f"{where}: expected 'messages', 'conversations' or 'history'+'completion'; got {sorted(rec)}")
+        raise SFTDataError(
+            f"{where}: expected 'messages', 'conversations' or 'history'+'completion'; got {sorted(rec)}"
+        )
     if not isinstance(raw, list) or not raw:
         raise SFTDataError(f"{where}: the message list is empty or not a list")
     out = []
@@ -191,6 +193,8 @@ def _messages(rec: dict[str, Any], where: str) -> list[dict[str, str]]:
         out.append({"role": _ROLE_ALIASES[role], "content": content})
     if not any(m["role"] == "assistant" for m in out):
         raise SFTDataError(f"{where}: no assistant turn to train on")
+    if out[0]["role"] == "assistant":
+        raise SFTDataError(f"{where}: the conversation starts with an assistant turn (no prompt before it)")
     return out
 
 
@@ -265,7 +269,9 @@ def load_synth(path: str | Path, tokenizer: Any, limit: int | None = None, chat:
             turns = [(t["role"], t["text"]) for t in rec["turns"]]
             question = rec["question"]
         except (KeyError, TypeError) as e:
-            raise SFTDataError(f"{where}: a synthesized record needs dialect, question and turns [{{role, text}}] ({e})") from None
+            raise SFTDataError(
+                f"{where}: a synthesized record needs dialect, question and turns [{{role, text}}] ({e})"
+            ) from None
         except ValueError as e:  # unknown dialect
             raise SFTDataError(f"{where}: {e}") from None
         bad = [r for r, _ in turns if r not in ("model", "observation")]
@@ -315,7 +321,18 @@ def parse_filter(expr: str) -> Callable[[dict[str, Any]], bool]:
         raise ValueError(f"filter {expr!r}: {e.msg}") from None
 
     def check(node: ast.AST) -> None:
-        ok = (ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.Compare, ast.Name, ast.Load, ast.Constant)
+        ok = (
+            ast.BoolOp,
+            ast.And,
+            ast.Or,
+            ast.UnaryOp,
+            ast.Not,
+            ast.USub,
+            ast.Compare,
+            ast.Name,
+            ast.Load,
+            ast.Constant,
+        )
         if not isinstance(node, ok) and type(node) not in _CMP:
             raise ValueError(f"filter {expr!r}: {type(node).__name__} is not allowed")
         if isinstance(node, ast.Constant) and not isinstance(node.value, int | float | str | bool | type(None)):
@@ -369,7 +386,9 @@ def score_env(score: Any) -> dict[str, Any]:
     return env
 
 
-def load_run(run_dir: str | Path, tokenizer: Any, where: str | None = None, limit: int | None = None) -> list[Trajectory]:
+def load_run(
+    run_dir: str | Path, tokenizer: Any, where: str | None = None, limit: int | None = None
+) -> list[Trajectory]:
     """Source (a): a run directory's trajectories whose scores pass ``where`` (all without one).
     Failed items are never kept. Segments are re-tokenized from their text, segment by segment."""
     from harness.runlog import RunDir

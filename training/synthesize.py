@@ -109,7 +109,9 @@ def gold_hops(example: Example, titles: dict[str, str] | None = None) -> list[Ho
         missing = [i for i in m["supporting_doc_ids"] if i not in titles]
         if missing:
             raise NoDecomposition(f"{example.id}: supporting documents {missing} are not in the corpus")
-        return [Hop(titles[i], gold_ids=frozenset({i}), gold_titles=frozenset({titles[i]})) for i in m["supporting_doc_ids"]]
+        return [
+            Hop(titles[i], gold_ids=frozenset({i}), gold_titles=frozenset({titles[i]})) for i in m["supporting_doc_ids"]
+        ]
     raise NoDecomposition(
         f"{example.id}: no gold decomposition in metadata (have: {', '.join(sorted(m)) or 'nothing'}); "
         "need question_decomposition, Q1/A1, supporting_facts, evidences or supporting_doc_ids"
@@ -219,7 +221,9 @@ class Synthesizer:
             results = self.retriever.search(list(action.queries), self.topk)
             capped = [[cap_doc(self.tokenizer, doc, self.max_doc_tokens) for doc in docs] for docs in results]
             hit = next((h for docs in capped if (h := surfaced(hop, docs)) is not None), None)
-            searches.append({"query": list(action.queries), "doc_ids": [x.id for x in capped[0]], "gold": hit.id if hit else None})
+            searches.append(
+                {"query": list(action.queries), "doc_ids": [x.id for x in capped[0]], "gold": hit.id if hit else None}
+            )
             if hit is None:
                 self._drop("retrieval missed the gold")
                 return None

@@ -22,14 +22,18 @@ def synthesize_command(
     variant: str = typer.Option("exact", "--variant", help="exact, or small (<dialect>_small, our wording)."),
     out: str = typer.Option(..., "--out", help="Output JSONL (an sft source of kind synth)."),
     limit: int = typer.Option(None, "--limit", help="At most N questions."),
-    offset: int = typer.Option(0, "--offset", help="Skip the first N questions (keep SFT and eval questions disjoint)."),
+    offset: int = typer.Option(
+        0, "--offset", help="Skip the first N questions (keep SFT and eval questions disjoint)."
+    ),
     data_dir: str = typer.Option(None, "--data-dir", help="FlashRAG-layout data dir."),
     topk: int = typer.Option(3, "--topk", help="Documents per search (the agent's topk)."),
     retriever: str = typer.Option("bm25", "--retriever", help="Retriever kind (bm25, dense, http, memory)."),
     index: str = typer.Option(None, "--index", help="A built index directory."),
     url: str = typer.Option(None, "--url", help="http retriever URL."),
     tokenizer: str = typer.Option(
-        None, "--tokenizer", help="Cap inserted documents to --max-doc-tokens of this model's tokenizer, as the agent does."
+        None,
+        "--tokenizer",
+        help="Cap inserted documents to --max-doc-tokens of this model's tokenizer, as the agent does.",
     ),
     max_doc_tokens: int = typer.Option(128, "--max-doc-tokens"),
 ) -> None:
