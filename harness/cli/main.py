@@ -40,7 +40,9 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
 
 
 app.command("eval", help="Run methods on datasets; one run directory per (method, dataset).")(eval_cmd.eval_command)
-app.command("train", help="Train the search agent with GRPO / PPO / Reinforce++ on DeepSpeed.")(train_cmd.train_command)
+app.command("train", help="Train the search agent with GRPO / PPO / Reinforce++ or SFT (algo.kind=sft) on DeepSpeed.")(
+    train_cmd.train_command
+)
 app.command("report", help="Leaderboards with confidence intervals, plots and a trajectory browser.")(
     report_cmd.report_command
 )
