@@ -426,14 +426,14 @@ def load_sources(sources: list[dict[str, Any]], tokenizer: Any, chat: bool = Tru
     out: list[Trajectory] = []
     for i, d in enumerate(sources):
         src = SFTSource.from_dict(d, f"sft.sources[{i}]")
+        if src.where and src.kind != "run":
+            raise SFTDataError(f"sft.sources[{i}]: 'where' filters run directories only")
         if src.kind == "run":
             got = load_run(src.path, tokenizer, src.where, src.limit)
         elif src.kind == "chat":
             got = load_chat(src.path, tokenizer, src.limit, chat)
         else:
             got = load_synth(src.path, tokenizer, src.limit, chat)
-        if src.where and src.kind != "run":
-            raise SFTDataError(f"sft.sources[{i}]: 'where' filters run directories only")
         logger.info("sft source %s %s: %d trajectories", src.kind, src.path, len(got))
         out += got
     if not out:
