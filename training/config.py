@@ -72,6 +72,7 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class AlgoConfig:
+    kind: Literal["rl", "sft"] = "rl"  # sft: supervised fine-tuning on ``sft.sources`` (training.sft)
     advantage: Literal["grpo", "reinforce_pp", "gae", "dual_granularity"] = "grpo"
     reward: Any = "r1_searcher_stage1"  # a name, {name: ..., params}, or a list to compose
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "dapo", "dr_grpo"] = "token_mean"
@@ -150,6 +151,18 @@ class TrainerConfig:
 
 
 @dataclass(frozen=True)
+class SFTConfig:
+    """``algo.kind: sft``: where the trajectories come from (see :mod:`training.sft`).
+
+    Each source is ``{kind: run | chat | synth, path: ..., where: "em >= 1", limit: N}``.
+    """
+
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    batch_size: int = 8  # trajectories per optimizer step
+    shuffle: bool = True
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     name: str = "train"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -159,4 +172,5 @@ class TrainConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
     papers: str = ""  # which published settings the recipe follows

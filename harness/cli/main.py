@@ -11,6 +11,7 @@ import logging
 import typer
 
 from harness.cli import (
+    data_cmd,
     datasets_cmd,
     eval_cmd,
     harr_cmd,
@@ -41,10 +42,13 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
 
 
 app.command("eval", help="Run methods on datasets; one run directory per (method, dataset).")(eval_cmd.eval_command)
-app.command("train", help="Train the search agent with GRPO / PPO / Reinforce++ on DeepSpeed.")(train_cmd.train_command)
+app.command("train", help="Train the search agent with GRPO / PPO / Reinforce++ or SFT (algo.kind=sft) on DeepSpeed.")(
+    train_cmd.train_command
+)
 app.command("report", help="Leaderboards with confidence intervals, plots and a trajectory browser.")(
     report_cmd.report_command
 )
+app.add_typer(data_cmd.app, name="data", help="Build SFT data: synthesize protocol-following trajectories.")
 app.add_typer(index_cmd.app, name="index", help="Build and inspect retrieval indexes.")
 app.add_typer(serve_cmd.app, name="serve", help="Serve a retriever or a model over HTTP.")
 app.command("datasets", help="List the registered datasets, their splits and where each is read from.")(

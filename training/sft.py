@@ -1,0 +1,204 @@
+"""Supervised fine-tuning (``algo.kind: sft``) on the RL trainer's pieces.
+
+Same ``collate`` (loss mask from segment roles: model tokens only, never prompts or
+observations), same DeepSpeed engine (``engine.initialize``), same checkpoints
+(``checkpoint.save_checkpoint`` / ``export_hf``) and the same metrics log. The data are
+trajectories from :mod:`training.sft_data` (run directories filtered by score, chat-messages
+JSONL, synthesized trajectories). One step = ``sft.batch_size`` trajectories, one optimizer
+step; the loss is the token mean of the negative log-likelihood over the step's model tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.types import Trajectory
+from training.batch import Batch, collate, token_logprobs
+from training.checkpoint import export_hf, latest_checkpoint, load_checkpoint, save_checkpoint
+from training.config import TrainConfig
+from training.engine import build_model, initialize, optimizer_step, rank_and_world
+from training.logging_utils import MetricsLog, ProgressBar
+from training.sft_data import load_sources
+
+logger = logging.getLogger(__name__)
+
+
+def sft_tokenizer(cfg: TrainConfig) -> Any:
+    """The policy's tokenizer: the byte tokenizer for ``model.tiny``, else the model's own."""
+    if cfg.model.tiny is not None:
+        from harness.tokenization import byte_tokenizer
+
+        return byte_tokenizer()
+    from harness.models import load_tokenizer
+
+    return load_tokenizer(cfg.model.path)
+
+
+class EpochSampler:
+    """Batches of trajectory indices, reshuffled each epoch; its position is checkpointed."""
+
+    def __init__(self, n: int, seed: int, shuffle: bool) -> None:
+        self.n, self.seed, self.shuffle = n, seed, shuffle
+        self.epoch, self.pos = 0, 0
+        self.order = self._order()
+
+    def _order(self) -> list[int]:
+        idx = list(range(self.n))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(idx)
+        return idx
+
+    def next(self, k: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < k:
+            if self.pos >= self.n:
+                self.epoch, self.pos = self.epoch + 1, 0
+                self.order = self._order()
+            take = self.order[self.pos : self.pos + k - len(out)]
+            out += take
+            self.pos += len(take)
+        return out
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load(self, s: dict[str, int]) -> None:
+        self.epoch, self.pos = s["epoch"], s["pos"]
+        self.order = self._order()
+
+
+class SFTTrainer:
+    """Trains ``cfg.model`` on ``trajectories`` (or ``cfg.sft.sources`` when none are given)."""
+
+    def __init__(self, cfg: TrainConfig, out: Path, trajectories: list[Trajectory] | None = None) -> None:
+        self.cfg, self.out = cfg, Path(out)
+        self.rank, self.world = rank_and_world()
+        torch.manual_seed(cfg.trainer.seed)
+        if cfg.optim.threads:
+            torch.set_num_threads(cfg.optim.threads)
+        self.tokenizer = sft_tokenizer(cfg)
+        chat = bool(cfg.rollout.agent.get("chat", True))
+        self.data = trajectories if trajectories is not None else load_sources(cfg.sft.sources, self.tokenizer, chat)
+        bs = cfg.sft.batch_size
+        if bs % self.world:
+            raise ValueError(f"sft.batch_size={bs} must divide by {self.world} ranks")
+        model = build_model(cfg.model, vocab_size=len(self.tokenizer))
+        self.policy = initialize(model, cfg.optim, cfg.optim.lr, bs)
+        self.sampler = EpochSampler(len(self.data), cfg.trainer.seed, cfg.sft.shuffle)
+        self.step_no = 0
+        self.log = None
+        if self.rank == 0:
+            from harness.config import to_dict
+
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+            self.log = MetricsLog(self.out, cfg.trainer.tensorboard, cfg.trainer.wandb_project, to_dict(cfg))
+        n_tok = sum(t.generated_tokens for t in self.data)
+        logger.info("SFT on %d trajectories (%d trained tokens)", len(self.data), n_tok)
+
+    @property
+    def pad_id(self) -> int:
+        tok = self.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    def train(self) -> Path:
+        """Run to ``trainer.max_steps``; returns the exported model folder."""
+        c = self.cfg.trainer
+        with ProgressBar(c.max_steps, self.step_no, enabled=c.progress and self.rank == 0) as bar:
+            while self.step_no < c.max_steps:
+                bar.update(self.step_no + 1, self.step())
+        if not c.save_every or self.step_no % c.save_every:
+            self.save()
+        final = export_hf(self.policy, self.tokenizer, self.out / "final")
+        if self.log is not None:
+            self.log.close()
+        return final
+
+    def step(self) -> dict[str, float]:
+        """One optimizer step over ``sft.batch_size`` trajectories (this rank's share)."""
+        t0 = time.perf_counter()
+        bs = self.cfg.sft.batch_size
+        idx = self.sampler.next(bs)
+        per = bs // self.world
+        trajs = [self.data[i] for i in idx[self.rank * per : (self.rank + 1) * per]]
+        batch = collate(trajs, pad_id=self.pad_id, max_len=self.cfg.algo.max_len)
+        stats = self.update(batch)
+        self.step_no += 1
+        metrics = {
+            **stats,
+            "epoch": float(self.sampler.epoch),
+            "tokens/trained": float(batch.n_tokens),
+            "time/step_s": time.perf_counter() - t0,
+            "lr": float(self.policy.get_lr()[0]),
+        }
+        if self.log is not None:
+            self.log.write(self.step_no, metrics)
+        c = self.cfg.trainer
+        if c.save_every and self.step_no % c.save_every == 0:
+            self.save()
+        return metrics
+
+    def nll(self, batch: Batch, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token negative log-likelihood and mask of a micro-batch.  → [b, T'], [b, T']"""
+        Lm = max(2, int(batch.attention_mask[rows].sum(1).max()))  # this micro-batch's own length
+        out = self.policy(input_ids=batch.input_ids[rows, :Lm], attention_mask=batch.attention_mask[rows, :Lm])
+        logp = token_logprobs(out.logits[:, :-1], batch.targets[rows, : Lm - 1])  # [b, Lm−1]
+        return -logp, batch.mask[rows, : Lm - 1]
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """Micro-batches, one DeepSpeed optimizer step. The loss is the step's token mean: each
+        micro-batch contributes sum(nll·mask) / (the step's model tokens), times the
+        accumulation steps because DeepSpeed divides each backward by them."""
+        B, mb = batch.input_ids.shape[0], self.cfg.optim.micro_batch_size
+        total_tokens = max(1.0, float(batch.mask.sum()))
+        gas = self.policy.gradient_accumulation_steps()
+        slices = [slice(i, min(i + mb, B)) for i in range(0, B, mb)]
+        # ds_config sized the accumulation for exactly these slices: the last one steps the optimizer.
+        if len(slices) != gas:
+            raise RuntimeError(f"{len(slices)} micro-batches but DeepSpeed accumulates {gas}")
+        loss_sum, grad_norm = 0.0, None
+        for s in slices:
+            nll, m = self.nll(batch, s)
+            part = (nll * m).sum() / total_tokens
+            loss_sum += float(part.detach())
+            self.policy.backward(part * gas)
+            gn = optimizer_step(self.policy)
+            grad_norm = gn if gn is not None else grad_norm
+        out = {"loss": loss_sum, "ppl": float(torch.exp(torch.tensor(loss_sum)))}
+        if grad_norm is not None:
+            out["grad_norm"] = grad_norm
+        return out
+
+    @torch.no_grad()
+    def evaluate_loss(self, trajs: list[Trajectory] | None = None) -> float:
+        """Token-mean NLL of ``trajs`` (default: all the data) under the current weights."""
+        trajs = trajs or self.data
+        tot, n = 0.0, 0.0
+        for i in range(0, len(trajs), self.cfg.optim.micro_batch_size):
+            batch = collate(
+                trajs[i : i + self.cfg.optim.micro_batch_size], pad_id=self.pad_id, max_len=self.cfg.algo.max_len
+            )
+            nll, m = self.nll(batch, slice(0, batch.input_ids.shape[0]))
+            tot += float((nll * m).sum())
+            n += float(m.sum())
+        return tot / max(1.0, n)
+
+    def save(self) -> Path:
+        state = {"sampler": self.sampler.state(), "kind": "sft"}
+        return save_checkpoint(self.out / "checkpoints", self.step_no, self.policy, state)
+
+    def resume(self, run_dir: Path) -> None:
+        ckpt = latest_checkpoint(Path(run_dir) / "checkpoints")
+        if ckpt is None:
+            raise FileNotFoundError(f"no checkpoint under {Path(run_dir) / 'checkpoints'}")
+        state = load_checkpoint(ckpt, self.policy)
+        self.step_no = state["step"]
+        self.sampler.load(state["sampler"])
+        logger.info("resumed SFT from %s at step %d", ckpt, self.step_no)
