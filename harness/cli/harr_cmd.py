@@ -17,8 +17,6 @@ import typer
 
 from harness.cli.common import console, fail
 
-data_app = typer.Typer(no_args_is_help=True, help="Data tools.")
-
 
 def _compose(files: list[str], overrides: list[str]):
     from harness.config import ConfigError, compose
@@ -52,7 +50,6 @@ def train_retriever(files: list[str], data_dir: str | None, out: str | None, ove
     )
 
 
-@data_app.command("harr-filter")
 def harr_filter_command(
     config: list[str] = typer.Option(None, "-c", "--config", help="A retriever-RL recipe (policy: retriever)."),
     out: str = typer.Option(..., "--out", help="Where to write the kept questions (FlashRAG JSONL)."),

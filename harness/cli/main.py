@@ -48,14 +48,16 @@ app.command("train", help="Train the search agent with GRPO / PPO / Reinforce++ 
 app.command("report", help="Leaderboards with confidence intervals, plots and a trajectory browser.")(
     report_cmd.report_command
 )
-app.add_typer(data_cmd.app, name="data", help="Build SFT data: synthesize protocol-following trajectories.")
+data_cmd.app.command(
+    "harr-filter", help="HARR: keep the training questions where sampled retrievals change the outcome."
+)(harr_cmd.harr_filter_command)
+app.add_typer(data_cmd.app, name="data", help="Data tools: synthesize SFT trajectories, HARR's question filter.")
 app.add_typer(index_cmd.app, name="index", help="Build and inspect retrieval indexes.")
 app.add_typer(serve_cmd.app, name="serve", help="Serve a retriever or a model over HTTP.")
 app.command("datasets", help="List the registered datasets, their splits and where each is read from.")(
     datasets_cmd.datasets_command
 )
 app.command("prompt", help="Show exactly what a model sees under a method's dialect.")(prompt_cmd.prompt_command)
-app.add_typer(harr_cmd.data_app, name="data", help="Data tools (HARR's training-question filter).")
 app.command("replicate", help="Run a seed system's replication card; print the paper's numbers beside ours.")(
     replicate_cmd.replicate_command
 )
