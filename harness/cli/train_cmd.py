@@ -66,6 +66,10 @@ def train_command(
             stack.enter_context(sigterm_as_exit())
             b = cfg.rollout.backend
             if b.launch:
+                from training.trainer import mini_batch_rows
+
+                # The update schedule is checked before an engine takes a minute to start.
+                mini_batch_rows(cfg, int(os.environ.get("WORLD_SIZE", "1")))
                 if b.kind != "sglang":
                     raise ValueError("rollout.backend.launch=true starts SGLang: set rollout.backend.kind=sglang")
                 if int(os.environ.get("WORLD_SIZE", "1")) > 1:

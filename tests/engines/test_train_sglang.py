@@ -41,6 +41,7 @@ def test_two_steps_with_a_launched_sglang(tmp_path):
         "rollout.backend.engine.args=" + json.dumps(checks.ENGINE_ARGS["sglang"]),
         "rollout.prompts_per_step=2",
         "rollout.n_samples=2",
+        "algo.ppo_mini_batch_size=4",  # the recipe's 8 rows per update do not fit this 4-row step
         "rollout.agent.max_new_tokens=16",
         "data.val_split=null",
         "trainer.max_steps=2",
