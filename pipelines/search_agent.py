@@ -34,6 +34,7 @@ from harness.errors import error_kind
 from harness.retrieval.base import Retriever
 from harness.retrieval.state import accepts_state, state_for
 from harness.types import Doc, Example, SearchRecord, Segment, Trajectory
+from pipelines.concurrency import run_bounded
 from pipelines.dialects import Dialect, resolve_dialect
 from pipelines.flashrag_compat import FlashRAGGenerator, from_flashrag_dataset, pipeline_base, safe_config
 
@@ -156,18 +157,13 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
         on_done: Callable[[Trajectory], None] | None = None,
         skip: set[tuple[str, int]] | None = None,
     ) -> list[Trajectory]:
-        sem = asyncio.Semaphore(self.config.max_concurrency)
         skip = skip or set()
 
         async def one(ex: Example, j: int) -> Trajectory:
-            async with sem:
-                traj = await self.arun(ex, sample_index=j, sampling=sampling, policy_version=policy_version)
-            if on_done is not None:
-                on_done(traj)
-            return traj
+            return await self.arun(ex, sample_index=j, sampling=sampling, policy_version=policy_version)
 
-        jobs = [one(ex, j) for ex in examples for j in range(n_samples) if (ex.id, j) not in skip]
-        return list(await asyncio.gather(*jobs))
+        todo = [(ex, j) for ex in examples for j in range(n_samples) if (ex.id, j) not in skip]
+        return await run_bounded(one, todo, self.config.max_concurrency, on_done)
 
     async def arun(
         self,

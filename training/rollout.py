@@ -15,13 +15,13 @@ needs on top:
 
 from __future__ import annotations
 
-import asyncio
 import random
 from dataclasses import dataclass
 from typing import Any
 
 from harness.backends.base import SamplingParams, run_sync
 from harness.types import Example, Trajectory
+from pipelines.concurrency import run_bounded
 
 
 class PromptSampler:
@@ -87,20 +87,17 @@ def collect(
     ``group_offset`` shifts the group ids (a data-parallel rank's prompts are a slice of the step's).
     """
     params = sampling.with_(logprobs=True)
-    sem = asyncio.Semaphore(agent.config.max_concurrency)  # the same cap run_examples applies
 
     async def one(i: int, ex: Example, j: int) -> Trajectory:
-        async with sem:
-            return await agent.arun(
-                ex,
-                sample_index=j,
-                sampling=params.with_(seed=sample_seed(seed, i + group_offset, j, n_samples)),
-                policy_version=policy_version,
-            )
+        return await agent.arun(
+            ex,
+            sample_index=j,
+            sampling=params.with_(seed=sample_seed(seed, i + group_offset, j, n_samples)),
+            policy_version=policy_version,
+        )
 
-    async def run() -> list[Trajectory]:
-        return list(await asyncio.gather(*(one(i, ex, j) for i, ex in enumerate(prompts) for j in range(n_samples))))
-
-    trajectories = run_sync(run())
+    items = [(i, ex, j) for i, ex in enumerate(prompts) for j in range(n_samples)]
+    # The same bounded loop and cap run_examples applies.
+    trajectories = run_sync(run_bounded(one, items, agent.config.max_concurrency))
     group_ids = [group_offset + i for i in range(len(prompts)) for _ in range(n_samples)]
     return RolloutBatch(trajectories, group_ids, policy_version)

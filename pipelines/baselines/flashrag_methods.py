@@ -31,6 +31,7 @@ from harness.config import require_at_least
 from harness.errors import error_kind
 from harness.retrieval.base import Retriever
 from harness.types import Example, Segment, Trajectory
+from pipelines.concurrency import run_bounded
 from pipelines.flashrag_compat import FlashRAGGenerator, FlashRAGRetriever, safe_config, to_flashrag_dataset
 
 logger = logging.getLogger(__name__)
@@ -152,17 +153,13 @@ class FlashRAGBaseline:
     ) -> list[Trajectory]:
         skip = skip or set()
         todo = [(ex, j) for ex in examples for j in range(n_samples) if (ex.id, j) not in skip]
-        sem = asyncio.Semaphore(self.options.max_concurrency)
-        with ThreadPoolExecutor(self.options.max_concurrency, thread_name_prefix=f"baseline-{self.name}") as pool:
+        limit = self.options.max_concurrency
+        with ThreadPoolExecutor(limit, thread_name_prefix=f"baseline-{self.name}") as pool:
 
             async def one(ex: Example, j: int) -> Trajectory:
-                async with sem:
-                    traj = await self._arun_on(pool, ex, j, sampling, policy_version)
-                if on_done is not None:
-                    on_done(traj)
-                return traj
+                return await self._arun_on(pool, ex, j, sampling, policy_version)
 
-            return list(await asyncio.gather(*(one(ex, j) for ex, j in todo)))
+            return await run_bounded(one, todo, limit, on_done)
 
     async def arun(
         self,
