@@ -305,7 +305,7 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
         samples = getattr(results, "samples", None) or [None] * len(queries)  # stochastic retrievers' records
         latency = time.perf_counter() - t0
         traj.retrieval_time_s += latency
-        capped = [[self._cap_doc(doc) for doc in docs] for docs in results]
+        capped = [[cap_doc(self.tokenizer, doc, self.config.max_doc_tokens) for doc in docs] for docs in results]
         for q, docs, sample in zip(queries, capped, samples, strict=True):
             traj.searches.append(
                 SearchRecord(
@@ -320,9 +320,10 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
             )
         return self.dialect.observation_text(queries, capped)
 
-    def _cap_doc(self, doc: Doc) -> Doc:
-        ids = self.tokenizer.encode(doc.text, add_special_tokens=False)
-        if len(ids) <= self.config.max_doc_tokens:
-            return doc
-        text = self.tokenizer.decode(ids[: self.config.max_doc_tokens])
-        return Doc(id=doc.id, title=doc.title, text=text + " ...", score=doc.score)
+
+def cap_doc(tokenizer: Any, doc: Doc, max_tokens: int) -> Doc:
+    """The cap on an inserted document's text: its first ``max_tokens`` tokens, then `` ...``."""
+    ids = tokenizer.encode(doc.text, add_special_tokens=False)
+    if len(ids) <= max_tokens:
+        return doc
+    return Doc(id=doc.id, title=doc.title, text=tokenizer.decode(ids[:max_tokens]) + " ...", score=doc.score)

@@ -27,6 +27,7 @@ from typing import Any
 
 from harness.types import Doc, Example
 from pipelines.dialects import Dialect
+from pipelines.search_agent import cap_doc
 
 logger = logging.getLogger(__name__)
 
@@ -132,16 +133,6 @@ def surfaced(hop: Hop, docs: list[Doc]) -> Doc | None:
     return None
 
 
-def cap_doc(tokenizer: Any, doc: Doc, max_tokens: int) -> Doc:
-    """The agent's cap on an inserted document (``SearchAgent._cap_doc``): ``max_tokens`` tokens, then `` ...``."""
-    if tokenizer is None:
-        return doc
-    ids = tokenizer.encode(doc.text, add_special_tokens=False)
-    if len(ids) <= max_tokens:
-        return doc
-    return Doc(id=doc.id, title=doc.title, text=tokenizer.decode(ids[:max_tokens]) + " ...", score=doc.score)
-
-
 # ---- rendering --------------------------------------------------------------------------------
 def _first_sentence(doc: Doc) -> str:
     text = doc.text.strip()
@@ -219,7 +210,11 @@ class Synthesizer:
                 self._drop("dialect does not parse the search turn")
                 return None
             results = self.retriever.search(list(action.queries), self.topk)
-            capped = [[cap_doc(self.tokenizer, doc, self.max_doc_tokens) for doc in docs] for docs in results]
+            capped = (
+                results
+                if self.tokenizer is None
+                else [[cap_doc(self.tokenizer, doc, self.max_doc_tokens) for doc in docs] for docs in results]
+            )
             hit = next((h for docs in capped if (h := surfaced(hop, docs)) is not None), None)
             searches.append(
                 {"query": list(action.queries), "doc_ids": [x.id for x in capped[0]], "gold": hit.id if hit else None}
