@@ -27,15 +27,16 @@ def prompt_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on the last line."),
 ) -> None:
     from harness.registry import RegistryError
+    from harness.retrieval.corpus import read_corpus
     from pipelines.dialects import resolve_dialect
-    from pipelines.dialects.inspect import describe, docs_from_jsonl
+    from pipelines.dialects.inspect import describe
     from pipelines.methods import method_kind
 
     try:
         if method_kind(method) != "agent":
             fail(f"--method {method!r} is a baseline, not an agent dialect")
         dialect = resolve_dialect(method, variant, str(template) if template else None)
-        documents = docs_from_jsonl(docs) if docs is not None else None
+        documents = read_corpus(docs) if docs is not None else None  # titles verbatim, quotes kept
     except (RegistryError, ValueError, FileNotFoundError) as e:
         fail(str(e))
     tokenizer = None

@@ -18,6 +18,8 @@ from typing import Any
 from harness.textfiles import text_lines
 from harness.types import Doc
 
+_NEEDS_CONTENTS = "missing 'contents' string: a corpus line needs 'contents' (or 'title' and 'text')"
+
 
 class CorpusError(ValueError):
     """A corpus file is malformed; the message names the file and line."""
@@ -49,7 +51,7 @@ def iter_corpus(path: str | Path) -> Iterator[Doc]:
         if contents is None and "text" in d:  # some corpora split title/text already
             contents = f"{d.get('title', '')}\n{d['text']}"
         if not isinstance(contents, str):
-            raise CorpusError(f"{path}:{lineno}: missing 'contents' string")
+            raise CorpusError(f"{path}:{lineno}: {_NEEDS_CONTENTS}")
         if not isinstance(d["id"], str | int) or isinstance(d["id"], bool) or str(d["id"]) == "":
             raise CorpusError(f"{path}:{lineno}: 'id' must be a non-empty string or integer, got {d['id']!r}")
         doc_id = str(d["id"])
@@ -79,7 +81,7 @@ def _parse_row(path: Path, where: str, line: bytes) -> Doc:
     if contents is None and "text" in d:
         contents = f"{d.get('title', '')}\n{d['text']}"
     if not isinstance(contents, str):
-        raise CorpusError(f"{path}:{where}: missing 'contents' string")
+        raise CorpusError(f"{path}:{where}: {_NEEDS_CONTENTS}")
     return Doc.from_contents(str(d["id"]), contents)
 
 

@@ -6,38 +6,10 @@ trained on to debug an off-protocol run.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from harness.types import Doc
 from pipelines.dialects.base import Dialect
-
-
-def docs_from_jsonl(path: str | Path) -> list[Doc]:
-    """Documents of a FlashRAG corpus JSONL (``{"id", "contents"}`` or ``{"id", "title", "text"}``),
-    in file order. ``contents`` is split as the originals split it (first line = title, kept
-    verbatim, quotes included), so observations render exactly as the originals render them."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    docs = []
-    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: malformed JSON ({e.msg})") from e
-        if not isinstance(row, dict) or not ("contents" in row or "text" in row):
-            raise ValueError(f"{path}:{lineno}: a corpus line needs 'contents' (or 'title' and 'text')")
-        doc_id = str(row.get("id", lineno - 1))
-        if "contents" in row:
-            title, _, text = str(row["contents"]).partition("\n")
-            docs.append(Doc(doc_id, title, text))
-        else:
-            docs.append(Doc(doc_id, str(row.get("title", "")), str(row["text"])))
-    return docs
 
 
 def describe(

@@ -13,8 +13,9 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli.main import app
+from harness.retrieval.corpus import read_corpus
 from pipelines.dialects import get_dialect
-from pipelines.dialects.inspect import describe, docs_from_jsonl
+from pipelines.dialects.inspect import describe
 
 GOLDEN = Path(__file__).parent / "golden"
 SYSTEMS = ("search_r1", "research", "r1_searcher", "rag_r1", "prorag")
@@ -87,7 +88,7 @@ def test_chat_template_is_applied_where_the_system_applies_it(byte_tok):
 
 
 def test_corpus_titles_are_kept_verbatim_and_bad_input_is_named(tmp_path):
-    docs = docs_from_jsonl(GOLDEN / "docs.jsonl")
+    docs = read_corpus(GOLDEN / "docs.jsonl")
     assert [(d.id, d.title) for d in docs] == [("d1", '"Eddavik"'), ("d2", '"Mira Solberg"')]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 1}\n')
