@@ -61,11 +61,11 @@ class _RecordingRetriever:
 
     def __init__(self, inner: StochasticDenseRetriever) -> None:
         self.inner, self.index_id = inner, inner.index_id
-        self.question = ""
+        self.question, self.key = "", ""
         self.log: list[SearchRecord] = []
 
     def search(self, queries: list[str], k: int) -> list:
-        state = [RetrievalState(self.question, _history(self.log))] * len(queries)
+        state = [RetrievalState(self.question, _history(self.log), self.key)] * len(queries)
         res = self.inner.search(list(queries), k, state=state)
         for q, docs, sample in zip(queries, res, res.samples, strict=True):
             self.log.append(
@@ -95,7 +95,7 @@ class BaselineRunner:
         out: list[Trajectory] = []
         for j in range(n):
             for ex in examples:  # one at a time: every logged call then belongs to this item
-                self.recorder.question, self.recorder.log = ex.question, []
+                self.recorder.question, self.recorder.key, self.recorder.log = ex.question, f"{ex.id}#{j}", []
                 traj = self.baseline.run_examples([ex])[0]
                 traj.searches, traj.sample_index = list(self.recorder.log), j
                 out.append(traj)
@@ -200,6 +200,7 @@ class RetrieverRL:
         c = self.cfg
         t0 = time.perf_counter()
         self.retriever.greedy = False
+        self.retriever.salt = self.step_no  # fresh samples each step, reproducible whatever the concurrency
         trajs = self.runner.run(examples, c.group_size)  # [len(examples) * G], example-major
         rewards = torch.tensor([reward_of(t, c.reward) for t in trajs])  # [B]
         groups = torch.arange(len(examples)).repeat_interleave(c.group_size)  # [B]
@@ -246,7 +247,7 @@ class RetrieverRL:
                 logger.info("step %d: %s", res.step, {k: round(v, 4) for k, v in res.metrics.items()})
                 if on_step is not None:
                     on_step(res)
-        return self.tower.save(self.out / "encoder")
+        return self.retriever.save_tower(self.out / "encoder")
 
 
 # ---- data filtering ----------------------------------------------------------------------------

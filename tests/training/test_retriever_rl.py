@@ -33,13 +33,13 @@ TARGETS = {
 EXAMPLES = [Example(f"q{i}", q, (a,)) for i, (q, a) in enumerate(TARGETS.items())]
 
 
-def _setup(tmp_path, seed=0, n_candidates=20, tau=0.05, topk=2):
+def _setup(tmp_path, seed=0, n_candidates=20, tau=0.05, topk=2, concurrency=8):
     tower = tiny_tower(seed=seed)
     retriever = StochasticDenseRetriever.from_index_dir(
         toy_index(tmp_path, tower), tower, n_candidates=n_candidates, tau=tau, seed=seed
     )
-    # One item at a time: the retriever samples from one seeded generator, so call order must be fixed.
-    cfg = AgentConfig(max_turns=1, topk=topk, max_concurrency=1)
+    # Concurrent rollouts: each retrieval call is seeded from (seed, step, example#sample, turn, query).
+    cfg = AgentConfig(max_turns=1, topk=topk, max_concurrency=concurrency)
     agent = SearchAgent(OracleReader.backend(TARGETS), retriever, "search_r1", cfg)
     return retriever, AgentRunner(agent)
 
@@ -58,6 +58,26 @@ def test_rollouts_group_and_ratio_is_one_before_update(tmp_path):
     assert has.all() and torch.allclose(new, old, atol=1e-3)
     loss, stats = retrieval_loss(retriever, trajs, torch.ones(len(trajs)), RetrieverRLConfig(kl_coef=0.1))
     assert stats["kl"] == pytest.approx(0.0, abs=1e-5) and loss.requires_grad
+
+
+def test_samples_do_not_depend_on_concurrency(tmp_path):
+    """Concurrency 1 and 8 draw the same documents for every (question, sample); the G samples of
+    a question still differ from each other, and a new trainer step (salt) draws anew."""
+
+    def sampled(concurrency, salt=0):
+        (tmp_path / f"c{concurrency}-{salt}").mkdir()
+        retriever, runner = _setup(tmp_path / f"c{concurrency}-{salt}", tau=1.0, concurrency=concurrency)
+        retriever.salt = salt
+        trajs = runner.run(EXAMPLES, 6)
+        return [(t.example_id, t.sample_index, tuple(t.searches[0].doc_ids)) for t in trajs]
+
+    one, eight = sampled(1), sampled(8)
+    assert one == eight
+    per_question = {}
+    for ex_id, _, docs in one:
+        per_question.setdefault(ex_id, set()).add(docs)
+    assert all(len(v) > 1 for v in per_question.values()), per_question
+    assert sampled(8, salt=1) != eight
 
 
 @pytest.mark.slow  # ~20 s on a shared 2-core VM
