@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from harness.config import require_at_least
 from harness.eval_config import BackendConfig
 from harness.retrieval.stochastic import DEFAULT_STATE_TEMPLATE
 
@@ -56,6 +57,16 @@ class RetrieverRLConfig:
     norm_by_std: bool = True
     grad_clip: float = 1.0
     seed: int = 0
+    # Sync: rollouts always sample in-process (the tower being trained is the retriever's, so there
+    # is nothing to copy). ``sync_url``: also push the encoder every ``sync_every`` steps to a served
+    # retriever (``harness serve retriever`` on loopback, POST /admin/reload_encoder), e.g. the one
+    # an evaluation or a generator-side agent queries.
+    sync_url: str | None = None
+    sync_every: int = 1
+    sync_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        require_at_least(self, 1, "group_size", "questions_per_step", "steps", "epochs", "sync_every")
 
 
 @dataclass(frozen=True)

@@ -194,6 +194,7 @@ class RetrieverRL:
         self._params = params
         self.rng = random.Random(cfg.seed)
         self.step_no = 0
+        self._synced: Path | None = None
 
     def step(self, examples: Sequence[Example]) -> StepResult:
         """One rollout batch (G samples per question) and ``epochs`` optimiser passes over it."""
@@ -214,6 +215,8 @@ class RetrieverRL:
             gnorm = torch.nn.utils.clip_grad_norm_(self._params, c.grad_clip)
             self.opt.step()
         self.step_no += 1
+        if c.sync_url and self.step_no % c.sync_every == 0:
+            self.sync_served()
         spread = rewards.view(len(examples), c.group_size)
         metrics = {
             "reward": float(rewards.mean()),
@@ -227,6 +230,19 @@ class RetrieverRL:
             **{f"loss/{k}": v for k, v in stats.items()},
         }
         return StepResult(self.step_no, metrics)
+
+    def sync_served(self) -> dict[str, Any]:
+        """Save the tower to ``out/sync/step-N`` and have the served retriever at ``cfg.sync_url``
+        reload it (the previous sync dir is removed once the server has moved on)."""
+        import shutil
+
+        path = self.retriever.save_tower(self.out / "sync" / f"step-{self.step_no}")
+        answer = reload_served_encoder(self.cfg.sync_url or "", str(path.resolve()), self.cfg.sync_timeout)
+        if self._synced is not None and self._synced != path:
+            shutil.rmtree(self._synced, ignore_errors=True)
+        self._synced = path
+        logger.info("served retriever %s now on encoder version %s", self.cfg.sync_url, answer.get("version"))
+        return answer
 
     def train(self, examples: Sequence[Example], on_step: Callable[[StepResult], None] | None = None) -> Path:
         """``cfg.steps`` steps over shuffled ``examples``; writes metrics.jsonl and ``encoder/``."""
@@ -248,6 +264,21 @@ class RetrieverRL:
                 if on_step is not None:
                     on_step(res)
         return self.retriever.save_tower(self.out / "encoder")
+
+
+def reload_served_encoder(url: str, path: str, timeout: float = 300.0) -> dict[str, Any]:
+    """``POST {url}/admin/reload_encoder {"path": path}`` (the server must be on this host: it
+    accepts the call from loopback clients only). Raises ``RuntimeError`` naming the server's reason."""
+    import httpx
+
+    endpoint = url.rstrip("/") + "/admin/reload_encoder"
+    try:
+        r = httpx.post(endpoint, json={"path": path}, timeout=timeout)
+    except httpx.HTTPError as e:
+        raise RuntimeError(f"encoder sync: {endpoint} unreachable: {e}") from e
+    if r.status_code != 200:
+        raise RuntimeError(f"encoder sync: {endpoint} answered {r.status_code}: {r.text[:300]}")
+    return r.json()
 
 
 # ---- data filtering ----------------------------------------------------------------------------

@@ -175,3 +175,24 @@ def test_shipped_retriever_recipes_compose():
         cfg = compose(RetrieverTrainConfig, [path])
         assert cfg.policy == "retriever" and cfg.papers and is_retriever_policy([str(path)], [])
         from_dict(AgentConfig, cfg.agent, where="agent")
+
+
+def test_training_step_syncs_served_retriever(tmp_path):
+    """With rl.sync_url the trainer pushes its tower to `harness serve retriever`'s admin route."""
+    from harness.retrieval.encoders import Encoder
+    from harness.retrieval.index import load_index
+    from harness.retrieval.server import create_app
+    from tests.harness.conftest import ServerThread
+
+    retriever, runner = _setup(tmp_path)
+    enc0 = retriever.tower.save(tmp_path / "enc0")
+    app = create_app(load_index(tmp_path / "index", encoder=Encoder(str(enc0), device="cpu")))
+    with ServerThread(app) as s:
+        cfg = RetrieverRLConfig(group_size=2, questions_per_step=2, steps=2, lr=1e-2, sync_url=s.url)
+        trainer = RetrieverRL(retriever, runner, cfg, tmp_path / "run")
+        trainer.train(EXAMPLES[:2])
+    synced = (tmp_path / "run" / "sync" / "step-2").resolve()
+    assert app.encoder_version == 2 and app.encoder_path == str(synced)
+    assert not (tmp_path / "run" / "sync" / "step-1").exists()  # the previous sync dir is cleaned up
+    texts = ["Name the secret of the purple owl?"]
+    assert abs(app.retriever.encoder.encode(texts, kind="query") - retriever.tower.encode(texts, "query")).max() < 1e-4
