@@ -372,8 +372,12 @@ class StochasticDenseRetriever:
 
         Gradients flow into the query tower only; candidate vectors come from the fixed index.
         """
+        return self.recompute(samples, reference)[0]
+
+    def recompute(self, samples: list[dict[str, Any]], reference: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs [S], query embeddings of the recorded states [S, H]) under the current (or reference) tower."""
         if not samples:
-            return torch.zeros(0)
+            return torch.zeros(0), torch.zeros(0, self.tower.dim)
         texts = [s["state"] for s in samples]
         q = self.tower.reference_forward(texts) if reference else self.tower(texts)  # [S, H]
         S, C, K = len(samples), max(len(s["candidates"]) for s in samples), max(len(s["sampled"]) for s in samples)
@@ -390,4 +394,4 @@ class StochasticDenseRetriever:
         tau = torch.tensor([float(s["tau"]) for s in samples])[:, None]  # [S, 1]
         scores = torch.einsum("sh,sch->sc", q.float(), D) / tau  # [S, C]
         scores = scores.masked_fill(~cand_mask, float("-inf"))
-        return pl_log_prob(scores, order, order_mask)  # [S]
+        return pl_log_prob(scores, order, order_mask), q  # [S], [S, H]
