@@ -97,6 +97,26 @@ def load_questions(path: str, n_heldout: int, n_train: int) -> tuple[list[Exampl
     return exs[:n_heldout], exs[n_heldout : n_heldout + n_train]
 
 
+AGENT_OPTIONS = {
+    # max_doc_tokens: the oracle's byte tokenizer counts characters; show whole paragraphs.
+    "oracle": {"max_turns": 2, "temperature": 0.0, "max_doc_tokens": 4096, "max_total_tokens": 16384},
+    # A real frozen model: the shipped recipe's settings (configs/train_retriever/harr_minilm_search_r1.yaml).
+    "hf": {
+        "max_turns": 2,
+        "temperature": 0.0,
+        "chat": False,
+        "few_shot": True,
+        "response_prefix": "<think>",
+        "max_new_tokens": 48,
+    },
+}
+BASELINE_OPTIONS = {
+    # The byte tokenizer counts characters: room for k HotpotQA paragraphs, none cut off.
+    "oracle": {"max_new_tokens": 32, "max_input_len": 16384},
+    "hf": {"max_new_tokens": 32},
+}
+
+
 def run_pipeline(method: str, args: argparse.Namespace, heldout: list[Example], train: list[Example]) -> dict:
     from harness.config import from_dict
     from training.retriever_config import RetrieverTrainConfig
@@ -110,6 +130,7 @@ def run_pipeline(method: str, args: argparse.Namespace, heldout: list[Example], 
             "corpus": args.corpus,
             "sampling": {"n_candidates": args.n_candidates, "tau": args.tau, "topk": args.topk},
             "rl": {
+                "algo": args.algo,
                 "group_size": args.group_size,
                 "questions_per_step": args.questions_per_step,
                 "steps": args.steps,
@@ -118,10 +139,8 @@ def run_pipeline(method: str, args: argparse.Namespace, heldout: list[Example], 
                 "kl_coef": args.kl_coef,
                 "reward": "f1",
             },
-            # max_doc_tokens: the oracle's byte tokenizer counts characters; show whole paragraphs.
-            "agent": {"max_turns": 2, "temperature": 0.0, "max_doc_tokens": 4096, "max_total_tokens": 16384},
-            # The byte tokenizer counts characters: room for k HotpotQA paragraphs, none cut off.
-            "baseline": {"max_new_tokens": 32, "max_input_len": 16384},
+            "agent": AGENT_OPTIONS[args.generator],
+            "baseline": BASELINE_OPTIONS[args.generator],
         },
     )
     agent = method != "standard"
@@ -129,10 +148,10 @@ def run_pipeline(method: str, args: argparse.Namespace, heldout: list[Example], 
     if args.generator == "oracle":
         backend: Any = OracleReader(golds, agent, model_path=None if agent else tiny_model_dir(Path(args.out)))
     else:
-        from harness.backends import make_backend
+        from harness.backends import build_backend
         from harness.eval_config import BackendConfig
 
-        backend = make_backend(BackendConfig(kind="hf", model=args.model))
+        backend = build_backend(BackendConfig(kind="hf", model=args.model))
     retriever, runner = build_from_config(cfg, backend=backend)
     t0 = time.perf_counter()
     before = evaluate(runner, retriever, heldout)
@@ -169,6 +188,7 @@ def main() -> None:
     p.add_argument("--heldout", type=int, default=64)
     p.add_argument("--train", type=int, default=64)
     p.add_argument("--filter", action="store_true", help="HARR's filter on the training questions first")
+    p.add_argument("--algo", choices=("grpo", "ppo"), default="grpo")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--questions-per-step", type=int, default=8)
