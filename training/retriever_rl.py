@@ -283,8 +283,9 @@ class RetrieverRL:
         groups: list[dict[str, Any]] = [{"params": params, "lr": cfg.lr}]
         self.value_head: ValueHead | None = None
         if cfg.algo == "ppo":
-            torch.manual_seed(cfg.seed)  # the head's initial weights
-            self.value_head = ValueHead(self.tower.dim, cfg.value_hidden)
+            with torch.random.fork_rng():  # the head's initial weights from cfg.seed, global RNG untouched
+                torch.manual_seed(cfg.seed)
+                self.value_head = ValueHead(self.tower.dim, cfg.value_hidden)
             groups.append({"params": list(self.value_head.parameters()), "lr": cfg.value_lr})
         self.opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self._params = params
