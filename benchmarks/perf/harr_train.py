@@ -30,6 +30,14 @@ Measured on the shared 2-core VM, oracle reader, ``--heldout 64 --train 48 --fil
   0.484 → 0.469 (no gain: the tower fit its 14 questions, 25 s/step).
 - search_r1 (2 searches of the same question, history-aware state): kept 17/48; train reward
   0.59 → 0.74; held-out EM 0.500 → 0.500 (no gain, 60 s/step).
+
+SmolLM2-135M-Instruct frozen (HF backend, CPU, the shared VM under load ~16-20), ``standard`` only,
+a short run: ``--methods standard --generator hf --heldout 16 --train 16 --steps 4 --group-size 4
+--questions-per-step 4 --epochs 2 --lr 5e-5`` (GRPO, no filter): train reward per step 0.036,
+0.121, 0.079, 0.039 (no trend); held-out EM 0.000 → 0.000, F1 0.109 → 0.119, answer-recall 0.438
+→ 0.500 (one question of 16: noise, not a gain). 4-5 min per step (16 generations one at a
+time: the baseline runner is sequential), 19 min of training. The 135M reader rarely answers
+right even with the gold paragraph, so there is little reward signal to learn from.
 """
 
 from __future__ import annotations

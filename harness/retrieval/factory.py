@@ -83,7 +83,8 @@ def index_from_config(cfg: Any, corpus: str | None = None, encoder: Any = None) 
 def harr_from_config(cfg: Any, corpus: str | None = None) -> Any:
     """``harr``: the trained query tower (``cfg.encoder``, else ``cfg.model``) as a greedy (top-k)
     :class:`~harness.retrieval.stochastic.StochasticDenseRetriever`, rendering the history-aware
-    state in the format its sidecar records (the one it was trained with)."""
+    state in the format its sidecar records (the one it was trained with). The agent loop passes
+    that state; FlashRAG baselines call ``search(queries, k)`` and so search with the bare query."""
     from harness.retrieval.encoders import read_sidecar
     from harness.retrieval.stochastic import QueryTower, StochasticDenseRetriever, state_format_of
 
