@@ -52,10 +52,13 @@ class BackendConfig:
 
 @dataclass(frozen=True)
 class RetrieverConfig:
-    kind: Literal["bm25", "dense", "http", "memory"] = "bm25"
+    kind: Literal["bm25", "dense", "harr", "http", "memory"] = "bm25"
     index: str | None = None  # a built index directory
     corpus: str | None = None  # build (and cache) an index over this corpus when no index is given
     model: str | None = None  # dense encoder
+    # dense/harr: a trained query encoder (retriever RL's RUN/encoder, or a LoRA adapter dir) over
+    # the index's fixed document vectors; harr also renders the history-aware state it trained on.
+    encoder: str | None = None
     url: str | None = None  # http retriever
     api: Literal["search_r1", "flashrag", "r1_searcher"] = "search_r1"
     timeout: float = 30.0  # http: seconds per attempt

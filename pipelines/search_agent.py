@@ -297,8 +297,12 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
             raise RuntimeError("the agent asked for a search but no retriever is configured")
         t0 = time.perf_counter()
         # History-aware retrievers (HARR) get the trajectory so far through the protocol's `state`.
+        # The key (example, sample) lets a sampling retriever seed each call, whatever the concurrency.
+        key = f"{traj.example_id}#{traj.sample_index}"
         kw = (
-            {"state": [state_for(traj.question, traj.searches)] * len(queries)} if accepts_state(self.retriever) else {}
+            {"state": [state_for(traj.question, traj.searches, key)] * len(queries)}
+            if accepts_state(self.retriever)
+            else {}
         )
         # Retrievers are synchronous (BM25/FAISS/HTTP); a thread keeps other items moving.
         results = await asyncio.to_thread(self.retriever.search, list(queries), self.config.topk, **kw)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from harness.config import require_at_least
 from harness.eval_config import BackendConfig
 from harness.retrieval.stochastic import DEFAULT_STATE_TEMPLATE
 
@@ -41,9 +42,17 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class RetrieverRLConfig:
-    """GRPO on the sum of a trajectory's retrieval log-probs (PPO with a value head: not implemented)."""
+    """The policy-gradient update of the query tower (see :mod:`training.retriever_rl`).
 
-    algo: Literal["grpo"] = "grpo"
+    ``algo: grpo``: one action per trajectory (the sum of its retrievals' log-probs), advantages
+    normalised within each question's group of G samples. ``algo: ppo``: one action per retrieval
+    call, a value head on the query embedding as the baseline, GAE(``gamma``, ``lam``) over the
+    trajectory's retrieval calls (the answer's reward on the last one), advantages whitened over
+    the batch, PPO's clipped value loss (``vf_coef``, ``vf_clip``); as HARR's PPO trainer does,
+    with its separate critic model replaced by the head.
+    """
+
+    algo: Literal["grpo", "ppo"] = "grpo"
     group_size: int = 8  # G retrieval samples per question
     questions_per_step: int = 8
     steps: int = 20
@@ -56,6 +65,24 @@ class RetrieverRLConfig:
     norm_by_std: bool = True
     grad_clip: float = 1.0
     seed: int = 0
+    # ppo only
+    gamma: float = 1.0
+    lam: float = 1.0
+    whiten_advantages: bool = True
+    vf_coef: float = 0.5
+    vf_clip: float = 0.2
+    value_lr: float = 1e-3  # the value head's learning rate (it starts from scratch)
+    value_hidden: int = 256
+    # Sync: rollouts always sample in-process (the tower being trained is the retriever's, so there
+    # is nothing to copy). ``sync_url``: also push the encoder every ``sync_every`` steps to a served
+    # retriever (``harness serve retriever`` on loopback, POST /admin/reload_encoder), e.g. the one
+    # an evaluation or a generator-side agent queries.
+    sync_url: str | None = None
+    sync_every: int = 1
+    sync_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        require_at_least(self, 1, "group_size", "questions_per_step", "steps", "epochs", "sync_every")
 
 
 @dataclass(frozen=True)

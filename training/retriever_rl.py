@@ -1,4 +1,4 @@
-"""HARR-style RL on the retriever: GRPO on the query tower, the generator frozen.
+"""HARR-style RL on the retriever: GRPO (or PPO) on the query tower, the generator frozen.
 
 One step:
 
@@ -13,6 +13,12 @@ One step:
    under the current tower, against the rollout-time sum: PPO-clip (``training.losses.policy_loss``
    with one "token" per trajectory) plus β·KL (k3) to the initial tower. Trajectories without a
    retrieval carry no gradient.
+
+``rl.algo: ppo`` instead treats each retrieval call as an action: a :class:`ValueHead` on the
+query embedding of the state gives V(s_t), the reward sits on the last call, GAE over the calls,
+whitened advantages, PPO-clip per call plus the clipped value loss (HARR's PPO trainer does the
+same with a separate critic model; the KL here stays a loss term, as in the GRPO path, not a
+per-call reward as HARR has it).
 
 The trained tower saves as a plain HF model dir (:meth:`QueryTower.save`, LoRA merged) that a
 dense :class:`~harness.retrieval.encoders.Encoder` loads as the query encoder of the same index.
@@ -37,8 +43,8 @@ from benchmarks.metrics import normalize_answer, score_prediction
 from harness.retrieval.state import RetrievalState
 from harness.retrieval.stochastic import StochasticDenseRetriever
 from harness.types import Example, SearchRecord, Trajectory
-from training.advantages import grpo
-from training.losses import kl_loss, policy_loss
+from training.advantages import gae, grpo, outcome_to_tokens
+from training.losses import kl_loss, policy_loss, value_loss
 from training.retriever_config import RetrieverRLConfig, RetrieverTrainConfig
 
 logger = logging.getLogger(__name__)
@@ -61,11 +67,11 @@ class _RecordingRetriever:
 
     def __init__(self, inner: StochasticDenseRetriever) -> None:
         self.inner, self.index_id = inner, inner.index_id
-        self.question = ""
+        self.question, self.key = "", ""
         self.log: list[SearchRecord] = []
 
     def search(self, queries: list[str], k: int) -> list:
-        state = [RetrievalState(self.question, _history(self.log))] * len(queries)
+        state = [RetrievalState(self.question, _history(self.log), self.key)] * len(queries)
         res = self.inner.search(list(queries), k, state=state)
         for q, docs, sample in zip(queries, res, res.samples, strict=True):
             self.log.append(
@@ -95,7 +101,7 @@ class BaselineRunner:
         out: list[Trajectory] = []
         for j in range(n):
             for ex in examples:  # one at a time: every logged call then belongs to this item
-                self.recorder.question, self.recorder.log = ex.question, []
+                self.recorder.question, self.recorder.key, self.recorder.log = ex.question, f"{ex.id}#{j}", []
                 traj = self.baseline.run_examples([ex])[0]
                 traj.searches, traj.sample_index = list(self.recorder.log), j
                 out.append(traj)
@@ -175,6 +181,90 @@ def retrieval_loss(
     return loss, out
 
 
+# ---- PPO: one action per retrieval call, a value head on the query embedding -------------------
+class ValueHead(torch.nn.Module):
+    """V(s_t) from the query tower's embedding of the retrieval state: a small MLP.  [N, H] → [N]
+
+    It reads the embedding detached (the value loss trains the head only; the tower moves by the
+    policy gradient alone), so PPO and GRPO change the encoder through the same kind of signal.
+    """
+
+    def __init__(self, dim: int, hidden: int = 256) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(dim, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1))
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return self.net(q.detach().float()).squeeze(-1)  # [N]
+
+
+@dataclass
+class StepLayout:
+    """A batch's retrieval calls as a [B, T] grid (T: the most calls in a trajectory)."""
+
+    samples: list[dict[str, Any]]  # [S] in trajectory order, calls in order
+    rows: torch.Tensor  # [S] trajectory of each sample
+    cols: torch.Tensor  # [S] its call number in that trajectory
+    mask: torch.Tensor  # [B, T] valid calls
+    old_logp: torch.Tensor  # [B, T] rollout-time log-probs (0 where masked)
+
+    def grid(self, per_sample: torch.Tensor) -> torch.Tensor:
+        """[S] → [B, T] (0 where masked), differentiable."""
+        out = per_sample.new_zeros(self.mask.shape)
+        return out.index_put((self.rows, self.cols), per_sample)
+
+
+def step_layout(trajs: Sequence[Trajectory]) -> StepLayout:
+    samples, rows, cols = [], [], []
+    for i, t in enumerate(trajs):
+        for j, sample in enumerate(s.sample for s in t.searches if s.sample is not None):
+            rows.append(i)
+            cols.append(j)
+            samples.append(sample)
+    T = max(cols, default=-1) + 1
+    r, c = torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)
+    mask = torch.zeros(len(trajs), max(T, 1), dtype=torch.bool)  # [B, T]
+    mask[r, c] = True
+    layout = StepLayout(samples, r, c, mask, torch.zeros(mask.shape))
+    layout.old_logp = layout.grid(torch.tensor([s["logprob"] for s in samples], dtype=torch.float32))
+    return layout
+
+
+def ppo_advantages(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float, whiten: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The answer's reward on each trajectory's last retrieval call, then GAE over the calls.
+
+    rewards [B], values/mask [B, T] → (advantages, returns) [B, T]; whitened over the batch's
+    calls when ``whiten`` (returns, the value targets, are not).
+    """
+    return gae(outcome_to_tokens(rewards, mask), values, mask.float(), gamma, lam, whiten)
+
+
+def ppo_loss(
+    retriever: StochasticDenseRetriever,
+    head: ValueHead,
+    layout: StepLayout,
+    adv: torch.Tensor,
+    returns: torch.Tensor,
+    old_values: torch.Tensor,
+    cfg: RetrieverRLConfig,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO-clip per retrieval call + vf_coef · clipped value loss + β·KL (k3) to the initial tower."""
+    lp, q = retriever.recompute(layout.samples)  # [S], [S, H]
+    new = layout.grid(lp)  # [B, T]
+    m = layout.mask.float()  # [B, T]
+    loss, stats = policy_loss(new, layout.old_logp, adv, m, cfg.clip_eps, cfg.clip_eps)
+    vloss, vstats = value_loss(layout.grid(head(q)), old_values, returns, m, cfg.vf_clip)
+    out = {**{k: float(v) for k, v in stats.items()}, **vstats, "value_loss": float(vloss.detach())}
+    loss = loss + cfg.vf_coef * vloss
+    if cfg.kl_coef > 0:
+        ref = layout.grid(retriever.recompute(layout.samples, reference=True)[0])  # [B, T]
+        kl = kl_loss(new, ref, m)
+        loss = loss + cfg.kl_coef * kl
+        out["kl"] = float(kl.detach())
+    return loss, out
+
+
 # ---- the trainer -------------------------------------------------------------------------------
 @dataclass
 class StepResult:
@@ -190,29 +280,43 @@ class RetrieverRL:
         self.tower = retriever.tower
         self.tower.freeze_reference()  # the KL anchor: the weights before any update
         params = [p for p in self.tower.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        groups: list[dict[str, Any]] = [{"params": params, "lr": cfg.lr}]
+        self.value_head: ValueHead | None = None
+        if cfg.algo == "ppo":
+            with torch.random.fork_rng():  # the head's initial weights from cfg.seed, global RNG untouched
+                torch.manual_seed(cfg.seed)
+                self.value_head = ValueHead(self.tower.dim, cfg.value_hidden)
+            groups.append({"params": list(self.value_head.parameters()), "lr": cfg.value_lr})
+        self.opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self._params = params
         self.rng = random.Random(cfg.seed)
         self.step_no = 0
+        self._synced: Path | None = None
 
     def step(self, examples: Sequence[Example]) -> StepResult:
         """One rollout batch (G samples per question) and ``epochs`` optimiser passes over it."""
         c = self.cfg
         t0 = time.perf_counter()
         self.retriever.greedy = False
+        self.retriever.salt = self.step_no  # fresh samples each step, reproducible whatever the concurrency
         trajs = self.runner.run(examples, c.group_size)  # [len(examples) * G], example-major
         rewards = torch.tensor([reward_of(t, c.reward) for t in trajs])  # [B]
-        groups = torch.arange(len(examples)).repeat_interleave(c.group_size)  # [B]
-        adv = grpo(rewards, groups, norm_by_std=c.norm_by_std)  # [B]
         rollout_s = time.perf_counter() - t0
+        loss_fn = (
+            self._ppo_loss_fn(trajs, rewards) if self.value_head is not None else self._grpo_loss_fn(trajs, rewards)
+        )
         stats: dict[str, float] = {}
         for _ in range(c.epochs):
             self.opt.zero_grad(set_to_none=True)
-            loss, stats = retrieval_loss(self.retriever, trajs, adv, c)
+            loss, stats = loss_fn()
             loss.backward()
             gnorm = torch.nn.utils.clip_grad_norm_(self._params, c.grad_clip)
+            if self.value_head is not None:
+                torch.nn.utils.clip_grad_norm_(self.value_head.parameters(), c.grad_clip)
             self.opt.step()
         self.step_no += 1
+        if c.sync_url and self.step_no % c.sync_every == 0:
+            self.sync_served()
         spread = rewards.view(len(examples), c.group_size)
         metrics = {
             "reward": float(rewards.mean()),
@@ -226,6 +330,35 @@ class RetrieverRL:
             **{f"loss/{k}": v for k, v in stats.items()},
         }
         return StepResult(self.step_no, metrics)
+
+    def _grpo_loss_fn(self, trajs: list[Trajectory], rewards: torch.Tensor) -> Callable[[], tuple]:
+        """GRPO: group-normalised advantages per question (example-major batches of G)."""
+        groups = torch.arange(len(trajs) // self.cfg.group_size).repeat_interleave(self.cfg.group_size)  # [B]
+        adv = grpo(rewards, groups, norm_by_std=self.cfg.norm_by_std)  # [B]
+        return lambda: retrieval_loss(self.retriever, trajs, adv, self.cfg)
+
+    def _ppo_loss_fn(self, trajs: list[Trajectory], rewards: torch.Tensor) -> Callable[[], tuple]:
+        """PPO: values of the rollout states (before the update) → GAE advantages and returns."""
+        assert self.value_head is not None
+        c, layout = self.cfg, step_layout(trajs)
+        with torch.no_grad():
+            _, q = self.retriever.recompute(layout.samples)  # [S, H]
+            old_values = layout.grid(self.value_head(q))  # [B, T]
+        adv, returns = ppo_advantages(rewards, old_values, layout.mask, c.gamma, c.lam, c.whiten_advantages)
+        return lambda: ppo_loss(self.retriever, self.value_head, layout, adv, returns, old_values, c)
+
+    def sync_served(self) -> dict[str, Any]:
+        """Save the tower to ``out/sync/step-N`` and have the served retriever at ``cfg.sync_url``
+        reload it (the previous sync dir is removed once the server has moved on)."""
+        import shutil
+
+        path = self.retriever.save_tower(self.out / "sync" / f"step-{self.step_no}")
+        answer = reload_served_encoder(self.cfg.sync_url or "", str(path.resolve()), self.cfg.sync_timeout)
+        if self._synced is not None and self._synced != path:
+            shutil.rmtree(self._synced, ignore_errors=True)
+        self._synced = path
+        logger.info("served retriever %s now on encoder version %s", self.cfg.sync_url, answer.get("version"))
+        return answer
 
     def train(self, examples: Sequence[Example], on_step: Callable[[StepResult], None] | None = None) -> Path:
         """``cfg.steps`` steps over shuffled ``examples``; writes metrics.jsonl and ``encoder/``."""
@@ -246,7 +379,26 @@ class RetrieverRL:
                 logger.info("step %d: %s", res.step, {k: round(v, 4) for k, v in res.metrics.items()})
                 if on_step is not None:
                     on_step(res)
-        return self.tower.save(self.out / "encoder")
+        if self.value_head is not None:  # for resuming / inspection; evaluation needs only the encoder
+            from safetensors.torch import save_file
+
+            save_file(self.value_head.state_dict(), str(self.out / "value_head.safetensors"))
+        return self.retriever.save_tower(self.out / "encoder")
+
+
+def reload_served_encoder(url: str, path: str, timeout: float = 300.0) -> dict[str, Any]:
+    """``POST {url}/admin/reload_encoder {"path": path}`` (the server must be on this host: it
+    accepts the call from loopback clients only). Raises ``RuntimeError`` naming the server's reason."""
+    import httpx
+
+    endpoint = url.rstrip("/") + "/admin/reload_encoder"
+    try:
+        r = httpx.post(endpoint, json={"path": path}, timeout=timeout)
+    except httpx.HTTPError as e:
+        raise RuntimeError(f"encoder sync: {endpoint} unreachable: {e}") from e
+    if r.status_code != 200:
+        raise RuntimeError(f"encoder sync: {endpoint} answered {r.status_code}: {r.text[:300]}")
+    return r.json()
 
 
 # ---- data filtering ----------------------------------------------------------------------------

@@ -30,6 +30,14 @@ Measured on the shared 2-core VM, oracle reader, ``--heldout 64 --train 48 --fil
   0.484 → 0.469 (no gain: the tower fit its 14 questions, 25 s/step).
 - search_r1 (2 searches of the same question, history-aware state): kept 17/48; train reward
   0.59 → 0.74; held-out EM 0.500 → 0.500 (no gain, 60 s/step).
+
+SmolLM2-135M-Instruct frozen (HF backend, CPU, the shared VM under load ~16-20), ``standard`` only,
+a short run: ``--methods standard --generator hf --heldout 16 --train 16 --steps 4 --group-size 4
+--questions-per-step 4 --epochs 2 --lr 5e-5`` (GRPO, no filter): train reward per step 0.036,
+0.121, 0.079, 0.039 (no trend); held-out EM 0.000 → 0.000, F1 0.109 → 0.119, answer-recall 0.438
+→ 0.500 (one question of 16: noise, not a gain). 4-5 min per step (16 generations one at a
+time: the baseline runner is sequential), 19 min of training. The 135M reader rarely answers
+right even with the gold paragraph, so there is little reward signal to learn from.
 """
 
 from __future__ import annotations
@@ -97,6 +105,26 @@ def load_questions(path: str, n_heldout: int, n_train: int) -> tuple[list[Exampl
     return exs[:n_heldout], exs[n_heldout : n_heldout + n_train]
 
 
+AGENT_OPTIONS = {
+    # max_doc_tokens: the oracle's byte tokenizer counts characters; show whole paragraphs.
+    "oracle": {"max_turns": 2, "temperature": 0.0, "max_doc_tokens": 4096, "max_total_tokens": 16384},
+    # A real frozen model: the shipped recipe's settings (configs/train_retriever/harr_minilm_search_r1.yaml).
+    "hf": {
+        "max_turns": 2,
+        "temperature": 0.0,
+        "chat": False,
+        "few_shot": True,
+        "response_prefix": "<think>",
+        "max_new_tokens": 48,
+    },
+}
+BASELINE_OPTIONS = {
+    # The byte tokenizer counts characters: room for k HotpotQA paragraphs, none cut off.
+    "oracle": {"max_new_tokens": 32, "max_input_len": 16384},
+    "hf": {"max_new_tokens": 32},
+}
+
+
 def run_pipeline(method: str, args: argparse.Namespace, heldout: list[Example], train: list[Example]) -> dict:
     from harness.config import from_dict
     from training.retriever_config import RetrieverTrainConfig
@@ -110,6 +138,7 @@ def run_pipeline(method: str, args: argparse.Namespace, heldout: list[Example], 
             "corpus": args.corpus,
             "sampling": {"n_candidates": args.n_candidates, "tau": args.tau, "topk": args.topk},
             "rl": {
+                "algo": args.algo,
                 "group_size": args.group_size,
                 "questions_per_step": args.questions_per_step,
                 "steps": args.steps,
@@ -118,10 +147,8 @@ def run_pipeline(method: str, args: argparse.Namespace, heldout: list[Example], 
                 "kl_coef": args.kl_coef,
                 "reward": "f1",
             },
-            # max_doc_tokens: the oracle's byte tokenizer counts characters; show whole paragraphs.
-            "agent": {"max_turns": 2, "temperature": 0.0, "max_doc_tokens": 4096, "max_total_tokens": 16384},
-            # The byte tokenizer counts characters: room for k HotpotQA paragraphs, none cut off.
-            "baseline": {"max_new_tokens": 32, "max_input_len": 16384},
+            "agent": AGENT_OPTIONS[args.generator],
+            "baseline": BASELINE_OPTIONS[args.generator],
         },
     )
     agent = method != "standard"
@@ -129,10 +156,10 @@ def run_pipeline(method: str, args: argparse.Namespace, heldout: list[Example], 
     if args.generator == "oracle":
         backend: Any = OracleReader(golds, agent, model_path=None if agent else tiny_model_dir(Path(args.out)))
     else:
-        from harness.backends import make_backend
+        from harness.backends import build_backend
         from harness.eval_config import BackendConfig
 
-        backend = make_backend(BackendConfig(kind="hf", model=args.model))
+        backend = build_backend(BackendConfig(kind="hf", model=args.model))
     retriever, runner = build_from_config(cfg, backend=backend)
     t0 = time.perf_counter()
     before = evaluate(runner, retriever, heldout)
@@ -169,6 +196,7 @@ def main() -> None:
     p.add_argument("--heldout", type=int, default=64)
     p.add_argument("--train", type=int, default=64)
     p.add_argument("--filter", action="store_true", help="HARR's filter on the training questions first")
+    p.add_argument("--algo", choices=("grpo", "ppo"), default="grpo")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--questions-per-step", type=int, default=8)

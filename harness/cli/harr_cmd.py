@@ -2,7 +2,9 @@
 
 ``harness train -c configs/train/harr_*.yaml [key=value ...]`` trains the dense retriever's query
 tower with the generator frozen (:mod:`training.retriever_rl`); the trained encoder lands in
-``RUN/encoder`` and evaluates with ``harness eval --retriever dense --index INDEX retriever.model=RUN/encoder``.
+``RUN/encoder`` and evaluates with ``harness eval --retriever harr --index INDEX --encoder RUN/encoder``
+(greedy top-k with the history-aware state it was trained with) or ``--retriever dense`` (the
+bare query, as any dense retriever).
 
 ``harness data harr-filter -c CONFIG --out FILE`` writes the questions where some sampled
 retrievals succeed and some fail under the frozen generator (HARR's training-set filter).
@@ -29,7 +31,7 @@ def _compose(files: list[str], overrides: list[str]):
 
 
 def train_retriever(files: list[str], data_dir: str | None, out: str | None, overrides: list[str]) -> None:
-    """``harness train`` for ``policy: retriever``: GRPO on the query tower, generator frozen."""
+    """``harness train`` for ``policy: retriever``: GRPO (or PPO) on the query tower, generator frozen."""
     from harness.config import to_dict
     from training.retriever_rl import RetrieverRL, build_from_config, load_train_examples
 
@@ -46,7 +48,7 @@ def train_retriever(files: list[str], data_dir: str | None, out: str | None, ove
         fail(f"{type(e).__name__}: {e}")
     console.print(
         f"trained the query encoder {cfg.rl.steps} steps → {encoder}\n"
-        f"evaluate: harness eval --retriever dense --index INDEX retriever.model={encoder}"
+        f"evaluate: harness eval --retriever harr --index INDEX --encoder {encoder}  (or --retriever dense)"
     )
 
 

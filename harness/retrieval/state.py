@@ -25,10 +25,15 @@ class HistoryStep:
 
 @dataclass(frozen=True)
 class RetrievalState:
-    """The structured state of one retrieval call; the retriever decides how to render it."""
+    """The structured state of one retrieval call; the retriever decides how to render it.
+
+    ``key`` names the trajectory asking (``"<example id>#<sample index>"`` from the agent loop):
+    a sampling retriever seeds each call from it, so samples do not depend on call order.
+    """
 
     question: str
     history: tuple[HistoryStep, ...] = field(default_factory=tuple)
+    key: str = ""
 
 
 def accepts_state(retriever: Any) -> bool:
@@ -42,7 +47,7 @@ def accepts_state(retriever: Any) -> bool:
         return False
 
 
-def state_for(question: str, searches: list[Any]) -> RetrievalState:
+def state_for(question: str, searches: list[Any], key: str = "") -> RetrievalState:
     """The state before a new call: the question and every earlier :class:`SearchRecord`'s query + titles."""
     steps = tuple(HistoryStep(s.query, tuple(d.title for d in s.docs)) for s in searches)
-    return RetrievalState(question=question, history=steps)
+    return RetrievalState(question=question, history=steps, key=key)

@@ -26,16 +26,17 @@ log-probabilities under the current encoder (:meth:`StochasticDenseRetriever.rec
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from harness.retrieval.encoders import EncoderSpec, resolve_encoder
+from harness.retrieval.encoders import SIDECAR, EncoderSpec, load_hf_encoder, read_sidecar, resolve_encoder
 from harness.retrieval.state import RetrievalState
 from harness.types import Doc
 
@@ -43,7 +44,6 @@ logger = logging.getLogger(__name__)
 
 # HARR's stateful embedding query (llama_index_hacked/tool.py, build_stateful_embedding_query).
 DEFAULT_STATE_TEMPLATE = "Original Question: {question}\nHistory: {history}\nQuery: {query}"
-SIDECAR = "harr_encoder.json"  # pooling/prefixes of a saved tower (the dir name may not say e5/bge)
 
 
 # ---- Plackett–Luce -----------------------------------------------------------------------------
@@ -79,6 +79,19 @@ def pl_sample(scores: torch.Tensor, k: int, generator: torch.Generator | None = 
     return torch.topk(perturbed, min(k, scores.numel())).indices  # [k]
 
 
+def call_seed(seed: int, salt: int, query: str, state: RetrievalState | None, text: str, position: int) -> int:
+    """The seed of one retrieval's sample: a stable hash of everything that identifies the call.
+
+    (base seed, salt (the trainer's step), the trajectory key (example id + sample index), the
+    turn (history length), the query, the encoder's text and the query's position in its batch).
+    Identical calls get identical samples; the G samples of one question differ by their key.
+    """
+    key = state.key if state is not None else ""
+    turn = len(state.history) if state is not None else -1
+    blob = json.dumps([seed, salt, key, turn, position, query, text], ensure_ascii=False).encode("utf-8")
+    return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little") & ((1 << 63) - 1)
+
+
 # ---- the history-aware state -------------------------------------------------------------------
 @dataclass(frozen=True)
 class StateFormat:
@@ -96,6 +109,18 @@ class StateFormat:
     max_history: int = 4
     max_titles: int = 5
     max_chars: int = 1024
+
+
+def state_format_of(path: str | Path | None) -> StateFormat:
+    """The state format a saved tower was trained with (its sidecar's ``state``), else the default."""
+    side = read_sidecar(path) if path is not None and Path(path).is_dir() else None
+    state = (side or {}).get("state")
+    if state is None:
+        return StateFormat()
+    try:
+        return StateFormat(**state)
+    except TypeError as e:
+        raise ValueError(f"{Path(str(path)) / SIDECAR}: bad 'state' section ({e})") from e
 
 
 def render_state(query: str, state: RetrievalState | None, fmt: StateFormat) -> str:
@@ -133,19 +158,22 @@ class QueryTower(torch.nn.Module):
         lora_alpha: int = 16,
         lora_dropout: float = 0.0,
         lora_targets: list[str] | None = None,
-        max_length: int = 256,
+        max_length: int | None = None,
         batch_size: int = 64,
     ) -> None:
         super().__init__()
-        from transformers import AutoModel, AutoTokenizer
-
+        # A tower saved by save() (or a LoRA adapter dir) carries its pooling/prefixes in a sidecar.
         self.spec = spec or resolve_encoder(name)
-        sidecar = Path(self.spec.path) / SIDECAR
-        if spec is None and sidecar.is_file():  # a tower saved by save(): its own pooling/prefixes
-            self.spec = EncoderSpec(name=self.spec.name, path=self.spec.path, **json.loads(sidecar.read_text()))
         if model is None:
-            model = AutoModel.from_pretrained(self.spec.path, use_safetensors=True)
-        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(self.spec.path)
+            loaded_tok, model = load_hf_encoder(self.spec)
+            tokenizer = tokenizer or loaded_tok
+            if self.spec.base is not None:  # merged already: the saved dir is a plain model from here on
+                self.spec = replace(self.spec, base=None)
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(self.spec.path)
+        self.tokenizer = tokenizer
         self.lora = lora_r > 0
         if self.lora:
             from peft import LoraConfig, get_peft_model
@@ -158,7 +186,7 @@ class QueryTower(torch.nn.Module):
         # from the same function, or the PPO ratio is noise even before any update.
         self.model = model.eval()
         self.dim = int(model.config.hidden_size)
-        self.max_length = max_length
+        self.max_length = max_length or self.spec.max_length or 256
         self.batch_size = batch_size
         self._reference: Any = None
 
@@ -179,7 +207,7 @@ class QueryTower(torch.nn.Module):
         else:
             mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # [B, L, 1]
             vec = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)  # [B, H]
-        return torch.nn.functional.normalize(vec, dim=-1)
+        return torch.nn.functional.normalize(vec, dim=-1) if self.spec.normalize else vec
 
     def encode(self, texts: list[str], kind: str = "passage") -> Any:
         """The Encoder interface: ``[N, H]`` float32 numpy, no gradients, in batches."""
@@ -206,22 +234,31 @@ class QueryTower(torch.nn.Module):
                 raise RuntimeError("call freeze_reference() before training to keep the initial encoder")
             return self.forward(texts, kind, model=self._reference)
 
-    def save(self, out_dir: str | Path) -> Path:
-        """A normal HF model dir (LoRA merged) that ``Encoder``/``--encoder`` loads, plus the sidecar."""
+    def sidecar(self, **extra: Any) -> dict[str, Any]:
+        """What :data:`SIDECAR` records: pooling, prefixes, max length, normalisation (+ ``extra``)."""
+        s = self.spec
+        side = {"pooling": s.pooling, "query_prefix": s.query_prefix, "passage_prefix": s.passage_prefix}
+        return {**side, "max_length": self.max_length, "normalize": s.normalize, **extra}
+
+    def save(self, out_dir: str | Path, **extra: Any) -> Path:
+        """A normal HF model dir (LoRA merged) that ``Encoder``/``--encoder`` loads, plus the sidecar.
+
+        ``extra`` goes into the sidecar (the trainer adds the state format and tau). With LoRA the
+        adapter alone also lands in ``out/adapter`` (with a sidecar naming its base), loadable by
+        ``--encoder out/adapter`` when the base model dir is at hand.
+        """
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         model = self.model
         if self.lora:
-            self.model.save_pretrained(out / "adapter")  # the adapter alone, for peft users
+            self.model.save_pretrained(out / "adapter")
+            self.tokenizer.save_pretrained(out / "adapter")
+            side = self.sidecar(base=self.spec.path, **extra)
+            (out / "adapter" / SIDECAR).write_text(json.dumps(side, indent=2) + "\n", encoding="utf-8")
             model = copy.deepcopy(self.model).merge_and_unload()
         model.save_pretrained(out, safe_serialization=True)
         self.tokenizer.save_pretrained(out)
-        side = {
-            "pooling": self.spec.pooling,
-            "query_prefix": self.spec.query_prefix,
-            "passage_prefix": self.spec.passage_prefix,
-        }
-        (out / SIDECAR).write_text(json.dumps(side, indent=2) + "\n", encoding="utf-8")
+        (out / SIDECAR).write_text(json.dumps(self.sidecar(**extra), indent=2) + "\n", encoding="utf-8")
         return out
 
 
@@ -262,7 +299,9 @@ class StochasticDenseRetriever:
         self.tower, self.n_candidates, self.tau, self.greedy = tower, n_candidates, tau, greedy
         self.state_format = state_format or StateFormat()
         self.row_of = {d.id: i for i, d in enumerate(self.docs)}
-        self._gen = torch.Generator().manual_seed(seed)
+        # Each call draws from its own generator seeded by call_seed(seed, salt, ...): the samples
+        # depend on what is asked, never on the order concurrent rollouts ask it in.
+        self.seed, self.salt = seed, 0
         self._lock = threading.Lock()
 
     @classmethod
@@ -271,39 +310,50 @@ class StochasticDenseRetriever:
 
         return cls(load_index(index_dir, encoder=tower), tower, **kwargs)
 
+    def save_tower(self, out_dir: str | Path) -> Path:
+        """The tower (:meth:`QueryTower.save`) with this retriever's state format and tau in the sidecar,
+        so that ``--retriever harr --encoder DIR`` evaluates with the state it was trained on."""
+        return self.tower.save(out_dir, state=asdict(self.state_format), tau=self.tau)
+
     def search(self, queries: list[str], k: int, state: list[RetrievalState | None] | None = None) -> SampledResults:
         """k documents per query (sampled, or top-k when greedy); ``.samples`` holds the records."""
         if state is not None and len(state) != len(queries):
             raise ValueError(f"state has {len(state)} entries for {len(queries)} queries")
-        texts = [
-            render_state(q, s, self.state_format) for q, s in zip(queries, state or [None] * len(queries), strict=True)
-        ]
+        states = list(state or [None] * len(queries))
+        texts = [render_state(q, s, self.state_format) for q, s in zip(queries, states, strict=True)]
         if not texts:
             return SampledResults([], [])
         n = min(max(self.n_candidates, k), len(self.docs))
-        with self._lock:  # FAISS search and the shared RNG
+        with self._lock:  # one FAISS search at a time
             vecs = self.tower.encode(texts, kind="query")  # [Q, H]
             sims, rows = self.faiss_index.search(vecs, n)  # [Q, n] each, best first
-            results, samples = [], []
-            for text, srow, rrow in zip(texts, sims.tolist(), rows.tolist(), strict=True):
-                valid = [(s, r) for s, r in zip(srow, rrow, strict=True) if r >= 0]
-                scores = torch.tensor([s for s, _ in valid], dtype=torch.float32) / self.tau  # [C]
-                kk = min(k, len(valid))
-                order = torch.arange(kk) if self.greedy else pl_sample(scores, kk, self._gen)  # [kk]
-                logp = float(pl_log_prob(scores[None], order[None])[0]) if kk else 0.0
-                picked = [valid[i] for i in order.tolist()]
-                results.append([self._doc(r, s) for s, r in picked])
-                samples.append(
-                    {
-                        "state": text,
-                        "candidates": [self.docs[r].id for _, r in valid],
-                        "sampled": order.tolist(),
-                        "sampled_ids": [self.docs[r].id for _, r in picked],
-                        "logprob": logp,
-                        "tau": self.tau,
-                        "greedy": self.greedy,
-                    }
-                )
+        greedy, salt = self.greedy, self.salt  # read once: a whole call samples under one setting
+        results, samples = [], []
+        for pos, (query, st, text, srow, rrow) in enumerate(
+            zip(queries, states, texts, sims.tolist(), rows.tolist(), strict=True)
+        ):
+            valid = [(s, r) for s, r in zip(srow, rrow, strict=True) if r >= 0]
+            scores = torch.tensor([s for s, _ in valid], dtype=torch.float32) / self.tau  # [C]
+            kk = min(k, len(valid))
+            if greedy:
+                order = torch.arange(kk)  # [kk]
+            else:
+                gen = torch.Generator().manual_seed(call_seed(self.seed, salt, query, st, text, pos))
+                order = pl_sample(scores, kk, gen)  # [kk]
+            logp = float(pl_log_prob(scores[None], order[None])[0]) if kk else 0.0
+            picked = [valid[i] for i in order.tolist()]
+            results.append([self._doc(r, s) for s, r in picked])
+            samples.append(
+                {
+                    "state": text,
+                    "candidates": [self.docs[r].id for _, r in valid],
+                    "sampled": order.tolist(),
+                    "sampled_ids": [self.docs[r].id for _, r in picked],
+                    "logprob": logp,
+                    "tau": self.tau,
+                    "greedy": greedy,
+                }
+            )
         return SampledResults(results, samples)
 
     def _doc(self, row: int, score: float) -> Doc:
@@ -322,8 +372,12 @@ class StochasticDenseRetriever:
 
         Gradients flow into the query tower only; candidate vectors come from the fixed index.
         """
+        return self.recompute(samples, reference)[0]
+
+    def recompute(self, samples: list[dict[str, Any]], reference: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs [S], query embeddings of the recorded states [S, H]) under the current (or reference) tower."""
         if not samples:
-            return torch.zeros(0)
+            return torch.zeros(0), torch.zeros(0, self.tower.dim)
         texts = [s["state"] for s in samples]
         q = self.tower.reference_forward(texts) if reference else self.tower(texts)  # [S, H]
         S, C, K = len(samples), max(len(s["candidates"]) for s in samples), max(len(s["sampled"]) for s in samples)
@@ -340,4 +394,4 @@ class StochasticDenseRetriever:
         tau = torch.tensor([float(s["tau"]) for s in samples])[:, None]  # [S, 1]
         scores = torch.einsum("sh,sch->sc", q.float(), D) / tau  # [S, C]
         scores = scores.masked_fill(~cand_mask, float("-inf"))
-        return pl_log_prob(scores, order, order_mask)  # [S]
+        return pl_log_prob(scores, order, order_mask), q  # [S], [S, H]

@@ -33,13 +33,13 @@ TARGETS = {
 EXAMPLES = [Example(f"q{i}", q, (a,)) for i, (q, a) in enumerate(TARGETS.items())]
 
 
-def _setup(tmp_path, seed=0, n_candidates=20, tau=0.05, topk=2):
+def _setup(tmp_path, seed=0, n_candidates=20, tau=0.05, topk=2, concurrency=8):
     tower = tiny_tower(seed=seed)
     retriever = StochasticDenseRetriever.from_index_dir(
         toy_index(tmp_path, tower), tower, n_candidates=n_candidates, tau=tau, seed=seed
     )
-    # One item at a time: the retriever samples from one seeded generator, so call order must be fixed.
-    cfg = AgentConfig(max_turns=1, topk=topk, max_concurrency=1)
+    # Concurrent rollouts: each retrieval call is seeded from (seed, step, example#sample, turn, query).
+    cfg = AgentConfig(max_turns=1, topk=topk, max_concurrency=concurrency)
     agent = SearchAgent(OracleReader.backend(TARGETS), retriever, "search_r1", cfg)
     return retriever, AgentRunner(agent)
 
@@ -58,6 +58,26 @@ def test_rollouts_group_and_ratio_is_one_before_update(tmp_path):
     assert has.all() and torch.allclose(new, old, atol=1e-3)
     loss, stats = retrieval_loss(retriever, trajs, torch.ones(len(trajs)), RetrieverRLConfig(kl_coef=0.1))
     assert stats["kl"] == pytest.approx(0.0, abs=1e-5) and loss.requires_grad
+
+
+def test_samples_do_not_depend_on_concurrency(tmp_path):
+    """Concurrency 1 and 8 draw the same documents for every (question, sample); the G samples of
+    a question still differ from each other, and a new trainer step (salt) draws anew."""
+
+    def sampled(concurrency, salt=0):
+        (tmp_path / f"c{concurrency}-{salt}").mkdir()
+        retriever, runner = _setup(tmp_path / f"c{concurrency}-{salt}", tau=1.0, concurrency=concurrency)
+        retriever.salt = salt
+        trajs = runner.run(EXAMPLES, 6)
+        return [(t.example_id, t.sample_index, tuple(t.searches[0].doc_ids)) for t in trajs]
+
+    one, eight = sampled(1), sampled(8)
+    assert one == eight
+    per_question = {}
+    for ex_id, _, docs in one:
+        per_question.setdefault(ex_id, set()).add(docs)
+    assert all(len(v) > 1 for v in per_question.values()), per_question
+    assert sampled(8, salt=1) != eight
 
 
 @pytest.mark.slow  # ~20 s on a shared 2-core VM
@@ -155,3 +175,96 @@ def test_shipped_retriever_recipes_compose():
         cfg = compose(RetrieverTrainConfig, [path])
         assert cfg.policy == "retriever" and cfg.papers and is_retriever_policy([str(path)], [])
         from_dict(AgentConfig, cfg.agent, where="agent")
+
+
+def test_training_step_syncs_served_retriever(tmp_path):
+    """With rl.sync_url the trainer pushes its tower to `harness serve retriever`'s admin route."""
+    from harness.retrieval.encoders import Encoder
+    from harness.retrieval.index import load_index
+    from harness.retrieval.server import create_app
+    from tests.harness.conftest import ServerThread
+
+    retriever, runner = _setup(tmp_path)
+    enc0 = retriever.tower.save(tmp_path / "enc0")
+    app = create_app(load_index(tmp_path / "index", encoder=Encoder(str(enc0), device="cpu")))
+    with ServerThread(app) as s:
+        cfg = RetrieverRLConfig(group_size=2, questions_per_step=2, steps=2, lr=1e-2, sync_url=s.url)
+        trainer = RetrieverRL(retriever, runner, cfg, tmp_path / "run")
+        trainer.train(EXAMPLES[:2])
+    synced = (tmp_path / "run" / "sync" / "step-2").resolve()
+    assert app.encoder_version == 2 and app.encoder_path == str(synced)
+    assert not (tmp_path / "run" / "sync" / "step-1").exists()  # the previous sync dir is cleaned up
+    texts = ["Name the secret of the purple owl?"]
+    assert abs(app.retriever.encoder.encode(texts, kind="query") - retriever.tower.encode(texts, "query")).max() < 1e-4
+
+
+def _traj(i, reward_answer, logps):
+    from harness.types import SearchRecord, Trajectory
+
+    t = Trajectory(f"q{i}", "?", ["yes"], "search_r1", prediction=reward_answer, finish_reason="answer")
+    t.searches = [SearchRecord(j, "q", [], [], 0.0, [], sample={"logprob": lp}) for j, lp in enumerate(logps)]
+    return t
+
+
+def test_ppo_advantages_by_hand():
+    """Two trajectories: A has two retrieval calls (reward 1, V = 0.2, 0.5), B one (reward 0, V = 0.4)."""
+    from training.retriever_rl import ppo_advantages, step_layout
+
+    trajs = [_traj(0, "yes", [-1.0, -2.0]), _traj(1, "no", [-0.5]), _traj(2, "yes", [])]
+    layout = step_layout(trajs)
+    assert layout.mask.tolist() == [[True, True], [True, False], [False, False]]
+    assert layout.old_logp.tolist() == [[-1.0, -2.0], [-0.5, 0.0], [0.0, 0.0]]
+    rewards = torch.tensor([reward_of(t, "em") for t in trajs])  # [1, 0, 1]: C has no call, no signal
+    values = torch.tensor([[0.2, 0.5], [0.4, 0.0], [0.0, 0.0]])
+    # γ = λ = 1: A_1 = 1 − 0.5 = 0.5, A_0 = (0 + 0.5 − 0.2) + 0.5 = 0.8; B: 0 − 0.4 = −0.4.
+    adv, ret = ppo_advantages(rewards, values, layout.mask, 1.0, 1.0, whiten=False)
+    assert torch.allclose(adv, torch.tensor([[0.8, 0.5], [-0.4, 0.0], [0.0, 0.0]]))
+    assert torch.allclose(ret, torch.tensor([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]))
+    # γ = 0.9, λ = 0.5: A_1 = 0.5, A_0 = (0.9·0.5 − 0.2) + 0.9·0.5·0.5 = 0.25 + 0.225 = 0.475.
+    adv, _ = ppo_advantages(rewards, values, layout.mask, 0.9, 0.5, whiten=False)
+    assert torch.allclose(adv[0], torch.tensor([0.475, 0.5]))
+    # Whitened over the 3 calls (unbiased std): mean 0.3, var ((0.5)² + 0.2² + 0.7²) / 2 = 0.39.
+    adv, _ = ppo_advantages(rewards, values, layout.mask, 1.0, 1.0, whiten=True)
+    want = torch.tensor([0.5, 0.2, -0.7]) / 0.39**0.5
+    assert torch.allclose(adv[layout.mask], want, atol=1e-4) and adv[2].abs().sum() == 0
+
+
+def test_ppo_loss_ratio_one_and_value_head_only_from_value_loss(tmp_path):
+    from training.retriever_rl import ValueHead, ppo_advantages, ppo_loss, step_layout
+
+    retriever, runner = _setup(tmp_path)
+    trajs = runner.run(EXAMPLES[:2], 3)
+    retriever.tower.freeze_reference()
+    layout = step_layout(trajs)
+    head = ValueHead(retriever.tower.dim, 16)
+    with torch.no_grad():
+        old_v = layout.grid(head(retriever.recompute(layout.samples)[1]))
+    rewards = torch.tensor([reward_of(t, "em") for t in trajs])
+    adv, ret = ppo_advantages(rewards, old_v, layout.mask, 1.0, 1.0, True)
+    cfg = RetrieverRLConfig(algo="ppo", kl_coef=0.1)
+    loss, stats = ppo_loss(retriever, head, layout, adv, ret, old_v, cfg)
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-3) and stats["kl"] == pytest.approx(0.0, abs=1e-5)
+    assert stats["value_loss"] == pytest.approx(0.5 * float(((old_v - ret)[layout.mask] ** 2).mean()), rel=1e-4)
+    loss.backward()
+    assert all(p.grad is not None for p in head.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in retriever.tower.parameters())
+
+
+@pytest.mark.slow  # ~20 s on a shared 2-core VM
+def test_ppo_reward_rises_on_toy_corpus(tmp_path):
+    """PPO (value head, GAE, whitening) on the same toy task as GRPO: the reward must rise."""
+    retriever, runner = _setup(tmp_path)
+    before = evaluate(runner, retriever, EXAMPLES)
+    cfg = RetrieverRLConfig(
+        algo="ppo", group_size=8, questions_per_step=4, steps=10, lr=1e-2, epochs=2, kl_coef=0.0, reward="em"
+    )
+    rewards: list[float] = []
+    trainer = RetrieverRL(retriever, runner, cfg, tmp_path / "run")
+    trainer.train(EXAMPLES, on_step=lambda r: rewards.append(r.metrics["reward"]))
+    after = evaluate(runner, retriever, EXAMPLES)
+    early, late = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert late > early + 0.2, rewards
+    assert after["em"] > before["em"], (before, after)
+    assert (tmp_path / "run" / "value_head.safetensors").is_file()
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert "loss/value_loss" in metrics[-1]
