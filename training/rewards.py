@@ -193,6 +193,20 @@ class ProRAGOutcome:
 
 
 @dataclass(frozen=True)
+class ProRAGAnswerF1:
+    """ProRAG's MCTS terminal reward (``prorag/prm/mcts.py`` ``_compute_terminal_reward``): the F1
+    (:func:`prorag_f1`) of the answer, 0 without one; no gate and no format term, so it lies in
+    [0, 1]. Several gold answers: the best F1 over them."""
+
+    validator: Any = None
+
+    def __call__(self, traj: Trajectory) -> RewardOut:
+        answer = extract_answer(traj, self.validator)
+        f1 = max((prorag_f1(answer, g) for g in traj.answers), default=0.0) if answer is not None else 0.0
+        return f1, {"f1": f1}
+
+
+@dataclass(frozen=True)
 class SearchR1Format:
     """Search-R1 v0.3's EM-with-format reward (``qa_em_format.compute_score_em``), term by term:
 
@@ -258,6 +272,7 @@ REWARDS.register("r1_searcher_stage1", R1SearcherStage1)
 REWARDS.register("r1_searcher_stage2", R1SearcherStage2)
 REWARDS.register("search_r1_format", SearchR1Format)
 REWARDS.register("prorag", ProRAGOutcome)
+REWARDS.register("prorag_f1", ProRAGAnswerF1)
 
 
 def build_reward(spec: str | dict | Sequence[str | dict]) -> RewardFn:
