@@ -344,3 +344,18 @@ class RuleStepScorer:
 
 STEP_SCORERS: Registry = Registry("step scorer")
 STEP_SCORERS.register("rule", RuleStepScorer)
+# A learned PRM (training.prm, trained with algo.kind=prm on MCTS records), in process or served.
+STEP_SCORERS.register("prm", "training.prm:PRMStepScorer")
+
+
+def build_step_scorer(algo: Any) -> StepScorer:
+    """The step scorer ``algo.step_scorer`` names; ``prm`` takes ``algo.step_scorer_path`` (a PRM
+    folder) or ``algo.step_scorer_url`` (``harness serve prm``) and ``algo.step_scorer_format``."""
+    name = algo.step_scorer
+    if name == "prm":
+        return STEP_SCORERS.get("prm")(
+            path=algo.step_scorer_path, url=algo.step_scorer_url, format_term=algo.step_scorer_format
+        )
+    if algo.step_scorer_path or algo.step_scorer_url:
+        raise ValueError(f"algo.step_scorer_path/url are for step_scorer=prm, not {name!r}")
+    return STEP_SCORERS.get(name)()
