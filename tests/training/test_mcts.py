@@ -127,3 +127,29 @@ def test_config_rejects_bad_values():
         MCTSConfig(gamma=0.0)
     with pytest.raises(ValueError):
         MCTSConfig(expansion_width=0)
+
+
+def test_cli_writes_and_resumes(tmp_path):
+    """`harness data mcts -c configs/train/mcts/prorag_cpu.yaml` with a scripted backend on demo data."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from harness.cli.main import app
+
+    script = tmp_path / "script.jsonl"
+    turns = ["Look.</step>\n<subquery>capital of France</subquery>", "Done.</step>\n<answer>Paris</answer>"]
+    script.write_text(json.dumps({"match": "", "turns": turns}) + "\n")
+    cfg = Path(__file__).resolve().parents[2] / "configs" / "train" / "mcts" / "prorag_cpu.yaml"
+    out = tmp_path / "out"
+    args = ["data", "mcts", "-c", str(cfg), "--out", str(out), "--limit", "2"]
+    args += ["backend.kind=scripted", f"backend.script={script}", "mcts.num_simulations=3", "retriever.kind=memory"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "2 questions searched" in res.output
+    done = read(out / DONE_FILE)
+    assert len(done) == 2 and all(d["simulations"] == 3 for d in done)
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0 and "2 already done" in res.output, res.output
+    bad = CliRunner().invoke(app, [*args, "mcts.gamma=2"])
+    assert bad.exit_code != 0 and "gamma" in bad.output
