@@ -213,3 +213,19 @@ def test_step_format_term_and_scorer_arguments():
     algo = compose(TrainConfig, [], ["algo.step_scorer=rule", "algo.step_scorer_path=/x"]).algo
     with pytest.raises(ValueError, match="step_scorer=prm"):
         build_step_scorer(algo)
+
+
+@pytest.mark.slow  # two tiny PRM trainers (~10-20 s on a loaded machine)
+def test_checkpoint_resume_continues_the_same_run(mcts_dir, tmp_path):
+    from training.build import build_trainer
+
+    (tmp_path / "prm.yaml").write_text(TINY_PRM)
+    over = [f"prm.data=[{mcts_dir}]", "trainer.save_every=1", "trainer.max_steps=3", "prm.max_len=256"]
+    cfg = compose(TrainConfig, [tmp_path / "prm.yaml"], over)
+    a = build_trainer(cfg, tmp_path / "a")
+    a.step(), a.step()
+    b = build_trainer(cfg, tmp_path / "a")
+    b.resume(tmp_path / "a")
+    assert b.step_no == 2 and b.sampler.state() == a.sampler.state()
+    pa, pb = a.step(), b.step()  # the same next step: same pairs, same weights and optimizer state
+    assert pa["loss"] == pytest.approx(pb["loss"], rel=1e-5)
