@@ -22,8 +22,10 @@ from training.mcts import MCTSConfig, run_mcts
 from training.prm import (
     PRMStepScorer,
     load_pairs,
+    load_points,
     load_prm,
     pairwise_loss,
+    pointwise_loss,
     prorag_step_format,
     split_held_out,
     step_sequences,
@@ -74,6 +76,20 @@ def test_pair_loss_by_hand():
     c, r = torch.tensor([2.0, 0.0]), torch.tensor([0.0, 0.0])
     want = -(torch.log(torch.sigmoid(torch.tensor(2.0))) + torch.log(torch.tensor(0.5))) / 2
     assert torch.isclose(pairwise_loss(c, r), want)
+
+
+def test_pointwise_loss_by_hand_and_value_targets(mcts_dir, tmp_path):
+    s, v = torch.tensor([0.0, 2.0]), torch.tensor([1.0, 0.25])
+    p = torch.sigmoid(s)
+    want = -(v * torch.log(p) + (1 - v) * torch.log(1 - p)).mean()
+    assert torch.isclose(pointwise_loss(s, v), want)
+    points = load_points([str(mcts_dir)], eos=None)
+    steps = [json.loads(x) for x in (mcts_dir / "steps.jsonl").read_text().splitlines()]
+    assert [pt.value for pt in points] == [r["value"] for r in steps]
+    bad = tmp_path / "steps.jsonl"
+    bad.write_text(json.dumps({**steps[0], "value": 2.5}) + "\n")
+    with pytest.raises(ValueError, match="steps.jsonl:1.*\\[0, 1\\]"):
+        load_points([str(tmp_path)], None)
 
 
 def test_pairs_load_with_eos_and_a_held_out_split(mcts_dir):
