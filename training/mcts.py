@@ -395,6 +395,7 @@ def run_mcts(agent: Any, examples: Sequence[Example], cfg: MCTSConfig, out: str 
             "root_value": root.value,
         }
         writer.write(ex.id, steps, pairs, summary)
+        logger.info("MCTS %s: %d steps, %d pairs, root value %.3f", ex.id, len(steps), len(pairs), root.value)
         stats.questions += 1
         stats.steps += len(steps)
         stats.pairs += len(pairs)
