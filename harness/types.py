@@ -12,7 +12,8 @@ from typing import Any, Literal
 TRAJECTORY_SCHEMA_VERSION = 1
 
 Role = Literal["prompt", "model", "observation"]
-FinishReason = Literal["answer", "eos_without_answer", "max_turns", "max_tokens", "context_overflow", "error"]
+# "paused": the loop stopped between steps on request (SearchAgent.arun's max_steps; MCTS resumes it).
+FinishReason = Literal["answer", "eos_without_answer", "max_turns", "max_tokens", "context_overflow", "error", "paused"]
 FINISH_REASONS: tuple[str, ...] = (
     "answer",
     "eos_without_answer",
@@ -20,6 +21,7 @@ FINISH_REASONS: tuple[str, ...] = (
     "max_tokens",
     "context_overflow",
     "error",
+    "paused",
 )
 
 

@@ -22,10 +22,11 @@ the same loop.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from harness.backends.base import Backend, BackendError, Completion, SamplingParams
@@ -171,20 +172,24 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
         sample_index: int = 0,
         sampling: SamplingParams | None = None,
         policy_version: int = 0,
+        prefix: Trajectory | None = None,
+        max_steps: int | None = None,
     ) -> Trajectory:
-        """One item, start to finish. Never raises: errors are recorded on the trajectory."""
-        traj = Trajectory(
-            example_id=example.id,
-            question=example.question,
-            answers=list(example.answers),
-            method=self.method,
-            sample_index=sample_index,
-            policy_version=policy_version,
-            metadata={"dialect": self.dialect.name, "chat": self.use_chat},
-        )
+        """One item, start to finish. Never raises: errors are recorded on the trajectory.
+
+        Resuming (MCTS, training.mcts): ``prefix`` is an earlier trajectory of this example whose
+        loop stopped between steps (``finish_reason == "paused"``); the loop continues from its
+        segments, counters and searches, exactly as if it had never stopped. ``max_steps`` stops
+        the loop after that many steps (a step is one model turn plus its observation) with
+        ``finish_reason="paused"`` unless the item ended first; ``max_steps=1`` runs one step.
+        The prefix itself is never modified.
+        """
+        if max_steps is not None and max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        traj = self._start(example, sample_index, policy_version, prefix)
         start = time.perf_counter()
         try:
-            await self._loop(example, traj, sampling or self.sampling(sample_index))
+            await self._loop(example, traj, sampling or self.sampling(sample_index), max_steps)
         except Exception as e:  # one item's fault stays on that item
             logger.warning("item %s failed: %s: %s", example.id, type(e).__name__, e)
             traj.finish_reason = "error"
@@ -192,27 +197,69 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
             traj.error_kind = error_kind(e)
         # The item starts when its first request starts being served: time spent queued behind
         # other items before that (an in-process backend reports it) is not this item's latency.
-        traj.wall_time_s = time.perf_counter() - start - traj.metadata.get("queue_s", 0.0)
+        traj.wall_time_s += time.perf_counter() - start - traj.metadata.get("queue_s", 0.0)
         traj.response_text = "".join(s.text for s in traj.segments[1:])  # after the prompt proper
         if traj.finish_reason != "error" or not traj.prediction:
             traj.prediction = traj.prediction or self.dialect.extract_answer(traj.response_text) or ""
         return traj
 
     # ---- the loop --------------------------------------------------------------------------
-    async def _loop(self, example: Example, traj: Trajectory, base: SamplingParams) -> None:
+    def _start(self, example: Example, sample_index: int, policy_version: int, prefix: Trajectory | None) -> Trajectory:
+        """A fresh trajectory, or a copy of a paused ``prefix`` to continue (its lists copied)."""
+        if prefix is None:
+            return Trajectory(
+                example_id=example.id,
+                question=example.question,
+                answers=list(example.answers),
+                method=self.method,
+                sample_index=sample_index,
+                policy_version=policy_version,
+                metadata={"dialect": self.dialect.name, "chat": self.use_chat},
+            )
+        if prefix.example_id != example.id:
+            raise ValueError(f"prefix belongs to example {prefix.example_id!r}, not {example.id!r}")
+        if prefix.finish_reason != "paused" or not prefix.segments or prefix.segments[0].role != "prompt":
+            raise ValueError(
+                f"can only resume a paused trajectory that starts with its prompt "
+                f"(example {example.id!r}: finish_reason={prefix.finish_reason!r})"
+            )
+        traj = replace(
+            prefix,
+            segments=[replace(s, token_ids=list(s.token_ids)) for s in prefix.segments],
+            searches=list(prefix.searches),
+            metadata=copy.deepcopy(prefix.metadata),
+            sample_index=sample_index,
+            policy_version=policy_version,
+            prediction="",
+            error=None,
+            error_kind=None,
+        )
+        traj.metadata.pop("queue_s", None)  # this continuation's own queueing, if any
+        return traj
+
+    async def _loop(
+        self, example: Example, traj: Trajectory, base: SamplingParams, max_steps: int | None = None
+    ) -> None:
         c, d = self.config, self.dialect
-        prompt_ids = d.prompt_ids(self.tokenizer, example.question, chat=self.use_chat, few_shot=c.few_shot)
-        traj.segments.append(Segment("prompt", prompt_ids, self.tokenizer.decode(prompt_ids)))
-        if c.response_prefix:
-            # Part of the response text (so tags it opens are balanced) but not the model's tokens.
-            prefix_ids = self.tokenizer.encode(c.response_prefix, add_special_tokens=False)
-            traj.segments.append(Segment("prompt", prefix_ids, c.response_prefix))
-        traj.prompt_tokens = sum(len(s.token_ids) for s in traj.segments)
+        if not traj.segments:  # a fresh item: the prompt (a resumed one already has it)
+            prompt_ids = d.prompt_ids(self.tokenizer, example.question, chat=self.use_chat, few_shot=c.few_shot)
+            traj.segments.append(Segment("prompt", prompt_ids, self.tokenizer.decode(prompt_ids)))
+            if c.response_prefix:
+                # Part of the response text (so tags it opens are balanced) but not the model's tokens.
+                prefix_ids = self.tokenizer.encode(c.response_prefix, add_special_tokens=False)
+                traj.segments.append(Segment("prompt", prefix_ids, c.response_prefix))
+            traj.prompt_tokens = sum(len(s.token_ids) for s in traj.segments)
         context: list[int] = [t for s in traj.segments for t in s.token_ids]
-        used = 0  # generated + observation tokens after the prompt
-        search_turns = 0
+        # The loop's state is a function of the segments, so a resumed item continues exactly:
+        # every step but the last appended one observation, and search_turns counts those steps.
+        used = sum(len(s.token_ids) for s in traj.segments if s.role != "prompt")  # after the prompt
+        search_turns = sum(1 for s in traj.segments if s.role == "observation")
+        steps = 0  # steps taken in this call
 
         while True:
+            if max_steps is not None and steps >= max_steps:
+                traj.finish_reason = "paused"
+                return
             allow_search = search_turns < c.max_turns
             if not allow_search and not c.final_turn:
                 traj.finish_reason = "max_turns"
@@ -273,6 +320,7 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
             context.extend(obs_ids)
             traj.observation_tokens += len(obs_ids)
             used += len(obs_ids)
+            steps += 1
 
     async def _generate(self, context: list[int], params: SamplingParams, traj: Trajectory) -> Completion:
         t0 = time.perf_counter()

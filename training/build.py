@@ -108,11 +108,16 @@ def merged_corpus_dataset(cfg: TrainConfig) -> str:
 def build_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
     """The :class:`~training.trainer.Trainer` for ``cfg``, writing into ``out``. ``backend``: an
     already built rollout backend (e.g. one pointing at a launched engine). ``algo.kind: sft``
-    builds a :class:`~training.sft.SFTTrainer` instead (no backend, retriever or agent)."""
+    builds a :class:`~training.sft.SFTTrainer` instead (no backend, retriever or agent), and
+    ``algo.kind: prm`` a :class:`~training.prm.PRMTrainer`."""
     if cfg.algo.kind == "sft":
         from training.sft import SFTTrainer
 
         return SFTTrainer(cfg, Path(out))
+    if cfg.algo.kind == "prm":
+        from training.prm import PRMTrainer
+
+        return PRMTrainer(cfg, Path(out))
     from benchmarks.build import dataset_retriever
     from benchmarks.datasets import load_examples, load_merged_examples
     from pipelines.search_agent import AgentConfig, SearchAgent

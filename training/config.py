@@ -72,7 +72,9 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    kind: Literal["rl", "sft"] = "rl"  # sft: supervised fine-tuning on ``sft.sources`` (training.sft)
+    # sft: supervised fine-tuning on ``sft.sources`` (training.sft); prm: a process reward model
+    # on MCTS records ``prm.data`` (training.prm)
+    kind: Literal["rl", "sft", "prm"] = "rl"
     advantage: Literal["grpo", "reinforce_pp", "gae", "dual_granularity"] = "grpo"
     reward: Any = "r1_searcher_stage1"  # a name, {name: ..., params}, or a list to compose
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "dapo", "dr_grpo"] = "token_mean"
@@ -97,7 +99,10 @@ class AlgoConfig:
     vf_coef: float = 0.5
     vf_clip: float = 0.2
     dual_beta: float = 0.3
-    step_scorer: str = "rule"  # dual_granularity: a training.rewards.STEP_SCORERS name
+    step_scorer: str = "rule"  # dual_granularity: a training.rewards.STEP_SCORERS name (rule, prm)
+    step_scorer_path: str | None = None  # step_scorer prm: a trained PRM folder, scored in process
+    step_scorer_url: str | None = None  # step_scorer prm: a `harness serve prm` server instead
+    step_scorer_format: bool = False  # step_scorer prm: add ProRAG's step format term (training.prm)
     norm_by_std: bool = True
     max_len: int | None = None  # truncate collated sequences (Dr. GRPO's constant denominator too)
 
@@ -163,6 +168,24 @@ class SFTConfig:
 
 
 @dataclass(frozen=True)
+class PRMConfig:
+    """``algo.kind: prm``: the process reward model's data and loss (see :mod:`training.prm`)."""
+
+    data: list[str] = field(default_factory=list)  # MCTS output folders (harness data mcts --out)
+    loss: Literal["pairwise", "pointwise"] = "pairwise"  # ProRAG: pairwise (TRL RewardTrainer)
+    batch_size: int = 32  # pairs (or step records) per optimizer step; ProRAG 4 x 8 accumulation
+    val_fraction: float = 0.02  # pairs held out for the logged pair accuracy (ProRAG: 2 %)
+    append_eos: bool = True  # ProRAG scores prefix + step + EOS
+    max_len: int | None = 4096  # keep the last max_len tokens (ProRAG: max_seq_length 4096)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"prm.batch_size must be >= 1, got {self.batch_size}")
+        if not 0 <= self.val_fraction < 1:
+            raise ValueError(f"prm.val_fraction must be in [0, 1), got {self.val_fraction}")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     name: str = "train"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -173,4 +196,5 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    prm: PRMConfig = field(default_factory=PRMConfig)
     papers: str = ""  # which published settings the recipe follows

@@ -193,6 +193,20 @@ class ProRAGOutcome:
 
 
 @dataclass(frozen=True)
+class ProRAGAnswerF1:
+    """ProRAG's MCTS terminal reward (``prorag/prm/mcts.py`` ``_compute_terminal_reward``): the F1
+    (:func:`prorag_f1`) of the answer, 0 without one; no gate and no format term, so it lies in
+    [0, 1]. Several gold answers: the best F1 over them."""
+
+    validator: Any = None
+
+    def __call__(self, traj: Trajectory) -> RewardOut:
+        answer = extract_answer(traj, self.validator)
+        f1 = max((prorag_f1(answer, g) for g in traj.answers), default=0.0) if answer is not None else 0.0
+        return f1, {"f1": f1}
+
+
+@dataclass(frozen=True)
 class SearchR1Format:
     """Search-R1 v0.3's EM-with-format reward (``qa_em_format.compute_score_em``), term by term:
 
@@ -258,6 +272,7 @@ REWARDS.register("r1_searcher_stage1", R1SearcherStage1)
 REWARDS.register("r1_searcher_stage2", R1SearcherStage2)
 REWARDS.register("search_r1_format", SearchR1Format)
 REWARDS.register("prorag", ProRAGOutcome)
+REWARDS.register("prorag_f1", ProRAGAnswerF1)
 
 
 def build_reward(spec: str | dict | Sequence[str | dict]) -> RewardFn:
@@ -329,3 +344,18 @@ class RuleStepScorer:
 
 STEP_SCORERS: Registry = Registry("step scorer")
 STEP_SCORERS.register("rule", RuleStepScorer)
+# A learned PRM (training.prm, trained with algo.kind=prm on MCTS records), in process or served.
+STEP_SCORERS.register("prm", "training.prm:PRMStepScorer")
+
+
+def build_step_scorer(algo: Any) -> StepScorer:
+    """The step scorer ``algo.step_scorer`` names; ``prm`` takes ``algo.step_scorer_path`` (a PRM
+    folder) or ``algo.step_scorer_url`` (``harness serve prm``) and ``algo.step_scorer_format``."""
+    name = algo.step_scorer
+    if name == "prm":
+        return STEP_SCORERS.get("prm")(
+            path=algo.step_scorer_path, url=algo.step_scorer_url, format_term=algo.step_scorer_format
+        )
+    if algo.step_scorer_path or algo.step_scorer_url:
+        raise ValueError(f"algo.step_scorer_path/url are for step_scorer=prm, not {name!r}")
+    return STEP_SCORERS.get(name)()

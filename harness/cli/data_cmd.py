@@ -61,3 +61,42 @@ def synthesize_command(
     except (ValueError, FileNotFoundError, KeyError) as e:
         fail(f"{type(e).__name__}: {e}")
     console.print(f"{d.name}: {stats.summary()} → {out}")
+
+
+@app.command("mcts")
+def mcts_command(
+    config: list[str] = typer.Option(None, "-c", "--config", help="MCTS config YAML (configs/train/mcts/*.yaml)."),
+    out: str = typer.Option(None, "--out", help="Output folder (default: the config's out)."),
+    data_dir: str = typer.Option(None, "--data-dir", help="FlashRAG-layout data dir."),
+    model: str = typer.Option(None, "--model", help="The policy to search with (backend.model)."),
+    limit: int = typer.Option(None, "--limit", help="At most N questions."),
+    overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. mcts.num_simulations=20"),
+) -> None:
+    """MCTS step values and contrastive step pairs for a PRM (training.mcts), through the agent loop.
+
+    Appends per question to OUT/steps.jsonl, OUT/pairs.jsonl and OUT/done.jsonl; a rerun skips the
+    finished questions (resume after an interrupt)."""
+    from benchmarks.build import build_eval
+    from harness.config import ConfigError, compose, from_dict, to_dict
+    from harness.eval_config import EvalConfig
+    from training.mcts import MCTSRunConfig, run_mcts
+
+    extra = list(overrides or [])
+    extra += [f"dataset.data_dir={data_dir}"] if data_dir else []
+    extra += [f"backend.model={model}"] if model else []
+    extra += [f"dataset.limit={limit}"] if limit else []
+    try:
+        cfg = compose(MCTSRunConfig, list(config or []), extra)
+        ecfg = from_dict(
+            EvalConfig,
+            {k: to_dict(getattr(cfg, k)) for k in ("method", "dataset", "backend", "retriever", "agent")},
+            where="mcts",
+        )
+        run = build_eval(ecfg)
+        if not hasattr(run.method, "arun"):
+            raise ValueError(f"method {cfg.method!r} is not the search agent: MCTS resumes the agent loop")
+        examples = run.examples[cfg.offset :]
+        stats = run_mcts(run.method, examples, cfg.mcts, out or cfg.out)
+    except (ConfigError, ValueError, FileNotFoundError, KeyError) as e:
+        fail(f"{type(e).__name__}: {e}")
+    console.print(f"MCTS: {stats.summary()} → {out or cfg.out}")

@@ -110,3 +110,27 @@ def model(
         fail(str(e))
     except KeyboardInterrupt:
         console.print(f"stopped {engine}")
+
+
+@app.command("prm")
+def prm(
+    path: str = typer.Option(..., "--path", help="A trained PRM folder (harness train with algo.kind=prm: RUN/final)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
+    port: int = typer.Option(8010, "--port"),
+    batch_size: int = typer.Option(8, "--batch-size", help="Sequences per forward pass."),
+    threads: int = typer.Option(None, "--threads", help="torch threads (CPU)."),
+) -> None:
+    """Serve a process reward model: POST /score {"sequences": [[ids]]} → {"scores": [...]} (algo.step_scorer_url)."""
+    from pathlib import Path
+
+    from training.prm_server import serve
+
+    if not (Path(path) / "prm.json").exists():
+        fail(f"--path {path}: not a PRM folder (no prm.json; train one with algo.kind=prm)")
+    if batch_size < 1:
+        fail(f"--batch-size must be >= 1, got {batch_size}")
+    console.print(f"serving the PRM {path} on http://{host}:{port} (/score, /health)")
+    try:
+        serve(path, host=host, port=port, batch_size=batch_size, threads=threads)
+    except (OSError, ValueError) as e:
+        fail(str(e))

@@ -1,0 +1,247 @@
+"""The process reward model: ``algo.kind: prm`` learns its own MCTS pairs (pair accuracy above
+chance), saves/loads with safetensors, serves over loopback HTTP, and as ``algo.step_scorer: prm``
+it is what the dual-granularity step advantages are computed from."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.config import compose
+from harness.types import Segment, Trajectory
+from tests.training.test_mcts import EXAMPLES, make_agent
+from training.advantages import dual_granularity, step_score_tensor
+from training.batch import collate
+from training.config import TrainConfig
+from training.mcts import MCTSConfig, run_mcts
+from training.prm import (
+    PRMStepScorer,
+    load_pairs,
+    load_points,
+    load_prm,
+    pairwise_loss,
+    pointwise_loss,
+    prorag_step_format,
+    split_held_out,
+    step_sequences,
+)
+from training.rewards import RuleStepScorer, build_step_scorer
+
+TINY_PRM = """
+name: prm
+model:
+  tiny: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
+algo: {kind: prm}
+prm: {batch_size: 4, val_fraction: 0.0, max_len: 512}
+optim: {lr: 1.0e-3, micro_batch_size: 4}
+trainer: {max_steps: 12, save_every: 0, tensorboard: false, progress: false}
+"""
+
+
+@pytest.fixture(scope="module")
+def mcts_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("mcts")
+    cfg = MCTSConfig(num_simulations=10, expansion_width=4, max_depth=6, margin=0.3, concurrency=1)
+    run_mcts(make_agent(), EXAMPLES[:1], cfg, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(mcts_dir, tmp_path_factory):
+    from training.build import build_trainer
+
+    tmp = tmp_path_factory.mktemp("prm")
+    (tmp / "prm.yaml").write_text(TINY_PRM)
+    cfg = compose(TrainConfig, [tmp / "prm.yaml"], [f"prm.data=[{mcts_dir}]"])
+    trainer = build_trainer(cfg, tmp / "run")
+    before = pair_loss(trainer)
+    final = trainer.train()
+    return trainer, before, final
+
+
+@torch.no_grad()
+def pair_loss(trainer) -> float:
+    """Mean Bradley-Terry loss over the training pairs under the current weights."""
+    ps = trainer.train_pairs
+    s = trainer._scores([p.chosen for p in ps] + [p.rejected for p in ps])
+    return float(pairwise_loss(s[: len(ps)], s[len(ps) :]))
+
+
+def test_pair_loss_by_hand():
+    c, r = torch.tensor([2.0, 0.0]), torch.tensor([0.0, 0.0])
+    want = -(torch.log(torch.sigmoid(torch.tensor(2.0))) + torch.log(torch.tensor(0.5))) / 2
+    assert torch.isclose(pairwise_loss(c, r), want)
+
+
+def test_pointwise_loss_by_hand_and_value_targets(mcts_dir, tmp_path):
+    s, v = torch.tensor([0.0, 2.0]), torch.tensor([1.0, 0.25])
+    p = torch.sigmoid(s)
+    want = -(v * torch.log(p) + (1 - v) * torch.log(1 - p)).mean()
+    assert torch.isclose(pointwise_loss(s, v), want)
+    points = load_points([str(mcts_dir)], eos=None)
+    steps = [json.loads(x) for x in (mcts_dir / "steps.jsonl").read_text().splitlines()]
+    assert [pt.value for pt in points] == [r["value"] for r in steps]
+    bad = tmp_path / "steps.jsonl"
+    bad.write_text(json.dumps({**steps[0], "value": 2.5}) + "\n")
+    with pytest.raises(ValueError, match="steps.jsonl:1.*\\[0, 1\\]"):
+        load_points([str(tmp_path)], None)
+
+
+def test_pairs_load_with_eos_and_a_held_out_split(mcts_dir):
+    pairs = load_pairs([str(mcts_dir)], eos=7)
+    assert len(pairs) >= 3 and all(p.chosen[-1] == 7 and p.rejected[-1] == 7 for p in pairs)
+    rec = json.loads((mcts_dir / "pairs.jsonl").read_text().splitlines()[0])
+    prefix = [t for s in rec["prefix"] for t in s["token_ids"]]
+    assert pairs[0].chosen[: len(prefix)] == prefix and pairs[0].chosen != pairs[0].rejected
+    train, val = split_held_out(list(range(100)), 0.02, 0)
+    assert len(val) == 2 and sorted(train + val) == list(range(100))
+    bad = mcts_dir.parent / "bad.jsonl"
+    bad.write_text('{"prefix": []}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        load_pairs([str(bad)], None)
+
+
+@pytest.mark.slow  # trains a tiny PRM (~30-90 s on a loaded 2-core machine)
+def test_prm_learns_its_training_pairs_and_round_trips(trained):
+    trainer, loss_before, final = trained
+    after = trainer.pair_accuracy(trainer.train_pairs)
+    # Above chance on its own training pairs, and it got there by learning: the pair loss fell
+    # well below its starting value (log 2 ≈ 0.69 for an untrained head).
+    assert after > 0.5, after
+    assert pair_loss(trainer) < loss_before - 0.15, (loss_before, pair_loss(trainer))
+    logged = [json.loads(x) for x in (trainer.out / "metrics.jsonl").read_text().splitlines()]
+    assert any("prm/train_pair_acc" in m for m in logged) and logged[-1]["prm/train_pair_acc_all"] == after
+    for f in ("model.safetensors", "head.safetensors", "config.json", "prm.json"):
+        assert (final / f).exists(), f
+    prm = load_prm(final)
+    p = trainer.train_pairs[0]
+    # The loaded PRM scores exactly as the trained one (EOS is already in the pair's ids).
+    with torch.no_grad():
+        s = trainer._scores([p.chosen, p.rejected]).tolist()
+    loaded = prm.score([p.chosen[:-1], p.rejected[:-1]])
+    assert loaded == pytest.approx(s, abs=1e-4) and loaded[0] > loaded[1]
+
+
+def traj_with_steps(agent_trajs):
+    return [t for t in agent_trajs if sum(s.role == "model" for s in t.segments) >= 2]
+
+
+@pytest.mark.slow  # trains a tiny PRM (~30-90 s on a loaded 2-core machine)
+def test_dual_granularity_step_advantages_come_from_the_prm(trained, tmp_path):
+    import asyncio
+
+    _, _, final = trained
+    agent = make_agent()
+    ex = EXAMPLES[0]
+    from harness.backends.base import SamplingParams
+
+    trajs = [asyncio.run(agent.arun(ex, sampling=SamplingParams(64, 1.0, seed=k, logprobs=True))) for k in range(3)]
+    algo = compose(
+        TrainConfig, [], ["algo.advantage=dual_granularity", "algo.step_scorer=prm", f"algo.step_scorer_path={final}"]
+    ).algo
+    scorer = build_step_scorer(algo)
+    assert isinstance(scorer, PRMStepScorer)
+    batch = collate(trajs, rewards=[1.0, 0.0, 0.5], group_ids=[0, 0, 0])
+    T = batch.mask.shape[1]
+    got = step_score_tensor(trajs, scorer, T)  # [B, T]
+    # By hand: σ(PRM(prefix + step + EOS)) of each model turn, on that turn's target positions.
+    prm = load_prm(final)
+    want = torch.zeros(len(trajs), T)
+    for i, t in enumerate(trajs):
+        spans, seqs, _ = step_sequences(t)
+        for (a, b), r in zip(spans, prm.score(seqs), strict=True):
+            want[i, a - 1 : b - 1] = torch.sigmoid(torch.tensor(r))
+    assert torch.allclose(got, want, atol=1e-5)
+    assert len({round(float(x), 4) for x in got[batch.mask.bool()]}) > 1  # the PRM tells steps apart
+    adv = dual_granularity(batch.rewards, got, batch.group_ids, batch.mask, beta=0.3)
+    rule = dual_granularity(batch.rewards, step_score_tensor(trajs, RuleStepScorer(), T), batch.group_ids, batch.mask)
+    assert not torch.allclose(adv, rule)  # not the rule scorer's
+    # The trainer builds this scorer from the recipe keys and its advantages are these.
+    from tests.training.test_trainer import make
+    from training.trainer import Forward
+
+    trainer = make(
+        tmp_path,
+        "algo.advantage=dual_granularity",
+        "algo.step_scorer=prm",
+        f"algo.step_scorer_path={final}",
+        "trainer.save_every=0",
+        "trainer.tensorboard=false",
+    )
+    assert isinstance(trainer.step_scorer, PRMStepScorer)
+    adv_t, _ = trainer.advantages(batch.to(trainer.device), trajs, Forward(0, None, None, None))
+    assert torch.allclose(adv_t.cpu(), adv, atol=1e-5)
+
+
+@pytest.mark.slow  # trains a tiny PRM (~30-90 s on a loaded 2-core machine)
+def test_served_prm_scores_like_the_in_process_one(trained):
+    import socket
+
+    import uvicorn
+
+    from training.prm_server import create_app
+
+    _, _, final = trained
+    app = create_app(load_prm(final))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    try:
+        for _ in range(200):
+            if server.started:
+                break
+            time.sleep(0.05)
+        remote = PRMStepScorer(url=f"http://127.0.0.1:{port}")
+        local = PRMStepScorer(path=str(final))
+        t = Trajectory("q", "?", ["Lunne"], "prorag")
+        t.segments = [
+            Segment("prompt", [65, 66, 67]),
+            Segment("model", [68, 69], "x</step>\n<subquery>a</subquery>"),
+            Segment("observation", [70], "\n<retrieval>d</retrieval>\n<step>\n"),
+            Segment("model", [71, 72, 73], "y</step>\n<answer>Lunne</answer>"),
+        ]
+        r, lo = remote.score_steps(t), local.score_steps(t)
+        assert [x[2] for x in r] == pytest.approx([x[2] for x in lo], abs=1e-5)
+        assert [(a, b) for a, b, _ in local.score_steps(t)] == [(3, 5), (6, 9)]
+        import httpx
+
+        bad = httpx.post(f"http://127.0.0.1:{port}/score", json={"sequences": "nope"})
+        assert bad.status_code == 422 and "sequences" in bad.text
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
+
+
+def test_step_format_term_and_scorer_arguments():
+    assert prorag_step_format("x</step>\n<subquery>q</subquery>\n<retrieval>d</retrieval>\n<step>\n") == 1.0
+    assert prorag_step_format("x</step>\n<answer>a</answer>") == 1.0
+    assert prorag_step_format("x<answer>a</answer>") == -2.0
+    with pytest.raises(ValueError, match="exactly one"):
+        PRMStepScorer()
+    algo = compose(TrainConfig, [], ["algo.step_scorer=rule", "algo.step_scorer_path=/x"]).algo
+    with pytest.raises(ValueError, match="step_scorer=prm"):
+        build_step_scorer(algo)
+
+
+@pytest.mark.slow  # two tiny PRM trainers (~10-20 s on a loaded machine)
+def test_checkpoint_resume_continues_the_same_run(mcts_dir, tmp_path):
+    from training.build import build_trainer
+
+    (tmp_path / "prm.yaml").write_text(TINY_PRM)
+    over = [f"prm.data=[{mcts_dir}]", "trainer.save_every=1", "trainer.max_steps=3", "prm.max_len=256"]
+    cfg = compose(TrainConfig, [tmp_path / "prm.yaml"], over)
+    a = build_trainer(cfg, tmp_path / "a")
+    a.step(), a.step()
+    b = build_trainer(cfg, tmp_path / "a")
+    b.resume(tmp_path / "a")
+    assert b.step_no == 2 and b.sampler.state() == a.sampler.state()
+    pa, pb = a.step(), b.step()  # the same next step: same pairs, same weights and optimizer state
+    assert pa["loss"] == pytest.approx(pb["loss"], rel=1e-5)

@@ -1,0 +1,456 @@
+"""A process reward model (ProRAG stage 2b): ``algo.kind: prm`` training and in-process scoring.
+
+The PRM is the policy's LM body with a scalar head (:class:`~training.engine.ValueHead`) read on
+the LAST token of ``prefix + step + EOS``, where a step is one model turn plus its observation
+(the MCTS records of :mod:`training.mcts`). As in ProRAG (``prorag/prm/train.py``: TRL's
+``RewardTrainer`` on ``AutoModelForSequenceClassification(num_labels=1)``, input
+``prompt + history + step + eos``), the loss is pairwise Bradley–Terry on contrastive sibling
+steps, ``−log σ(r_chosen − r_rejected)``; ``prm.loss: pointwise`` instead fits ``σ(r)`` to each
+step's MCTS value with binary cross-entropy (values must lie in [0, 1], as ``prorag_f1`` values do).
+A held-out share of the pairs (``prm.val_fraction``, ProRAG: 2 %) gives the logged pair accuracy.
+
+ProRAG's settings (scripts/prm.sh): lr 2e-5, 3 epochs, 32 pairs per optimizer step, full
+fine-tuning from the SFT model. Sequences are token ids as the agent produced them, so the PRM
+shares the policy's tokenizer (ProRAG's PRM starts from its SFT model too).
+
+Saved (``RUN/final/``, safetensors only): ``model.safetensors`` + ``config.json`` (the LM body;
+LoRA adapters merged into it), ``head.safetensors`` (the scalar head), ``prm.json`` (how to
+rebuild the tokenizer), and the tokenizer files when it has them. :func:`load_prm` reads it back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from training.config import TrainConfig
+from training.engine import ValueHead, build_model, initialize, optimizer_step, rank_and_world, unwrap
+from training.logging_utils import MetricsLog, ProgressBar
+
+logger = logging.getLogger(__name__)
+
+
+# ---- data -------------------------------------------------------------------------------------
+def _ids(segments: list[dict[str, Any]], where: str) -> list[int]:
+    try:
+        return [int(t) for s in segments for t in s["token_ids"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{where}: segments need token_ids ({type(e).__name__}: {e})") from None
+
+
+@dataclass(frozen=True)
+class PairExample:
+    chosen: list[int]  # prefix + chosen step (+ EOS)
+    rejected: list[int]
+
+
+@dataclass(frozen=True)
+class PointExample:
+    ids: list[int]
+    value: float
+
+
+def _records(paths: list[str], name: str) -> list[tuple[str, dict[str, Any]]]:
+    """(``file:line``, record) of every line of ``name`` in each MCTS folder (or of each file)."""
+    out = []
+    for p in paths:
+        path = Path(p) / name if Path(p).is_dir() else Path(p)
+        if not path.exists():
+            raise FileNotFoundError(f"prm.data: {path} does not exist (an MCTS output folder or its {name})")
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    out.append((f"{path}:{i}", json.loads(line)))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{i}: not JSON ({e})") from None
+    return out
+
+
+def load_pairs(paths: list[str], eos: int | None) -> list[PairExample]:
+    """Contrastive pairs from MCTS ``pairs.jsonl`` files; errors name file and line."""
+    tail = [eos] if eos is not None else []
+    out = []
+    for where, r in _records(paths, "pairs.jsonl"):
+        try:
+            prefix = _ids(r["prefix"], where)
+            c, j = _ids(r["chosen"]["step"], where), _ids(r["rejected"]["step"], where)
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{where}: not an MCTS pair record (missing {e})") from None
+        out.append(PairExample(prefix + c + tail, prefix + j + tail))
+    return out
+
+
+def load_points(paths: list[str], eos: int | None) -> list[PointExample]:
+    """Step records (value targets) from MCTS ``steps.jsonl`` files; errors name file and line."""
+    tail = [eos] if eos is not None else []
+    out = []
+    for where, r in _records(paths, "steps.jsonl"):
+        try:
+            v = float(r["value"])
+            ids = _ids(r["prefix"], where) + _ids(r["step"], where) + tail
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{where}: not an MCTS step record ({type(e).__name__}: {e})") from None
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"{where}: pointwise PRM targets must be in [0, 1], got value {v}")
+        out.append(PointExample(ids, v))
+    return out
+
+
+def split_held_out(items: list, fraction: float, seed: int) -> tuple[list, list]:
+    """(train, held-out): a seeded ``fraction`` held out, at least one item when there are two."""
+    idx = list(range(len(items)))
+    random.Random(seed).shuffle(idx)
+    n_val = min(len(items) - 1, max(1, round(fraction * len(items)))) if fraction > 0 and len(items) > 1 else 0
+    val = set(idx[:n_val])
+    return [x for i, x in enumerate(items) if i not in val], [x for i, x in enumerate(items) if i in val]
+
+
+# ---- the model --------------------------------------------------------------------------------
+def pad_batch(seqs: list[list[int]], pad_id: int, max_len: int | None, device: Any = None) -> tuple[torch.Tensor, ...]:
+    """Right-padded ids, attention mask and last-token index; a sequence longer than ``max_len``
+    keeps its END (the head reads the last token).  → [B, L], [B, L], [B]"""
+    seqs = [s[-max_len:] if max_len else s for s in seqs]
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)  # [B, L]
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)  # [B, L]
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    last = torch.tensor([len(s) - 1 for s in seqs], dtype=torch.long)  # [B]
+    return ids.to(device), mask.to(device), last.to(device)
+
+
+def scores_of(model: Any, seqs: list[list[int]], pad_id: int, max_len: int | None, device: Any = None) -> torch.Tensor:
+    """The head's raw score (a logit) on the last token of each sequence.  → [B]"""
+    ids, mask, last = pad_batch(seqs, pad_id, max_len, device)
+    values = model(input_ids=ids, attention_mask=mask)  # [B, L]
+    return values.gather(1, last[:, None]).squeeze(1).float()  # [B]
+
+
+def pairwise_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """Bradley–Terry: mean of −log σ(r_c − r_r) over pairs.  [P], [P] → []"""
+    return -F.logsigmoid(chosen - rejected).mean()
+
+
+def pointwise_loss(scores: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy of σ(r) against MCTS values in [0, 1].  [N], [N] → []"""
+    return F.binary_cross_entropy_with_logits(scores, values)
+
+
+def prm_tokenizer(cfg: TrainConfig) -> Any:
+    from training.sft import sft_tokenizer
+
+    return sft_tokenizer(cfg)
+
+
+class PRMTrainer:
+    """``algo.kind: prm``: trains a PRM on ``prm.data`` (MCTS output folders); see the module docstring."""
+
+    def __init__(self, cfg: TrainConfig, out: Path) -> None:
+        self.cfg, self.out, p = cfg, Path(out), cfg.prm
+        self.rank, self.world = rank_and_world()
+        torch.manual_seed(cfg.trainer.seed)
+        if cfg.optim.threads:
+            torch.set_num_threads(cfg.optim.threads)
+        if not p.data:
+            raise ValueError("algo.kind=prm needs prm.data: MCTS output folders (harness data mcts --out)")
+        self.tokenizer = prm_tokenizer(cfg)
+        eos = self.tokenizer.eos_token_id if p.append_eos else None
+        pairs = load_pairs(list(p.data), eos)
+        self.train_pairs, self.val_pairs = split_held_out(pairs, p.val_fraction, cfg.trainer.seed)
+        self.points = load_points(list(p.data), eos) if p.loss == "pointwise" else []
+        items = self.points if p.loss == "pointwise" else self.train_pairs
+        if not items:
+            what = "step records" if p.loss == "pointwise" else "training pairs"
+            raise ValueError(f"prm.data {list(p.data)}: no {what}")
+        if p.batch_size % self.world:
+            raise ValueError(f"prm.batch_size={p.batch_size} must divide by {self.world} ranks")
+        model = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))
+        if cfg.model.lora is not None:
+            from training.lora import lora_critic
+
+            model = lora_critic(model, cfg.model.lora)
+        self.engine = initialize(model, cfg.optim, cfg.optim.lr, p.batch_size)
+        from training.sft import EpochSampler
+
+        self.sampler = EpochSampler(len(items), cfg.trainer.seed, True)
+        self.step_no, self.log = 0, None
+        if self.rank == 0:
+            from harness.config import to_dict
+
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+            self.log = MetricsLog(self.out, cfg.trainer.tensorboard, cfg.trainer.wandb_project, to_dict(cfg))
+        logger.info(
+            "PRM (%s) on %d training pairs, %d held out, %d step records",
+            p.loss,
+            len(self.train_pairs),
+            len(self.val_pairs),
+            len(self.points),
+        )
+
+    @property
+    def pad_id(self) -> int:
+        tok = self.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    def _scores(self, seqs: list[list[int]]) -> torch.Tensor:
+        dev = next(unwrap(self.engine).parameters()).device
+        return scores_of(self.engine, seqs, self.pad_id, self.cfg.prm.max_len, dev)  # [B]
+
+    def train(self) -> Path:
+        """Run to ``trainer.max_steps``; returns the saved PRM folder (``final/``)."""
+        c = self.cfg.trainer
+        with ProgressBar(c.max_steps, self.step_no, enabled=c.progress and self.rank == 0) as bar:
+            while self.step_no < c.max_steps:
+                bar.update(self.step_no + 1, self.step())
+        final = self.out / "final"
+        if self.rank == 0:
+            metrics = {"prm/val_pair_acc": self.pair_accuracy(self.val_pairs)} if self.val_pairs else {}
+            metrics["prm/train_pair_acc_all"] = self.pair_accuracy(self.train_pairs)
+            if self.log is not None:
+                self.log.write(self.step_no, metrics)
+                self.log.close()
+            save_prm(self.engine, self.tokenizer, final, self.cfg, metrics)
+        return final
+
+    def step(self) -> dict[str, float]:
+        """One optimizer step over ``prm.batch_size`` pairs (or step records), micro-batched."""
+        t0, p = time.perf_counter(), self.cfg.prm
+        idx = self.sampler.next(p.batch_size)
+        per = p.batch_size // self.world
+        idx = idx[self.rank * per : (self.rank + 1) * per]
+        mb = self.cfg.optim.micro_batch_size
+        gas = self.engine.gradient_accumulation_steps()
+        slices = [idx[i : i + mb] for i in range(0, len(idx), mb)]
+        if len(slices) != gas:
+            raise RuntimeError(f"{len(slices)} micro-batches but DeepSpeed accumulates {gas}")
+        loss_sum, correct, grad_norm = 0.0, 0.0, None
+        for part in slices:
+            if p.loss == "pairwise":
+                pairs = [self.train_pairs[i] for i in part]
+                s = self._scores([x.chosen for x in pairs] + [x.rejected for x in pairs])  # [2b]
+                sc, sr = s[: len(pairs)], s[len(pairs) :]  # [b], [b]
+                loss = pairwise_loss(sc, sr) * len(part) / len(idx)
+                correct += float((sc > sr).sum())
+            else:
+                pts = [self.points[i] for i in part]
+                s = self._scores([x.ids for x in pts])  # [b]
+                loss = pointwise_loss(s, torch.tensor([x.value for x in pts], device=s.device)) * len(part) / len(idx)
+            loss_sum += float(loss.detach())
+            self.engine.backward(loss * gas)  # DeepSpeed divides each backward by gas
+            gn = optimizer_step(self.engine)
+            grad_norm = gn if gn is not None else grad_norm
+        self.step_no += 1
+        metrics = {"loss": loss_sum, "time/step_s": time.perf_counter() - t0, "epoch": float(self.sampler.epoch)}
+        if p.loss == "pairwise":
+            metrics["prm/train_pair_acc"] = correct / len(idx)
+        if grad_norm is not None:
+            metrics["grad_norm"] = grad_norm
+        c = self.cfg.trainer
+        if self.val_pairs and c.eval_every and self.step_no % c.eval_every == 0:
+            metrics["prm/val_pair_acc"] = self.pair_accuracy(self.val_pairs)
+        if self.log is not None:
+            self.log.write(self.step_no, metrics)
+        if c.save_every and self.step_no % c.save_every == 0:
+            save_checkpoint(
+                self.out / "checkpoints", self.step_no, self.engine, {"sampler": self.sampler.state(), "kind": "prm"}
+            )
+        return metrics
+
+    @torch.no_grad()
+    def pair_accuracy(self, pairs: list[PairExample]) -> float:
+        """The share of pairs whose chosen step scores higher than its rejected one."""
+        if not pairs:
+            return float("nan")
+        mb, hits = max(1, self.cfg.optim.micro_batch_size), 0
+        for i in range(0, len(pairs), mb):
+            part = pairs[i : i + mb]
+            s = self._scores([x.chosen for x in part] + [x.rejected for x in part])
+            hits += int((s[: len(part)] > s[len(part) :]).sum())
+        return hits / len(pairs)
+
+    def resume(self, run_dir: Path) -> None:
+        ckpt = latest_checkpoint(Path(run_dir) / "checkpoints")
+        if ckpt is None:
+            raise FileNotFoundError(f"no checkpoint under {Path(run_dir) / 'checkpoints'}")
+        state = load_checkpoint(ckpt, self.engine)
+        self.step_no = state["step"]
+        self.sampler.load(state["sampler"])
+
+
+# ---- saving, loading, scoring -----------------------------------------------------------------
+def save_prm(model: Any, tokenizer: Any, out: Path, cfg: TrainConfig, metrics: dict[str, float]) -> Path:
+    """The PRM folder (safetensors; LoRA merged into the body); see the module docstring."""
+    from safetensors.torch import save_file
+
+    from training.lora import merged_state_dict
+
+    m = unwrap(model)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    body = m.body
+    lora = cfg.model.lora is not None
+    state = merged_state_dict(body) if lora else body.state_dict()
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(out / "model.safetensors"))
+    body.config.save_pretrained(str(out))
+    save_file({k: v.detach().contiguous().cpu() for k, v in m.head.state_dict().items()}, str(out / "head.safetensors"))
+    byte = cfg.model.tiny is not None
+    if not byte and hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(str(out))
+    meta = {
+        "kind": "prm",
+        "base": cfg.model.path,
+        "tokenizer": "byte" if byte else "folder",
+        "append_eos": cfg.prm.append_eos,
+        "max_len": cfg.prm.max_len,
+        "loss": cfg.prm.loss,
+        "metrics": metrics,
+    }
+    (out / "prm.json").write_text(json.dumps(meta, indent=2))
+    return out
+
+
+class PRM:
+    """A trained PRM in process: ``score(seqs)`` → raw head scores (logits), no gradients."""
+
+    def __init__(self, model: Any, tokenizer: Any, append_eos: bool = True, max_len: int | None = None) -> None:
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.append_eos, self.max_len = append_eos, max_len
+
+    @property
+    def pad_id(self) -> int:
+        tok = self.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    @torch.no_grad()
+    def score(self, seqs: list[list[int]], batch_size: int = 8) -> list[float]:
+        """Scores of token-id sequences (prefix + step; EOS appended here when the PRM was trained so)."""
+        tail = [self.tokenizer.eos_token_id] if self.append_eos else []
+        out: list[float] = []
+        for i in range(0, len(seqs), batch_size):
+            part = [list(s) + tail for s in seqs[i : i + batch_size]]
+            out += scores_of(self.model, part, self.pad_id, self.max_len).tolist()
+        return out
+
+
+def load_prm(path: str | Path, threads: int | None = None) -> PRM:
+    """Read a folder :func:`save_prm` wrote (safetensors only)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModel
+
+    path = Path(path)
+    meta_path = path / "prm.json"
+    if not meta_path.exists():
+        raise FileNotFoundError(f"{path}: not a PRM folder (no prm.json; train one with algo.kind=prm)")
+    meta = json.loads(meta_path.read_text())
+    if threads:
+        torch.set_num_threads(threads)
+    config = AutoConfig.from_pretrained(str(path))
+    body = AutoModel.from_config(config)
+    missing, unexpected = body.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+    if [k for k in missing if "rotary" not in k] or unexpected:
+        raise ValueError(
+            f"{path}/model.safetensors does not fit its config: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
+    lm = type("LM", (), {})()  # ValueHead takes an LM with .config and .model
+    lm.config, lm.model = config, body
+    model = ValueHead(lm)
+    model.head.load_state_dict(load_file(str(path / "head.safetensors")))
+    if meta.get("tokenizer") == "byte":
+        from harness.tokenization import byte_tokenizer
+
+        tok = byte_tokenizer()
+    else:
+        from harness.models import load_tokenizer
+
+        tok = load_tokenizer(str(path))
+    return PRM(model.float(), tok, bool(meta.get("append_eos", True)), meta.get("max_len"))
+
+
+# ---- the step scorer --------------------------------------------------------------------------
+_STEP_TAGS = (
+    ["</step>", "<subquery>", "</subquery>", "<retrieval>", "</retrieval>"],
+    ["</step>", "<subanswer>", "</subanswer>"],
+    ["</step>", "<answer>", "</answer>"],
+)
+
+
+def prorag_step_format(step_text: str) -> float:
+    """The intent of ProRAG's ``format_reward_step`` (``prorag/rl/reward.py``): +1 when a step's
+    tags are one of ``</step> <subquery></subquery> <retrieval></retrieval>``,
+    ``</step> <subanswer></subanswer>`` or ``</step> <answer></answer>``, else −2. ProRAG's own
+    function prepends ``<step>`` before comparing, so as shipped it returns −2 for every step (a
+    constant that the group normalisation of the step advantage removes); here the next step's
+    opening ``<step>`` at the end of our observation is dropped and no tag is prepended."""
+    tags = re.findall(r"</?[a-zA-Z]+>", step_text)
+    if tags and tags[-1] == "<step>":
+        tags = tags[:-1]
+    return 1.0 if tags in _STEP_TAGS else -2.0
+
+
+def step_sequences(trajectory: Any) -> tuple[list[tuple[int, int]], list[list[int]], list[str]]:
+    """Per model turn: its token span, the ids up to the end of its step (the turn and the
+    observation after it), and the step's text."""
+    spans, seqs, texts, pos = [], [], [], 0
+    ids = trajectory.token_ids
+    segs = trajectory.segments
+    for i, seg in enumerate(segs):
+        if seg.role == "model":
+            end = pos + len(seg.token_ids)
+            step_end, text = end, seg.text
+            if i + 1 < len(segs) and segs[i + 1].role == "observation":
+                step_end += len(segs[i + 1].token_ids)
+                text += segs[i + 1].text
+            spans.append((pos, end))
+            seqs.append(ids[:step_end])
+            texts.append(text)
+        pos += len(seg.token_ids)
+    return spans, seqs, texts
+
+
+class PRMStepScorer:
+    """``algo.step_scorer: prm``: each model turn scores σ(PRM(prefix + step)) — ProRAG's step
+    reward (``prorag/rl/rollout.py``) — plus, with ``format_term``, :func:`prorag_step_format`.
+
+    ``path``: a PRM folder loaded in process; ``url``: a ``harness serve prm`` server."""
+
+    def __init__(
+        self, path: str | None = None, url: str | None = None, format_term: bool = False, batch_size: int = 8
+    ) -> None:
+        if (path is None) == (url is None):
+            raise ValueError("the prm step scorer needs exactly one of algo.step_scorer_path or algo.step_scorer_url")
+        self.format_term, self.batch_size = format_term, batch_size
+        self.prm = load_prm(path) if path else None
+        self.url = url.rstrip("/") if url else None
+
+    def raw_scores(self, seqs: list[list[int]]) -> list[float]:
+        if not seqs:
+            return []
+        if self.prm is not None:
+            return self.prm.score(seqs, self.batch_size)
+        import httpx
+
+        r = httpx.post(f"{self.url}/score", json={"sequences": seqs}, timeout=300.0)
+        if r.status_code != 200:
+            raise RuntimeError(f"PRM server {self.url}: HTTP {r.status_code}: {r.text[:300]}")
+        return [float(x) for x in r.json()["scores"]]
+
+    def score_steps(self, trajectory: Any) -> list[tuple[int, int, float]]:
+        spans, seqs, texts = step_sequences(trajectory)
+        raw = self.raw_scores(seqs)
+        out = []
+        for (a, b), r, text in zip(spans, raw, texts, strict=True):
+            s = float(torch.sigmoid(torch.tensor(r)))
+            out.append((a, b, s + (prorag_step_format(text) if self.format_term else 0.0)))
+        return out

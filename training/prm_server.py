@@ -1,0 +1,118 @@
+"""``harness serve prm``: a trained PRM over loopback HTTP, for ``algo.step_scorer_url``.
+
+``POST /score`` ``{"sequences": [[token ids], ...]}`` → ``{"scores": [raw head score, ...]}``
+(EOS appended as the PRM was trained; the client takes σ). ``GET /health`` →
+``{"status": "healthy", "kind": "prm", "path": ...}``. A plain ASGI app in the style of
+``harness.retrieval.server`` (pydantic from bytes, orjson); requests are scored one at a time
+under a lock in a worker thread, so the event loop stays free and the model is never entered twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 << 20
+MAX_SEQUENCES = 1024
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    sequences: list[list[int]]
+
+    @field_validator("sequences")
+    @classmethod
+    def _check(cls, v: list[list[int]]) -> list[list[int]]:
+        if not v or len(v) > MAX_SEQUENCES:
+            raise ValueError(f"give 1 to {MAX_SEQUENCES} sequences, got {len(v)}")
+        if any(not s for s in v):
+            raise ValueError("a sequence is empty")
+        return v
+
+
+def _answer(status: int, payload: Any) -> tuple[int, bytes]:
+    return status, orjson.dumps(payload)
+
+
+class PRMApp:
+    """The ASGI app over a :class:`~training.prm.PRM`."""
+
+    def __init__(self, prm: Any, path: str = "", batch_size: int = 8) -> None:
+        self.prm, self.path, self.batch_size = prm, path, batch_size
+        self.lock = threading.Lock()
+        self.requests = 0
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                kind = msg["type"].rsplit(".", 1)[-1]
+                await send({"type": f"lifespan.{kind}.complete"})
+                if kind == "shutdown":
+                    return
+        if scope["type"] != "http":
+            return
+        status, body = await self._handle(scope, receive)
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _handle(self, scope: dict, receive: Any) -> tuple[int, bytes]:
+        path, method = scope["path"], scope["method"]
+        if path == "/health":
+            return _answer(200, {"status": "healthy", "kind": "prm", "path": self.path, "requests": self.requests})
+        if path != "/score":
+            return _answer(404, {"detail": f"no route {path}"})
+        if method != "POST":
+            return _answer(405, {"detail": "/score takes POST"})
+        chunks, size = [], 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return _answer(400, {"detail": "client disconnected"})
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            if size > MAX_BODY_BYTES:
+                return _answer(413, {"detail": f"request body larger than {MAX_BODY_BYTES} bytes"})
+            if not msg.get("more_body", False):
+                break
+        try:
+            req = ScoreRequest.model_validate_json(b"".join(chunks))
+        except ValidationError as e:
+            detail = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'body'}: {x['msg']}" for x in e.errors())
+            return _answer(422, {"detail": detail})
+        self.requests += 1
+        try:
+            scores = await asyncio.to_thread(self._score, req.sequences)
+        except Exception as e:  # say why, keep serving
+            logger.exception("PRM scoring failed")
+            return _answer(500, {"detail": f"scoring failed: {type(e).__name__}: {e}"})
+        return _answer(200, {"scores": scores})
+
+    def _score(self, seqs: list[list[int]]) -> list[float]:
+        with self.lock:
+            return self.prm.score(seqs, self.batch_size)
+
+
+def create_app(prm: Any, path: str = "", batch_size: int = 8) -> PRMApp:
+    return PRMApp(prm, path, batch_size)
+
+
+def serve(
+    path: str, host: str = "127.0.0.1", port: int = 8010, batch_size: int = 8, threads: int | None = None
+) -> None:
+    """Load the PRM folder ``path`` and serve it until interrupted."""
+    import uvicorn
+
+    from training.prm import load_prm
+
+    app = create_app(load_prm(path, threads), path, batch_size)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
