@@ -34,6 +34,7 @@ def _flags_dict(**flags: Any) -> dict[str, Any]:
         "topk": "retriever.topk",
         "out": "out",
         "launch": "backend.launch",
+        "n_samples": "n_samples",
     }
     from harness.config import set_path
 
@@ -64,6 +65,12 @@ def eval_command(
     index: str = typer.Option(None, "--index", help="A built index directory (or the URL for http)."),
     topk: int = typer.Option(None, "--topk", help="Documents per search."),
     out: str = typer.Option(None, "--out", help="Parent folder of run directories (default runs/)."),
+    n_samples: int = typer.Option(
+        None,
+        "--n-samples",
+        help="K sampled trajectories per question (needs agent.temperature>0); run dir gets -kK; "
+        "results are the mean over all samples.",
+    ),
     launch: bool = typer.Option(
         False, "--launch", help="Start the engine (sglang: SGLang, openai: vLLM) for --model, and stop it at the end."
     ),
@@ -101,6 +108,7 @@ def eval_command(
         topk=topk,
         out=out,
         launch=launch or None,
+        n_samples=n_samples,
     )
     try:
         data: dict[str, Any] = {}
@@ -187,7 +195,8 @@ def run_configs(configs: list[Any]) -> list[Any]:
                 run = build_eval(cfg, backend=backend)
                 console.print(f"[bold]{cfg.method}[/] on [bold]{cfg.dataset.name}[/] → {run.run_dir}", highlight=False)
                 headline = cfg.metrics[0] if cfg.metrics else "em"
-                with Progress(len(run.examples), run.run_dir, label, headline) as progress:
+                total = len(run.examples) * cfg.n_samples
+                with Progress(total, run.run_dir, label, headline) as progress:
                     results.append(simple_evaluate(cfg, run=run, on_item=progress.add))
             except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
                 fail(f"{label}: {e}")
