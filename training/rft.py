@@ -214,10 +214,27 @@ def _common(values: list[Any], mixed: str) -> Any:
     return distinct[0] if len(distinct) == 1 else (mixed if distinct else None)
 
 
+def expand_run_dirs(paths: list[str | Path]) -> list[Path]:
+    """Run directories from the given paths: a run directory itself (it has a manifest), or a
+    folder of them (``harness eval --out DIR`` with several datasets), taken in name order."""
+    from harness.runlog import MANIFEST
+
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if (p / MANIFEST).is_file():
+            out.append(p)
+            continue
+        children = sorted(c for c in p.iterdir() if (c / MANIFEST).is_file()) if p.is_dir() else []
+        if not children:
+            raise FileNotFoundError(f"{p}: neither a run directory (no {MANIFEST}) nor a folder of run directories")
+        out += children
+    return out
+
+
 def rft_filter(run_dirs: list[str | Path], out: str | Path, cfg: RFTFilterConfig, scorer: Any = None) -> RFTSummary:
-    """Filter the trajectories of ``run_dirs`` into the run directory ``out`` (see the module
-    docstring). ``scorer``: a built step scorer (default: built from ``cfg``). ``out`` is replaced
-    only when it is empty or a previous filter output; anything else is refused."""
+    """Filter the trajectories of ``run_dirs`` (run directories, or folders of them) into the run
+    directory ``out`` (see the module docstring). ``scorer``: a built step scorer (default: built
+    from ``cfg``). ``out`` is replaced only when it is empty or a previous filter output."""
     from benchmarks.evaluate import aggregate
     from harness.fsutil import atomic_dir, write_json_atomic
     from harness.run_records import RunManifest
@@ -225,10 +242,11 @@ def rft_filter(run_dirs: list[str | Path], out: str | Path, cfg: RFTFilterConfig
 
     out = Path(out)
     _check_out(out)
+    run_dirs = expand_run_dirs(run_dirs)
     if scorer is None and cfg.step_scorer:
         scorer = build_step_scorer(cfg.step_scorer, cfg.step_scorer_args)
     filt = _Filter(cfg, scorer)
-    summary = RFTSummary(config=asdict(cfg), sources=[str(p) for p in run_dirs])
+    summary = RFTSummary(config=asdict(cfg), sources=[str(p) for p in run_dirs])  # after expansion
     decisions: list[Decision] = []
     kept: list[tuple[Trajectory, Any]] = []
     manifests = []

@@ -84,7 +84,9 @@ def _scorer_args(pairs: list[str]) -> dict:
 
 @app.command("rft-filter")
 def rft_filter_command(
-    run_dirs: list[str] = typer.Argument(..., help="Run directories of `harness eval --n-samples K`."),
+    run_dirs: list[str] = typer.Argument(
+        ..., help="Run directories of `harness eval --n-samples K` (or folders of them: an eval --out)."
+    ),
     out: str = typer.Option(..., "--out", help="Directory for the kept run (an sft source {kind: run, path: OUT})."),
     metric: str = typer.Option("em", "--metric", help="Outcome metric of scores.jsonl."),
     min_outcome: float = typer.Option(1.0, "--min-outcome", help="Keep when the outcome metric is at least this."),

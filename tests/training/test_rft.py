@@ -174,3 +174,12 @@ def test_refuses_to_replace_a_directory_it_did_not_write(tmp_path, sampled):
     rft_filter([sampled], tmp_path / "again", RFTFilterConfig(step_scorer=None))
     rft_filter([sampled], tmp_path / "again", RFTFilterConfig(step_scorer=None, min_outcome=0.0))  # replaces
     assert json.loads((tmp_path / "again" / "rft_summary.json").read_text())["config"]["min_outcome"] == 0.0
+
+
+def test_a_folder_of_run_directories_is_read_in_name_order(tmp_path, sampled):
+    make_run(tmp_path / "z-other", [(traj("q9", 0, ["<answer>Paris good</answer>"], "Paris"), 1.0)])
+    summary = rft_filter([tmp_path], tmp_path.parent / f"{tmp_path.name}-kept", RFTFilterConfig(step_scorer=None))
+    assert summary.sources == [str(tmp_path / "k4"), str(tmp_path / "z-other")]
+    assert summary.n_in == 6
+    with pytest.raises(FileNotFoundError, match="neither a run directory"):
+        rft_filter([tmp_path / "z-other" / "trajectories.jsonl"], tmp_path / "x", RFTFilterConfig(step_scorer=None))
