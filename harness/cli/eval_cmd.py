@@ -50,8 +50,12 @@ def _flags_dict(**flags: Any) -> dict[str, Any]:
 
 
 def eval_command(
-    method: str = typer.Option("research", "--method", "-m", help="Method(s), comma-separated."),
-    dataset: str = typer.Option("demo", "--dataset", "-d", help="Dataset(s), comma-separated."),
+    method: str = typer.Option(
+        None, "--method", "-m", help="Method(s), comma-separated (default: the -c config's, else research)."
+    ),
+    dataset: str = typer.Option(
+        None, "--dataset", "-d", help="Dataset(s), comma-separated (default: the -c config's, else demo)."
+    ),
     split: str = typer.Option(None, "--split", help="Dataset split (default: the dataset's eval split)."),
     limit: int = typer.Option(None, "--limit", help="First N questions."),
     sample: int = typer.Option(None, "--sample", help="A deterministic random subset of N questions."),
@@ -125,6 +129,10 @@ def eval_command(
     except (ConfigError, KeyError) as e:  # RegistryError (an unknown profile) is a KeyError
         fail(str(e))
 
+    # A -c config's method and dataset count unless a flag names others (a flag's default would
+    # silently replace them).
+    method = method or str(data.get("method") or "research")
+    dataset = dataset or str((data.get("dataset") or {}).get("name") or "demo")
     methods = [m.strip() for m in method.split(",") if m.strip()]
     datasets = [d.strip() for d in dataset.split(",") if d.strip()]
     configs = []

@@ -159,3 +159,19 @@ def test_cli_flag_reaches_the_config_and_greedy_identity_is_unchanged(tmp_path, 
     assert result.exit_code == 0, result.output
     manifest = json.loads((tmp_path / "research-demo-test" / "manifest.json").read_text())
     assert "n_samples" not in manifest["config"] and manifest["n_total"] == 2
+
+
+def test_a_config_files_method_and_dataset_are_not_replaced_by_flag_defaults(tmp_path, examples):
+    script = tmp_path / "s.jsonl"
+    script.write_text("".join(json.dumps(e) + "\n" for e in script_entries(examples, right=True)))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("method: search_r1\ndataset: {name: demo, limit: 2}\nn_samples: 2\nagent: {temperature: 0.5}\n")
+    args = ["eval", "-c", str(cfg), "--backend", "scripted", "--script", str(script), "--retriever", "memory"]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path), "agent.max_total_tokens=100000"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "search_r1-demo-test-k2" / "results.json").exists()
+    result = runner.invoke(
+        app, [*args, "--method", "research", "--out", str(tmp_path), "agent.max_total_tokens=100000"]
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "research-demo-test-k2" / "results.json").exists()  # a flag still wins
