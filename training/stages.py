@@ -252,13 +252,25 @@ Executor = Callable[[list[str], Path], int]
 
 
 def subprocess_executor(argv: list[str], log_path: Path) -> int:
-    """Run ``harness ARGV`` in a child Python, streaming its output to stderr and ``log_path``."""
+    """Run ``harness ARGV`` in a child Python, streaming its output to stderr and ``log_path``.
+
+    The child is terminated when the runner is interrupted (Ctrl-C, or SIGTERM under
+    ``harness.engines.sigterm_as_exit``), and Linux SIGTERMs it if the runner dies outright."""
+    from harness.engines import _die_with_parent
+
     cmd = [sys.executable, "-m", "harness.cli.main", *argv]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            preexec_fn=_die_with_parent,  # only a prctl before exec
+        )
         try:
             assert proc.stdout is not None
             for line in proc.stdout:

@@ -50,6 +50,7 @@ def run_command(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would run; run nothing."),
 ) -> None:
     """Run the chain's unfinished stages in order."""
+    from harness.engines import sigterm_as_exit
     from training.stages import StageError, run_chain, stage_state
 
     ch = _load(chain, workdir, sets)
@@ -57,7 +58,8 @@ def run_command(
         if dry_run:
             _table(ch, {s.name: stage_state(ch, s) for s in ch.stages})
             return
-        outcomes = run_chain(ch)
+        with sigterm_as_exit():  # SIGTERM stops the running stage too, not just the runner
+            outcomes = run_chain(ch)
     except StageError as e:
         fail(str(e), code=1)
     ran = [o for o in outcomes if o.ran]

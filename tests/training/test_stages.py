@@ -178,10 +178,68 @@ stages:
     output: "{{workdir}}/rft"
 """
     )
-    result = runner.invoke(app, ["stages", "run", str(chain)])
+    result = runner.invoke(app, ["train", "--stages", str(chain)])  # the same runner as `harness stages run`
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "work" / "rft" / "rft_summary.json").read_text())
     assert summary["n_in"] == 6 and summary["questions_in"] == 3
     assert summary["dropped"].get("duplicate", 0) >= 3  # scripted samples repeat: one kept per question
     result = runner.invoke(app, ["stages", "status", str(chain)])
     assert result.exit_code == 0 and result.output.count("done") >= 2, result.output
+
+
+def test_train_stages_takes_a_chain_alone(tmp_path):
+    result = runner.invoke(app, ["train", "--stages", str(write_chain(tmp_path)), "-c", "configs/train/x.yaml"])
+    assert result.exit_code != 0 and "give it alone" in result.output
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_runner_stops_the_running_stage(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "script.jsonl"
+    script.write_text(json.dumps({"match": "", "turns": ["<answer>x</answer>"], "delay": 120}) + "\n")
+    chain = tmp_path / "chain.yaml"
+    chain.write_text(
+        f"""
+workdir: {tmp_path / "work"}
+stages:
+  - name: slow
+    run: [eval, --method, research, --dataset, demo, --limit, "1", --backend, scripted, --script, "{script}",
+          --retriever, memory, --out, "{{self.output}}"]
+    output: "{{workdir}}/slow"
+"""
+    )
+    runner_proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli.main", "stages", "run", str(chain)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    manifest = tmp_path / "work" / "slow" / "research-demo-test" / "manifest.json"
+    deadline = time.monotonic() + 120
+    while not manifest.exists() and time.monotonic() < deadline:  # the stage is mid-item
+        time.sleep(0.5)
+    assert manifest.exists(), "the stage never started"
+    marker = json.loads((tmp_path / "work" / ".stages" / "slow.json").read_text())
+    assert marker["state"] == "running"
+    child = [
+        int(p)
+        for p in subprocess.run(["pgrep", "-P", str(runner_proc.pid)], capture_output=True, text=True).stdout.split()
+    ]
+    assert child, "no stage process under the runner"
+    runner_proc.send_signal(signal.SIGTERM)
+    assert runner_proc.wait(timeout=60) != 0
+    for pid in child:
+        for _ in range(60):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"stage process {pid} outlived the runner")
