@@ -159,6 +159,8 @@ class _Filter:
         if score is None or score.error or traj.error or traj.finish_reason == "error":
             d.reason = "error"
             return d, None
+        if c.metric not in score.metrics:  # a typo would otherwise drop everything as "outcome"
+            raise ValueError(f"{source}: its scores have no metric {c.metric!r} (have: {', '.join(score.metrics)})")
         d.outcome = score.metric(c.metric)
         if d.outcome is None or d.outcome < c.min_outcome:
             d.reason = "outcome"

@@ -160,6 +160,8 @@ def test_rule_scorer_and_where_through_the_cli(tmp_path):
     assert result.exit_code != 0 and "nothing passed" in result.output
     result = runner.invoke(app, [*args, "--step-scorer-arg", "hits=1"])
     assert result.exit_code != 0 and "hits" in result.output and "format_score" in result.output
+    result = runner.invoke(app, [*args, "--metric", "emm"])
+    assert result.exit_code != 0 and "no metric 'emm'" in result.output
     result = runner.invoke(app, [*args[:-4], "--step-scorer", "nope"])
     assert result.exit_code != 0 and "unknown step scorer" in result.output
 
