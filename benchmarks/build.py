@@ -57,7 +57,7 @@ EXECUTION_ONLY_KEYS = (
 )
 # Keys added after runs were first recorded: left out of the identity at their default, so a
 # run started before they existed still resumes.
-_OMIT_AT_DEFAULT = {"metric_profile": "default", "judge": {}}
+_OMIT_AT_DEFAULT = {"metric_profile": "default", "judge": {}, "n_samples": 1}
 
 
 @dataclass
@@ -133,7 +133,27 @@ def eval_split(cfg: EvalConfig) -> str:
 
 
 def run_dir_for(cfg: EvalConfig) -> Path:
-    return Path(cfg.out) / f"{cfg.method}-{cfg.dataset.name}-{eval_split(cfg)}"
+    """``OUT/<method>-<dataset>-<split>``, with ``-k<K>`` when K samples are drawn per question
+    (so a K-sample run and a greedy run of the same pair live side by side)."""
+    suffix = f"-k{cfg.n_samples}" if cfg.n_samples > 1 else ""
+    return Path(cfg.out) / f"{cfg.method}-{cfg.dataset.name}-{eval_split(cfg)}{suffix}"
+
+
+def validate_n_samples(cfg: EvalConfig, kind: str, options: Any) -> None:
+    """K > 1 samples per question must be able to differ: the agent with ``temperature > 0``.
+    FlashRAG's baselines decode greedily, so their K samples would be K copies."""
+    if cfg.n_samples == 1:
+        return
+    if kind != "agent":
+        raise ValueError(
+            f"n_samples={cfg.n_samples}: method {cfg.method!r} is a baseline, which decodes greedily "
+            "(its samples would be identical); sample with an agent method"
+        )
+    if options.temperature <= 0:
+        raise ValueError(
+            f"n_samples={cfg.n_samples} with agent.temperature={options.temperature}: greedy samples are "
+            "identical; set agent.temperature > 0 (ProRAG's RFT samples at 0.8)"
+        )
 
 
 def examples_hash(examples: list[Example]) -> str:
@@ -181,7 +201,8 @@ def build_eval(cfg: EvalConfig, backend: Any = None, retriever: Any = None) -> E
     kind = method_kind(cfg.method)
     options = dict(cfg.agent if kind == "agent" else cfg.baseline)
     options.setdefault("topk", cfg.retriever.topk)
-    validate_options(cfg.method, options)  # before anything slow is built or anything is written
+    typed = validate_options(cfg.method, options)  # before anything slow is built or anything is written
+    validate_n_samples(cfg, kind, typed)
     validate_metrics(cfg)
     examples = load_eval_examples(cfg)
     uses_retriever = needs_retriever(cfg.method)
@@ -206,7 +227,7 @@ def build_eval(cfg: EvalConfig, backend: Any = None, retriever: Any = None) -> E
         backend=cfg.backend.kind,
         retriever=cfg.retriever.kind if uses_retriever else None,
         topk=cfg.retriever.topk if uses_retriever else None,
-        n_total=len(examples),
+        n_total=len(examples) * cfg.n_samples,
         data_hash=examples_hash(examples),
         index_id=getattr(retriever, "index_id", None) if uses_retriever else None,
         corpus=str(corpus) if corpus else None,
@@ -240,7 +261,14 @@ def simple_evaluate(
     judge = build_judge(cfg, run.run_dir)
     try:
         results = evaluate(
-            run.method, run.examples, run.run_dir, cfg.metrics, run.manifest, on_item=on_item, judge=judge
+            run.method,
+            run.examples,
+            run.run_dir,
+            cfg.metrics,
+            run.manifest,
+            on_item=on_item,
+            n_samples=cfg.n_samples,
+            judge=judge,
         )
         if judge is not None:
             judge.write_record(run.run_dir)  # the prompt, model and decoding the verdicts came from

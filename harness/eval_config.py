@@ -88,4 +88,13 @@ class EvalConfig:
     # The LLM judge of the ``judge`` metric (benchmarks.judge.JudgeConfig options: url, model,
     # api_key_env, prompt, temperature, max_tokens, ...); validated when the run is built.
     judge: dict[str, Any] = field(default_factory=dict)
+    # Trajectories per question (``--n-samples K``; RFT samples K and keeps the good ones). Sample
+    # j of every question decodes with seed ``agent.seed + j``, so a rerun (and a resumed run)
+    # reproduces each (question, sample). K > 1 needs sampling: ``agent.temperature > 0``.
+    # ``results.json`` means every metric over all K samples of every question (mean@K); reports
+    # average each question's samples first (the bootstrap resamples questions, not samples).
+    n_samples: int = 1
     out: str = "runs"
+
+    def __post_init__(self) -> None:
+        require_at_least(self, 1, "n_samples")

@@ -3,6 +3,12 @@
 Protocol-following SFT trajectories without a teacher (:mod:`training.synthesize`): the gold
 decomposition's hops searched for real through the configured retriever, rendered in the
 dialect, kept only when retrieval surfaced each hop's gold. Prints how many it kept of how many.
+
+``harness data rft-filter RUN_DIR... --out DIR [--step-scorer NAME --step-scorer-arg k=v ...]``
+
+RFT's filter (:mod:`training.rft`): of the sampled trajectories of ``harness eval --n-samples K``
+runs, keep those with a right outcome and step scores that pass a threshold, as a run directory
+that ``algo.kind: sft`` reads (``{kind: run, path: DIR}``), with a summary of what it kept and why.
 """
 
 from __future__ import annotations
@@ -100,3 +106,58 @@ def mcts_command(
     except (ConfigError, ValueError, FileNotFoundError, KeyError) as e:
         fail(f"{type(e).__name__}: {e}")
     console.print(f"MCTS: {stats.summary()} → {out or cfg.out}")
+
+
+def _scorer_args(pairs: list[str]) -> dict:
+    """``key=value`` pairs → options (values read as YAML scalars: 0.5, true, a path)."""
+    import yaml
+
+    out = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep or not key.strip():
+            fail(f"--step-scorer-arg {p!r}: expected key=value")
+        out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+    return out
+
+
+@app.command("rft-filter")
+def rft_filter_command(
+    run_dirs: list[str] = typer.Argument(
+        ..., help="Run directories of `harness eval --n-samples K` (or folders of them: an eval --out)."
+    ),
+    out: str = typer.Option(..., "--out", help="Directory for the kept run (an sft source {kind: run, path: OUT})."),
+    metric: str = typer.Option("em", "--metric", help="Outcome metric of scores.jsonl."),
+    min_outcome: float = typer.Option(1.0, "--min-outcome", help="Keep when the outcome metric is at least this."),
+    where: str = typer.Option(None, "--where", help="Extra filter on the scores, e.g. 'n_searches >= 1'."),
+    step_scorer: str = typer.Option(
+        "none", "--step-scorer", help="A step scorer (training.rewards.STEP_SCORERS: rule, prm, ...), or none."
+    ),
+    step_scorer_arg: list[str] = typer.Option(
+        None, "--step-scorer-arg", help="key=value option of the step scorer (repeatable), e.g. path=runs/prm/final."
+    ),
+    step_agg: str = typer.Option("min", "--step-agg", help="min | mean | step (ProRAG: train only passing steps)."),
+    step_threshold: float = typer.Option(0.5, "--step-threshold", help="In the scorer's units (PRM sigmoid: 0.5)."),
+    dedupe: bool = typer.Option(True, "--dedupe/--no-dedupe", help="Drop repeated responses to one question."),
+) -> None:
+    """RFT: keep sampled trajectories with a right outcome and good step scores (training.rft)."""
+    from harness.runlog import RunDirError
+    from training.rft import SUMMARY, RFTFilterConfig, rft_filter
+
+    try:
+        cfg = RFTFilterConfig(
+            metric=metric,
+            min_outcome=min_outcome,
+            where=where,
+            step_scorer=None if step_scorer.lower() == "none" else step_scorer,
+            step_scorer_args=_scorer_args(step_scorer_arg or []),
+            step_agg=step_agg,  # type: ignore[arg-type]
+            step_threshold=step_threshold,
+            dedupe=dedupe,
+        )
+        summary = rft_filter(run_dirs, out, cfg)
+    except (ValueError, KeyError, FileNotFoundError, RunDirError) as e:  # RegistryError is a KeyError
+        fail(f"{type(e).__name__}: {e}")
+    console.print(f"rft-filter: {summary.line()} → {out} ({SUMMARY})", highlight=False)
+    if not summary.n_kept:
+        fail("nothing passed the filter: no SFT data (see decisions.jsonl for why)")

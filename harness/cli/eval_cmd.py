@@ -35,6 +35,7 @@ def _flags_dict(**flags: Any) -> dict[str, Any]:
         "topk": "retriever.topk",
         "out": "out",
         "launch": "backend.launch",
+        "n_samples": "n_samples",
     }
     from harness.config import set_path
 
@@ -50,8 +51,12 @@ def _flags_dict(**flags: Any) -> dict[str, Any]:
 
 
 def eval_command(
-    method: str = typer.Option("research", "--method", "-m", help="Method(s), comma-separated."),
-    dataset: str = typer.Option("demo", "--dataset", "-d", help="Dataset(s), comma-separated."),
+    method: str = typer.Option(
+        None, "--method", "-m", help="Method(s), comma-separated (default: the -c config's, else research)."
+    ),
+    dataset: str = typer.Option(
+        None, "--dataset", "-d", help="Dataset(s), comma-separated (default: the -c config's, else demo)."
+    ),
     split: str = typer.Option(None, "--split", help="Dataset split (default: the dataset's eval split)."),
     limit: int = typer.Option(None, "--limit", help="First N questions."),
     sample: int = typer.Option(None, "--sample", help="A deterministic random subset of N questions."),
@@ -70,6 +75,12 @@ def eval_command(
     ),
     topk: int = typer.Option(None, "--topk", help="Documents per search."),
     out: str = typer.Option(None, "--out", help="Parent folder of run directories (default runs/)."),
+    n_samples: int = typer.Option(
+        None,
+        "--n-samples",
+        help="K sampled trajectories per question (needs agent.temperature>0); run dir gets -kK; "
+        "results are the mean over all samples.",
+    ),
     launch: bool = typer.Option(
         False, "--launch", help="Start the engine (sglang: SGLang, openai: vLLM) for --model, and stop it at the end."
     ),
@@ -108,6 +119,7 @@ def eval_command(
         topk=topk,
         out=out,
         launch=launch or None,
+        n_samples=n_samples,
     )
     try:
         data: dict[str, Any] = {}
@@ -124,6 +136,10 @@ def eval_command(
     except (ConfigError, KeyError) as e:  # RegistryError (an unknown profile) is a KeyError
         fail(str(e))
 
+    # A -c config's method and dataset count unless a flag names others (a flag's default would
+    # silently replace them).
+    method = method or str(data.get("method") or "research")
+    dataset = dataset or str((data.get("dataset") or {}).get("name") or "demo")
     methods = [m.strip() for m in method.split(",") if m.strip()]
     datasets = [d.strip() for d in dataset.split(",") if d.strip()]
     configs = []
@@ -194,7 +210,8 @@ def run_configs(configs: list[Any]) -> list[Any]:
                 run = build_eval(cfg, backend=backend)
                 console.print(f"[bold]{cfg.method}[/] on [bold]{cfg.dataset.name}[/] → {run.run_dir}", highlight=False)
                 headline = cfg.metrics[0] if cfg.metrics else "em"
-                with Progress(len(run.examples), run.run_dir, label, headline) as progress:
+                total = len(run.examples) * cfg.n_samples
+                with Progress(total, run.run_dir, label, headline) as progress:
                     results.append(simple_evaluate(cfg, run=run, on_item=progress.add))
             except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
                 fail(f"{label}: {e}")

@@ -21,6 +21,7 @@ from harness.cli import (
     report_cmd,
     score_cmd,
     serve_cmd,
+    stages_cmd,
     train_cmd,
 )
 
@@ -51,7 +52,14 @@ app.command("report", help="Leaderboards with confidence intervals, plots and a 
 data_cmd.app.command(
     "harr-filter", help="HARR: keep the training questions where sampled retrievals change the outcome."
 )(harr_cmd.harr_filter_command)
-app.add_typer(data_cmd.app, name="data", help="Data tools: synthesize SFT trajectories, HARR's question filter.")
+app.add_typer(
+    data_cmd.app, name="data", help="Data tools: synthesize SFT trajectories, RFT's filter, HARR's question filter."
+)
+app.add_typer(
+    stages_cmd.app,
+    name="stages",
+    help="Run a chain of harness stages (SFT → PRM → RFT → RL), resuming where it stopped.",
+)
 app.add_typer(index_cmd.app, name="index", help="Build and inspect retrieval indexes.")
 app.add_typer(serve_cmd.app, name="serve", help="Serve a retriever or a model over HTTP.")
 app.command("datasets", help="List the registered datasets, their splits and where each is read from.")(

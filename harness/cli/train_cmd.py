@@ -1,4 +1,5 @@
 """``harness train -c configs/train/NAME.yaml [--data-dir DIR] [--out DIR] [--resume RUN_DIR] [key=value ...]``
+(or ``harness train --stages CHAIN.yaml [--out WORKDIR]``: a stage chain, see ``harness stages``)
 
 Composes the recipe, starts an engine when ``rollout.backend.launch`` asks for one, and hands
 the rest to ``training.build.build_trainer`` (backend, retriever, agent, examples, validation).
@@ -25,9 +26,18 @@ def train_command(
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Delete what a non-empty run folder holds (a previous run) and start afresh."
     ),
+    stages: str = typer.Option(
+        None, "--stages", help="Run a stage chain (configs/train/prorag/chain.yaml) as `harness stages run` does."
+    ),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. trainer.max_steps=2"),
 ) -> None:
     """Train the search agent with a recipe; see the module docstring."""
+    if stages:
+        from harness.cli import stages_cmd
+
+        if config or resume or overrides:
+            fail("--stages runs a chain file: give it alone (with --out as the chain's workdir)")
+        return stages_cmd.run_command(stages, workdir=out, sets=None, dry_run=False)
     from harness.cli import harr_cmd  # `policy: retriever`: HARR's retriever RL, generator frozen
     from training.retriever_config import is_retriever_policy
 

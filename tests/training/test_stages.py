@@ -1,0 +1,245 @@
+"""Stage chains: placeholders resolve (and wrong ones are named), stages run in order and feed
+each other, a rerun runs nothing finished, a failure stops the chain and is resumed with the
+stage's rerun_args, a changed upstream makes downstream outputs stale, and a real two-stage
+chain (eval K samples → rft-filter) runs through ``harness stages run``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli.main import app
+from training.stages import StageError, load_chain, run_chain, stage_state
+
+runner = CliRunner()
+
+CHAIN = """
+name: toy
+workdir: {workdir}
+vars: {{size: "3", tag: "t-{{workdir}}"}}
+stages:
+  - name: first
+    run: [data, make, --n, "{{vars.size}}", --out, "{{self.output}}"]
+    output: "{{workdir}}/first.txt"
+  - name: second
+    run: [train, --in, "{{stage.first.output}}", --out, "{{self.output}}", "sft.sources=[{{kind: run, path: x}}]"]
+    output: "{{workdir}}/second"
+    rerun_args: [--overwrite]
+  - name: third
+    run: [eval, --in, "{{stage.second.output}}/final", --out, "{{self.output}}"]
+    output: "{{workdir}}/third.txt"
+"""
+
+
+def write_chain(tmp_path: Path, text: str = CHAIN) -> Path:
+    p = tmp_path / "chain.yaml"
+    p.write_text(text.format(workdir=tmp_path / "work"))
+    return p
+
+
+class Executor:
+    """Plays the harness: writes each stage's --out (a file, or a folder with final/), fails on demand."""
+
+    def __init__(self, fail_on: str | None = None, write: bool = True) -> None:
+        self.calls: list[list[str]] = []
+        self.fail_on, self.write = fail_on, write
+
+    def __call__(self, argv: list[str], log: Path) -> int:
+        self.calls.append(argv)
+        if self.fail_on and self.fail_on in argv:
+            return 3
+        out = Path(argv[argv.index("--out") + 1])
+        if self.write:
+            if argv[0] == "train":
+                (out / "final").mkdir(parents=True, exist_ok=True)
+            else:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(" ".join(argv))
+        return 0
+
+
+def test_placeholders_resolve_and_braces_of_yaml_flow_are_left_alone(tmp_path):
+    ch = load_chain(write_chain(tmp_path), variables={"size": "5"})
+    work = str(tmp_path / "work")
+    assert ch.names == ["first", "second", "third"]
+    assert ch.stage("first").run == ("data", "make", "--n", "5", "--out", f"{work}/first.txt")
+    second = ch.stage("second")
+    assert second.run[2] == f"{work}/first.txt" and second.run[-1] == "sft.sources=[{kind: run, path: x}]"
+    assert ch.stage("third").run[2] == f"{work}/second/final"
+    assert ch.vars["tag"] == f"t-{work}"
+    assert load_chain(write_chain(tmp_path), workdir="elsewhere").stage("second").output == "elsewhere/second"
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ('"{{stage.third.output}}"', "unknown placeholder {stage.third.output}"),  # a later stage
+        ('"{{vars.nope}}"', "unknown placeholder {vars.nope}"),
+        ('"{{workdri}}"', "unknown placeholder {workdri}"),
+    ],
+)
+def test_wrong_placeholders_are_named(tmp_path, bad, message):
+    text = CHAIN.replace('"{{vars.size}}"', bad)
+    with pytest.raises(StageError, match=message.replace("{", r"\{").replace("}", r"\}")) as e:
+        load_chain(write_chain(tmp_path, text))
+    assert "stages[0] (first)" in str(e.value)
+
+
+def test_bad_chains_are_refused_with_where(tmp_path):
+    with pytest.raises(StageError, match="must start with a harness command"):
+        load_chain(write_chain(tmp_path, CHAIN.replace("[data, make", "[rm, make")))
+    with pytest.raises(StageError, match="missing output"):
+        load_chain(write_chain(tmp_path, CHAIN.replace('    output: "{{workdir}}/first.txt"\n', "")))
+    with pytest.raises(StageError, match="no var 'sz'"):
+        load_chain(write_chain(tmp_path), variables={"sz": "1"})
+    with pytest.raises(StageError, match="unique"):
+        load_chain(write_chain(tmp_path, CHAIN.replace("name: third", "name: first")))
+
+
+def test_runs_in_order_then_nothing_then_resumes_a_failed_stage(tmp_path):
+    ch = load_chain(write_chain(tmp_path))
+    ex = Executor(fail_on="train")
+    with pytest.raises(StageError, match=r"stage 'second' failed \(exit status 3\).*second\.log"):
+        run_chain(ch, ex)
+    assert [c[0] for c in ex.calls] == ["data", "train"]  # third never started
+    assert [stage_state(ch, s) for s in ch.stages] == ["done", "partial", "todo"]
+
+    ex = Executor()
+    outcomes = run_chain(ch, ex)
+    assert [c[0] for c in ex.calls] == ["train", "eval"]  # first is not run again
+    assert ex.calls[0][-1] == "--overwrite"  # the failed stage reruns with its rerun_args
+    assert [(o.name, o.ran, o.state_before) for o in outcomes] == [
+        ("first", False, "done"),
+        ("second", True, "partial"),
+        ("third", True, "todo"),
+    ]
+    marker = json.loads((tmp_path / "work" / ".stages" / "third.json").read_text())
+    assert marker["state"] == "done" and marker["argv"][:2] == ["harness", "eval"]
+    assert set(marker["upstream"]) == {"first", "second"}
+
+    ex = Executor()
+    assert not any(o.ran for o in run_chain(ch, ex)) and ex.calls == []
+
+
+def test_a_rerun_upstream_makes_downstream_stale(tmp_path):
+    ch = load_chain(write_chain(tmp_path))
+    run_chain(ch, Executor())
+    (tmp_path / "work" / "first.txt").unlink()  # the user wants stage one again
+    (tmp_path / "work" / "second" / "old-artifact").write_text("from the old upstream")
+    assert stage_state(ch, ch.stage("first")) == "todo"
+    ex = Executor()
+    run_chain(ch, ex)
+    assert [c[0] for c in ex.calls] == ["data", "train", "eval"]
+    assert "--overwrite" not in ex.calls[1]  # stale: removed and run afresh, not resumed
+    assert not (tmp_path / "work" / "second" / "old-artifact").exists()
+
+
+def test_a_missing_output_and_a_stale_output_outside_the_workdir_stop_the_chain(tmp_path):
+    ch = load_chain(write_chain(tmp_path))
+    with pytest.raises(StageError, match="does not exist"):
+        run_chain(ch, Executor(write=False))
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not ours")
+    text = CHAIN.replace('"{{workdir}}/first.txt"', f'"{outside}"')
+    (tmp_path / "fresh").mkdir()
+    ch = load_chain(write_chain(tmp_path / "fresh", text))
+    with pytest.raises(StageError, match="outside the workdir"):
+        run_chain(ch, Executor())
+    assert outside.read_text() == "not ours"
+
+
+@pytest.mark.slow
+def test_a_real_chain_eval_k_samples_then_rft_filter(tmp_path):
+    from benchmarks.datasets import load_examples
+
+    examples = load_examples("demo")[:3]
+    script = tmp_path / "script.jsonl"
+    with open(script, "w") as f:
+        for ex in examples:
+            turns = [f"<search>{ex.question}</search>", f"<answer>\\boxed{{{ex.answers[0]}}}</answer>"]
+            f.write(json.dumps({"match": ex.question, "turns": turns}) + "\n")
+    chain = tmp_path / "chain.yaml"
+    chain.write_text(
+        f"""
+name: real
+workdir: {tmp_path / "work"}
+stages:
+  - name: sample
+    run: [eval, --method, research, --dataset, demo, --limit, "3", --backend, scripted, --script, "{script}",
+          --retriever, memory, --n-samples, "2", --out, "{{self.output}}", agent.temperature=0.5,
+          agent.max_total_tokens=100000]
+    output: "{{workdir}}/samples"
+  - name: rft
+    run: [data, rft-filter, "{{stage.sample.output}}/research-demo-test-k2", --out, "{{self.output}}",
+          --step-scorer, rule, --step-agg, mean, --step-threshold, "0.0"]
+    output: "{{workdir}}/rft"
+"""
+    )
+    result = runner.invoke(app, ["train", "--stages", str(chain)])  # the same runner as `harness stages run`
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "work" / "rft" / "rft_summary.json").read_text())
+    assert summary["n_in"] == 6 and summary["questions_in"] == 3
+    assert summary["dropped"].get("duplicate", 0) >= 3  # scripted samples repeat: one kept per question
+    result = runner.invoke(app, ["stages", "status", str(chain)])
+    assert result.exit_code == 0 and result.output.count("done") >= 2, result.output
+
+
+def test_train_stages_takes_a_chain_alone(tmp_path):
+    result = runner.invoke(app, ["train", "--stages", str(write_chain(tmp_path)), "-c", "configs/train/x.yaml"])
+    assert result.exit_code != 0 and "give it alone" in result.output
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_runner_stops_the_running_stage(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "script.jsonl"
+    script.write_text(json.dumps({"match": "", "turns": ["<answer>x</answer>"], "delay": 120}) + "\n")
+    chain = tmp_path / "chain.yaml"
+    chain.write_text(
+        f"""
+workdir: {tmp_path / "work"}
+stages:
+  - name: slow
+    run: [eval, --method, research, --dataset, demo, --limit, "1", --backend, scripted, --script, "{script}",
+          --retriever, memory, --out, "{{self.output}}"]
+    output: "{{workdir}}/slow"
+"""
+    )
+    runner_proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli.main", "stages", "run", str(chain)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    manifest = tmp_path / "work" / "slow" / "research-demo-test" / "manifest.json"
+    deadline = time.monotonic() + 120
+    while not manifest.exists() and time.monotonic() < deadline:  # the stage is mid-item
+        time.sleep(0.5)
+    assert manifest.exists(), "the stage never started"
+    marker = json.loads((tmp_path / "work" / ".stages" / "slow.json").read_text())
+    assert marker["state"] == "running"
+    child = [
+        int(p)
+        for p in subprocess.run(["pgrep", "-P", str(runner_proc.pid)], capture_output=True, text=True).stdout.split()
+    ]
+    assert child, "no stage process under the runner"
+    runner_proc.send_signal(signal.SIGTERM)
+    assert runner_proc.wait(timeout=60) != 0
+    for pid in child:
+        for _ in range(60):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"stage process {pid} outlived the runner")

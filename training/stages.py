@@ -1,0 +1,352 @@
+"""Stage chains: ordered ``harness`` invocations, each feeding the next, resumable.
+
+A chain file (``configs/train/prorag/chain.yaml``)::
+
+    name: prorag
+    workdir: runs/prorag            # --workdir overrides; markers live in WORKDIR/.stages/
+    vars: {model: Qwen/Qwen3-8B}    # --set model=... overrides
+    stages:
+      - name: sft
+        run: [train, -c, configs/train/prorag/sft.yaml, --out, "{self.output}", "model.path={vars.model}"]
+        output: "{workdir}/sft"
+        rerun_args: [--overwrite]   # appended when a half-finished output is run again
+      - name: sample
+        run: [eval, --model, "{stage.sft.output}/final", --out, "{self.output}", --n-samples, "4"]
+        output: "{workdir}/samples"
+
+``run`` is the argument list after ``harness`` (its first word must be one of
+:data:`COMMANDS`); placeholders are ``{workdir}``, ``{vars.NAME}``, ``{self.output}`` and
+``{stage.NAME.output}`` of an EARLIER stage. Anything else in braces that looks like a
+placeholder is an error; braces with other text (``[{kind: run, path: X}]``) are left alone.
+
+State, per stage, from its marker ``WORKDIR/.stages/NAME.json`` (written atomically):
+
+- ``done``: the marker says done, the output exists, and the upstream stages' markers are the
+  ones it was run after: skipped (never re-run);
+- ``partial``: the marker says running (an earlier attempt died or failed) with the same
+  upstream: run again with ``rerun_args`` appended (the command resumes or overwrites);
+- ``stale``: an output with no marker, or one made after other upstream results: deleted when it
+  lies inside the workdir, then run afresh; outside the workdir the chain stops and says so;
+- ``todo``: no output yet.
+
+The runner walks the stages in order, runs every stage that is not done, and stops at the first
+failure with the stage name, exit status, command and log file (``WORKDIR/.stages/NAME.log``).
+Each stage runs as its own ``python -m harness.cli.main`` process, so one stage's memory (a
+model, an engine) is gone before the next starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# harness subcommands a stage may run (long-running servers are not stages).
+COMMANDS = ("train", "eval", "data", "report", "score", "index", "datasets", "prompt", "replicate")
+STATE_DIR = ".stages"
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w-]*(?:\.[\w-]+)*)\}")
+_NAME = re.compile(r"^[A-Za-z0-9_][\w-]*$")
+_STAGE_KEYS = {"name", "run", "output", "rerun_args"}
+_CHAIN_KEYS = {"name", "workdir", "vars", "stages", "papers", "description"}
+
+
+class StageError(RuntimeError):
+    """A chain cannot be read, or a stage failed; the message names the stage and what to do."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: tuple[str, ...]  # resolved arguments after `harness`
+    output: str  # resolved path
+    rerun_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Chain:
+    name: str
+    workdir: str
+    stages: tuple[Stage, ...]
+    vars: dict[str, str] = field(default_factory=dict)
+    source: str = ""
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.workdir) / STATE_DIR
+
+    def stage(self, name: str) -> Stage:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise StageError(f"chain {self.name!r} has no stage {name!r} (stages: {', '.join(self.names)})")
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+
+# ---- reading ---------------------------------------------------------------------------------
+def _substitute(text: str, values: dict[str, str], where: str) -> str:
+    def one(m: re.Match[str]) -> str:
+        key = m.group(1)
+        if key not in values:
+            known = ", ".join("{" + k + "}" for k in values) or "none"
+            raise StageError(f"{where}: unknown placeholder {{{key}}} (known here: {known})")
+        return values[key]
+
+    return _PLACEHOLDER.sub(one, text)
+
+
+def load_chain(path: str | Path, workdir: str | None = None, variables: dict[str, str] | None = None) -> Chain:
+    """Read and resolve a chain file; every problem raises :class:`StageError` naming where."""
+    from harness.config import load_yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise StageError(f"{path}: no such chain file")
+    data = load_yaml(str(path))
+    if not isinstance(data, dict):
+        raise StageError(f"{path}: a chain is a mapping with name, workdir, vars, stages")
+    unknown = set(data) - _CHAIN_KEYS
+    if unknown:
+        raise StageError(
+            f"{path}: unknown key(s) {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(_CHAIN_KEYS))})"
+        )
+    name = str(data.get("name") or path.stem)
+    wd = str(workdir or data.get("workdir") or Path("runs") / name)
+    raw_vars = {str(k): str(v) for k, v in (data.get("vars") or {}).items()}
+    for k, v in (variables or {}).items():
+        if k not in raw_vars:
+            raise StageError(f"--set {k}: the chain has no var {k!r} (vars: {', '.join(raw_vars) or 'none'})")
+        raw_vars[k] = str(v)
+    values = {"workdir": wd}
+    for k, v in raw_vars.items():
+        values[f"vars.{k}"] = _substitute(v, values, f"{path}: vars.{k}")
+    stages: list[Stage] = []
+    raw_stages = data.get("stages")
+    if not isinstance(raw_stages, list) or not raw_stages:
+        raise StageError(f"{path}: 'stages' must be a non-empty list")
+    for i, raw in enumerate(raw_stages):
+        stage = _read_stage(raw, f"{path}: stages[{i}]", values, {s.name for s in stages})
+        values[f"stage.{stage.name}.output"] = stage.output
+        stages.append(stage)
+    return Chain(name, wd, tuple(stages), {k[5:]: v for k, v in values.items() if k.startswith("vars.")}, str(path))
+
+
+def _read_stage(raw: Any, where: str, values: dict[str, str], earlier: set[str]) -> Stage:
+    if not isinstance(raw, dict):
+        raise StageError(f"{where}: a stage is a mapping with name, run, output")
+    unknown = set(raw) - _STAGE_KEYS
+    missing = {"name", "run", "output"} - set(raw)
+    if unknown or missing:
+        raise StageError(
+            f"{where}: {'unknown key(s) ' + ', '.join(sorted(unknown)) if unknown else ''}"
+            f"{'; ' if unknown and missing else ''}{'missing ' + ', '.join(sorted(missing)) if missing else ''}"
+        )
+    name = str(raw["name"])
+    where = f"{where} ({name})"
+    if not _NAME.match(name) or name in earlier:
+        raise StageError(f"{where}: stage names are unique words (letters, digits, _ and -)")
+    run, rerun = raw["run"], raw.get("rerun_args") or []
+    if not isinstance(run, list) or not run or not isinstance(rerun, list):
+        raise StageError(f"{where}: 'run' (and 'rerun_args') must be lists of arguments")
+    if str(run[0]) not in COMMANDS:
+        raise StageError(f"{where}: run must start with a harness command ({', '.join(COMMANDS)}), not {run[0]!r}")
+    output = _substitute(str(raw["output"]), values, f"{where}: output")
+    if not output.strip():
+        raise StageError(f"{where}: empty output")
+    local = {**values, "self.output": output}
+    return Stage(
+        name,
+        tuple(_substitute(str(a), local, f"{where}: run") for a in run),
+        output,
+        tuple(_substitute(str(a), local, f"{where}: rerun_args") for a in rerun),
+    )
+
+
+# ---- state -----------------------------------------------------------------------------------
+def marker_path(chain: Chain, stage: Stage) -> Path:
+    return chain.state_dir / f"{stage.name}.json"
+
+
+def read_marker(chain: Chain, stage: Stage) -> dict[str, Any] | None:
+    import json
+
+    p = marker_path(chain, stage)
+    if not p.exists():
+        return None
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise StageError(f"{p}: unreadable stage marker ({e}); delete it to run stage {stage.name!r} again") from None
+
+
+def _upstream(chain: Chain, stage: Stage) -> dict[str, str | None]:
+    """The run ids of the done markers of the stages before ``stage``."""
+    out: dict[str, str | None] = {}
+    for s in chain.stages:
+        if s.name == stage.name:
+            break
+        m = read_marker(chain, s)
+        out[s.name] = m.get("run_id") if m and m.get("state") == "done" else None
+    return out
+
+
+def stage_state(chain: Chain, stage: Stage) -> str:
+    """``done``, ``partial``, ``stale`` or ``todo`` (see the module docstring)."""
+    m = read_marker(chain, stage)
+    exists = Path(stage.output).exists()
+    same_upstream = m is not None and m.get("upstream") == _upstream(chain, stage)
+    if m and m.get("state") == "done" and exists and same_upstream:
+        return "done"
+    if m and m.get("state") == "running" and same_upstream:
+        return "partial"
+    return "stale" if exists else "todo"
+
+
+def _write_marker(chain: Chain, stage: Stage, state: str, run_id: str, argv: list[str], **extra: Any) -> None:
+    from harness.fsutil import write_json_atomic
+
+    chain.state_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+        "chain": chain.name,
+        "chain_file": chain.source,
+        "stage": stage.name,
+        "state": state,
+        "run_id": run_id,
+        "argv": ["harness", *argv],
+        "output": stage.output,
+        "upstream": _upstream(chain, stage),
+        **extra,
+    }
+    write_json_atomic(marker_path(chain, stage), record)
+
+
+def _clear_stale(chain: Chain, stage: Stage) -> None:
+    out = Path(stage.output).resolve()
+    workdir = Path(chain.workdir).resolve()
+    if workdir not in out.parents:
+        raise StageError(
+            f"stage {stage.name!r}: its output {stage.output} exists but was not made by this chain after its "
+            f"current upstream, and lies outside the workdir {chain.workdir}; delete it (or move it) and rerun"
+        )
+    logger.warning("stage %s: removing the stale output %s (made before its upstream changed)", stage.name, out)
+    if out.is_dir() and not out.is_symlink():
+        shutil.rmtree(out)
+    else:
+        out.unlink()
+
+
+# ---- running ---------------------------------------------------------------------------------
+Executor = Callable[[list[str], Path], int]
+
+
+def subprocess_executor(argv: list[str], log_path: Path) -> int:
+    """Run ``harness ARGV`` in a child Python, streaming its output to stderr and ``log_path``.
+
+    The child is terminated when the runner is interrupted (Ctrl-C, or SIGTERM under
+    ``harness.engines.sigterm_as_exit``), and Linux SIGTERMs it if the runner dies outright."""
+    from harness.engines import _die_with_parent
+
+    cmd = [sys.executable, "-m", "harness.cli.main", *argv]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"$ {' '.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            preexec_fn=_die_with_parent,  # only a prctl before exec
+        )
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sys.stderr.write(line)
+                log.write(line)
+            return proc.wait()
+        except BaseException:  # Ctrl-C / SIGTERM: the child goes with us
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+
+
+@dataclass
+class StageOutcome:
+    name: str
+    state_before: str
+    ran: bool
+    wall_s: float = 0.0
+
+
+def run_chain(chain: Chain, executor: Executor = subprocess_executor, dry_run: bool = False) -> list[StageOutcome]:
+    """Run every stage that is not done, in order; raises :class:`StageError` at the first failure."""
+    outcomes: list[StageOutcome] = []
+    for stage in chain.stages:
+        state = stage_state(chain, stage)
+        if state == "done":
+            _warn_if_changed(chain, stage)
+            logger.info("stage %s: done (output %s), skipped", stage.name, stage.output)
+            outcomes.append(StageOutcome(stage.name, state, ran=False))
+            continue
+        argv = list(stage.run) + (list(stage.rerun_args) if state == "partial" else [])
+        if dry_run:
+            outcomes.append(StageOutcome(stage.name, state, ran=False))
+            continue
+        if state == "stale":
+            _clear_stale(chain, stage)
+        run_id = uuid.uuid4().hex[:12]
+        logger.info("stage %s (%s): harness %s", stage.name, state, " ".join(argv))
+        _write_marker(chain, stage, "running", run_id, argv, started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        log = chain.state_dir / f"{stage.name}.log"
+        t0 = time.perf_counter()
+        rc = executor(argv, log)
+        wall = time.perf_counter() - t0
+        if rc != 0:
+            raise StageError(
+                f"stage {stage.name!r} failed (exit status {rc}) after {wall:.0f} s: harness {' '.join(argv)}; "
+                f"log: {log}. Fix it and rerun the chain: finished stages are not run again"
+            )
+        if not Path(stage.output).exists():
+            raise StageError(
+                f"stage {stage.name!r} exited 0 but its declared output {stage.output} does not exist: "
+                f"the stage's command and its 'output' disagree (log: {log})"
+            )
+        _write_marker(
+            chain,
+            stage,
+            "done",
+            run_id,
+            argv,
+            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            wall_s=round(wall, 1),
+        )
+        outcomes.append(StageOutcome(stage.name, state, ran=True, wall_s=wall))
+    return outcomes
+
+
+def _warn_if_changed(chain: Chain, stage: Stage) -> None:
+    m = read_marker(chain, stage) or {}
+    done_with = [a for a in m.get("argv", [])[1:]]
+    if done_with[: len(stage.run)] != list(stage.run):
+        logger.warning(
+            "stage %s is done, but with other arguments than the chain now gives (%s); delete %s to run it again",
+            stage.name,
+            " ".join(done_with),
+            stage.output,
+        )
