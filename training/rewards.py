@@ -32,6 +32,7 @@ Definitions (and where they come from):
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -348,14 +349,31 @@ STEP_SCORERS.register("rule", RuleStepScorer)
 STEP_SCORERS.register("prm", "training.prm:PRMStepScorer")
 
 
-def build_step_scorer(algo: Any) -> StepScorer:
-    """The step scorer ``algo.step_scorer`` names; ``prm`` takes ``algo.step_scorer_path`` (a PRM
-    folder) or ``algo.step_scorer_url`` (``harness serve prm``) and ``algo.step_scorer_format``."""
+def build_step_scorer(name: str, options: dict[str, Any] | None = None) -> StepScorer:
+    """The :data:`STEP_SCORERS` scorer ``name`` built with ``options`` (``prm``: ``path`` or ``url``,
+    ``format_term``); an option the scorer does not take is an error that names the ones it does."""
+    cls = STEP_SCORERS.get(name)
+    options = dict(options or {})
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # a builtin or C type: nothing to check against
+        params = {}
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    unknown = [k for k in options if k not in params and not takes_any]
+    if unknown:
+        accepted = ", ".join(p for p in params if params[p].kind is not inspect.Parameter.VAR_POSITIONAL) or "none"
+        raise ValueError(f"step scorer {name!r} takes no option {', '.join(unknown)} (it takes: {accepted})")
+    return cls(**options)
+
+
+def algo_step_scorer(algo: Any) -> StepScorer:
+    """The step scorer of a training recipe: ``algo.step_scorer``, and for ``prm`` its
+    ``algo.step_scorer_path`` (a PRM folder) or ``algo.step_scorer_url`` (``harness serve prm``)
+    and ``algo.step_scorer_format``."""
     name = algo.step_scorer
     if name == "prm":
-        return STEP_SCORERS.get("prm")(
-            path=algo.step_scorer_path, url=algo.step_scorer_url, format_term=algo.step_scorer_format
-        )
+        options = {"path": algo.step_scorer_path, "url": algo.step_scorer_url, "format_term": algo.step_scorer_format}
+        return build_step_scorer(name, options)
     if algo.step_scorer_path or algo.step_scorer_url:
         raise ValueError(f"algo.step_scorer_path/url are for step_scorer=prm, not {name!r}")
-    return STEP_SCORERS.get(name)()
+    return build_step_scorer(name)

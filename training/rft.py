@@ -34,7 +34,6 @@ Kept trajectories are renumbered ``sample_index`` 0, 1, ... per question across 
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 from collections import Counter
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness.types import Segment, Trajectory
+from training.rewards import build_step_scorer
 
 logger = logging.getLogger(__name__)
 
@@ -103,25 +103,6 @@ class RFTSummary:
             f"kept {self.n_kept} of {self.n_in} trajectories ({self.questions_kept} of {self.questions_in} "
             f"questions); dropped: {why}"
         )
-
-
-def build_step_scorer(name: str, args: dict[str, Any] | None = None) -> Any:
-    """A :data:`training.rewards.STEP_SCORERS` scorer built with ``args``; a wrong option names
-    the ones the scorer takes."""
-    from training.rewards import STEP_SCORERS
-
-    cls = STEP_SCORERS.get(name)
-    args = dict(args or {})
-    try:
-        params = inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        params = {}
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    unknown = [k for k in args if k not in params and not takes_any]
-    if params and unknown:
-        accepted = ", ".join(p for p in params if params[p].kind is not inspect.Parameter.VAR_POSITIONAL) or "none"
-        raise ValueError(f"step scorer {name!r} takes no option {', '.join(unknown)} (it takes: {accepted})")
-    return cls(**args)
 
 
 def model_spans(traj: Trajectory) -> list[tuple[int, int, int]]:

@@ -46,7 +46,7 @@ from training.engine import (
 )
 from training.logging_utils import MetricsLog, ProgressBar, memory_metrics, release_freed_memory, rollout_metrics
 from training.lora import adapters_disabled, apply_lora, base_model, lora_critic, merged_state_dict, save_adapter
-from training.rewards import build_reward, build_step_scorer
+from training.rewards import algo_step_scorer, build_reward
 from training.rollout import PromptSampler, collect
 from training.weight_sync import rank_safe_sync, sync_weights
 
@@ -108,7 +108,7 @@ class Trainer:
         self.critic = None
         self.advantage_fn = ADVANTAGES.get(a.advantage)
         adv_info = ADVANTAGES.info(a.advantage)
-        self.step_scorer = build_step_scorer(a) if adv_info.get("needs_step_scores") else None
+        self.step_scorer = algo_step_scorer(a) if adv_info.get("needs_step_scores") else None
         self.loss_fn = losses.RLLoss.from_config(a)
         if adv_info.get("needs_critic"):  # PPO: a critic on the same LM architecture
             critic = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))

@@ -6,13 +6,15 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 console = Console(stderr=True)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print a clear error for a person and exit non-zero."""
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)  # no hard line breaks
+    # escape: a message quoting a list or an override (prm.data=[DIR]) is text, not rich markup.
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)  # no hard line breaks
     raise typer.Exit(code)
 
 

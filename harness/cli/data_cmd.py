@@ -71,7 +71,7 @@ def synthesize_command(
 
 @app.command("mcts")
 def mcts_command(
-    config: list[str] = typer.Option(None, "-c", "--config", help="MCTS config YAML (configs/train/mcts/*.yaml)."),
+    config: list[str] = typer.Option(None, "-c", "--config", help="MCTS config YAML (configs/train/prorag/mcts.yaml)."),
     out: str = typer.Option(None, "--out", help="Output folder (default: the config's out)."),
     data_dir: str = typer.Option(None, "--data-dir", help="FlashRAG-layout data dir."),
     model: str = typer.Option(None, "--model", help="The policy to search with (backend.model)."),

@@ -32,13 +32,14 @@ def _load(chain: str, workdir: str | None, sets: list[str] | None):
 
 
 def _table(ch, states: dict[str, str]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"chain {ch.name} (workdir {ch.workdir})")
+    table = Table(title=escape(f"chain {ch.name} (workdir {ch.workdir})"))
     for col in ("stage", "state", "output", "command"):
         table.add_column(col, overflow="fold")
     for s in ch.stages:
-        table.add_row(s.name, states[s.name], s.output, "harness " + " ".join(s.run))
+        table.add_row(s.name, states[s.name], escape(s.output), escape("harness " + " ".join(s.run)))
     console.print(table)
 
 

@@ -130,7 +130,7 @@ def test_config_rejects_bad_values():
 
 
 def test_cli_writes_and_resumes(tmp_path):
-    """`harness data mcts -c configs/train/mcts/prorag_cpu.yaml` with a scripted backend on demo data."""
+    """`harness data mcts -c configs/train/prorag/mcts_cpu.yaml` with a scripted backend on demo data."""
     from pathlib import Path
 
     from typer.testing import CliRunner
@@ -140,7 +140,7 @@ def test_cli_writes_and_resumes(tmp_path):
     script = tmp_path / "script.jsonl"
     turns = ["Look.</step>\n<subquery>capital of France</subquery>", "Done.</step>\n<answer>Paris</answer>"]
     script.write_text(json.dumps({"match": "", "turns": turns}) + "\n")
-    cfg = Path(__file__).resolve().parents[2] / "configs" / "train" / "mcts" / "prorag_cpu.yaml"
+    cfg = Path(__file__).resolve().parents[2] / "configs" / "train" / "prorag" / "mcts_cpu.yaml"
     out = tmp_path / "out"
     args = ["data", "mcts", "-c", str(cfg), "--out", str(out), "--limit", "2"]
     args += ["backend.kind=scripted", f"backend.script={script}", "mcts.num_simulations=3", "retriever.kind=memory"]

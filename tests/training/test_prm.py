@@ -30,7 +30,7 @@ from training.prm import (
     split_held_out,
     step_sequences,
 )
-from training.rewards import RuleStepScorer, build_step_scorer
+from training.rewards import RuleStepScorer, algo_step_scorer
 
 TINY_PRM = """
 name: prm
@@ -144,7 +144,7 @@ def test_dual_granularity_step_advantages_come_from_the_prm(trained, tmp_path):
     algo = compose(
         TrainConfig, [], ["algo.advantage=dual_granularity", "algo.step_scorer=prm", f"algo.step_scorer_path={final}"]
     ).algo
-    scorer = build_step_scorer(algo)
+    scorer = algo_step_scorer(algo)
     assert isinstance(scorer, PRMStepScorer)
     batch = collate(trajs, rewards=[1.0, 0.0, 0.5], group_ids=[0, 0, 0])
     T = batch.mask.shape[1]
@@ -228,7 +228,7 @@ def test_step_format_term_and_scorer_arguments():
         PRMStepScorer()
     algo = compose(TrainConfig, [], ["algo.step_scorer=rule", "algo.step_scorer_path=/x"]).algo
     with pytest.raises(ValueError, match="step_scorer=prm"):
-        build_step_scorer(algo)
+        algo_step_scorer(algo)
 
 
 @pytest.mark.slow  # two tiny PRM trainers (~10-20 s on a loaded machine)
