@@ -18,8 +18,9 @@ generations (FlashRAG's ``max_retrieval_num`` is the agent's turns, its final tu
     ... --backend sglang --url http://127.0.0.1:30000   # a server that is already running
     ... --backend openai --url http://127.0.0.1:8000    # vLLM's OpenAI server
 
-Runs alternate FlashRAG, harness, FlashRAG, harness (per pair) and medians are reported. Beside
-questions/s each run prints generated tokens/s, turns and searches per question; then how many
+Runs alternate FlashRAG, harness, then harness, FlashRAG (per pair; ABBA cancels a load
+trend) and medians are reported. Beside questions/s each run prints generated tokens/s, turns
+and searches per question; then how many
 predictions agree and, for each disagreement, where the two runs first part: the first turn
 (the prompts differ), a later turn (observation format or turn handling differ) or only the
 prediction (answer extraction differs). The known protocol differences of FlashRAG's ports are
@@ -326,8 +327,9 @@ def main() -> None:
         run_harness(pairs[0], backend, retriever, examples[:1], args)  # warm-up (weights, kernels)
         for pair in pairs:
             runs: dict[str, list[RunResult]] = {"flashrag": [], "harness": []}
-            for r in range(args.repeats):  # A B A B
-                for side, fn in (("flashrag", run_flashrag), ("harness", run_harness)):
+            sides = (("flashrag", run_flashrag), ("harness", run_harness))
+            for r in range(args.repeats):  # A B, then B A: a load trend on the machine hits both sides alike
+                for side, fn in sides if r % 2 == 0 else sides[::-1]:
                     res = fn(pair, backend, retriever, examples, args)
                     runs[side].append(res)
                     print(
