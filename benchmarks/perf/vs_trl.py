@@ -6,8 +6,8 @@ weight decay, grad-norm clip 1.0), the same group size, prompts per step, temper
 tokens, one optimizer step per step (every row in one micro-batch), no KL, clip 0.2, token-mean
 loss (TRL's ``dapo``), group mean/std advantages, and EM of the last ``<answer>`` as the reward.
 The task is one generation per prompt (the agent with ``max_turns=0``: no search), as TRL's
-trainer does without tools; both get the same prompt string (the ``search_r1_small`` dialect with
-its one-shot demonstration, no chat template), for questions of ``--dataset``/``--split``.
+trainer does without tools; both get the same prompt string (the ``search_r1_small`` dialect, no
+chat template; ``--few-shot`` adds its one-shot demonstration), for ``--dataset``/``--split``.
 
     PYTHONPATH=. .venv/bin/python benchmarks/perf/vs_trl.py --steps 2 --data-dir ../shared/data
 
@@ -97,7 +97,7 @@ def harness_trainer(args: argparse.Namespace, out: Path) -> tuple[Any, BusyClock
         f"rollout.prompts_per_step={args.prompts}",
         "rollout.temperature=1.0",
         f"rollout.backend.max_batch_size={rows}",
-        "rollout.agent={variant: small, chat: false, few_shot: true, max_turns: 0, "
+        f"rollout.agent={{variant: small, chat: false, few_shot: {str(args.few_shot).lower()}, max_turns: 0, "
         f"max_new_tokens: {args.max_new_tokens}, max_total_tokens: {args.max_new_tokens}}}",
         "retriever.kind=bm25",
         "algo.advantage=grpo",
@@ -300,7 +300,8 @@ def trl_prompts(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
     examples = load_examples(args.dataset, args.split, data_dir=args.data_dir)
     tok = load_tokenizer(args.model)
     d = resolve_dialect("search_r1", "small")
-    return [d.render(e.question, tok, chat=False, few_shot=True) for e in examples], [list(e.answers) for e in examples]
+    prompts = [d.render(e.question, tok, chat=False, few_shot=args.few_shot) for e in examples]
+    return prompts, [list(e.answers) for e in examples]
 
 
 def summarise(name: str, rows: list[dict[str, float]]) -> dict[str, float]:
@@ -327,6 +328,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=2, help="prompts per step")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--few-shot", action="store_true", help="the dialect's one-shot demonstration in the prompt")
     p.add_argument("--threads", type=int, default=1, help="torch threads, both sides")
     p.add_argument("--steps", type=int, default=2, help="timed steps per side")
     p.add_argument("--warmup", type=int, default=1, help="untimed first steps per side")
@@ -342,7 +344,8 @@ def main() -> None:
     print(NOT_LIKE_FOR_LIKE, flush=True)
     print(
         f"pinned: {_versions()} model={args.model} group_size={args.group_size} prompts/step={args.prompts} "
-        f"max_new_tokens={args.max_new_tokens} lr={args.lr} dtype=float32 AdamW threads={args.threads} "
+        f"max_new_tokens={args.max_new_tokens} few_shot={args.few_shot} lr={args.lr} dtype=float32 AdamW "
+        f"threads={args.threads} "
         f"steps={args.steps} (+{args.warmup} warm-up)",
         flush=True,
     )
