@@ -195,6 +195,8 @@ class RetrievalApp:
 
     ``max_batch``/``max_wait_s`` tune the micro-batcher (see :class:`MicroBatcher`);
     ``embed_cache`` bounds the query-embedding cache of a dense retriever (0: none).
+    ``pad_slack`` (off by default: no gain measured on CPU, see the README's performance notes)
+    splits a batch into runs of similar-length queries for a padding encoder.
     """
 
     def __init__(
@@ -206,13 +208,16 @@ class RetrievalApp:
         max_wait_s: float = 0.0,
         embed_cache: int = 50_000,
         max_body_bytes: int = MAX_BODY_BYTES,
+        pad_slack: float | None = None,
     ) -> None:
         if not 1 <= default_k <= max_k:
             raise ValueError(f"default_k must be between 1 and max_k={max_k}, got {default_k}")
         self.retriever, self.default_k, self.max_k, self.max_body_bytes = retriever, default_k, max_k, max_body_bytes
         self.embed_cache = _install_embed_cache(retriever, embed_cache)
         self.metrics = Metrics()
-        self.batcher = MicroBatcher(retriever, max_batch=max_batch, max_wait_s=max_wait_s, metrics=self.metrics)
+        self.batcher = MicroBatcher(
+            retriever, max_batch=max_batch, max_wait_s=max_wait_s, metrics=self.metrics, pad_slack=pad_slack
+        )
         self._handlers = {
             "/retrieve": self._retrieve,
             "/search": self._search,
