@@ -141,6 +141,7 @@ def main() -> int:
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--embed-cache", type=int, default=0, help="harness's query-embedding cache (0: off, fair)")
     p.add_argument("--skip-batched", action="store_true")
+    p.add_argument("--agreement-limit", type=int, default=0, help="check top-k on the first N questions (0: all)")
     p.add_argument("--threads", type=int, default=0, help="OMP/MKL threads for both servers (0: torch's default)")
     args = p.parse_args()
     peer = Path(args.peer).resolve()
@@ -184,7 +185,7 @@ def main() -> int:
             server(theirs, pp, tmp / "peer.log", env=env) as (p_url, p_proc),
         ):
             pids = {"harness": h_proc.pid, "peer": p_proc.pid}
-            same, n = agreement(h_url, p_url, qs, args.k)
+            same, n = agreement(h_url, p_url, qs[: args.agreement_limit or None], args.k)
             print(f"top-{args.k} agreement: {same}/{n} questions return the same ids in the same order")
             urls = {"harness": h_url, "peer": p_url}
             print(f"{args.clients} clients, 1 query per request, {args.seconds:.0f} s per run:")

@@ -202,3 +202,25 @@ def test_pad_slack_splits_by_length_and_keeps_order():
     assert len(rec.calls) == 1  # off: one call for the whole batch
     with pytest.raises(ValueError, match="pad_slack"):
         MicroBatcher(rec, pad_slack=0.5)
+
+
+def test_server_sets_encoder_threads_for_a_cpu_dense_retriever(monkeypatch):
+    import torch
+
+    from harness.retrieval.server import _encoder_threads
+
+    class Dense:
+        encoder, on_gpu = object(), False
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        _encoder_threads(object())  # no encoder (BM25): left alone
+        assert torch.get_num_threads() == 2
+        _encoder_threads(Dense())  # default: one thread
+        assert torch.get_num_threads() == 1
+        monkeypatch.setenv("HARNESS_TORCH_THREADS", "2")
+        _encoder_threads(Dense())
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
