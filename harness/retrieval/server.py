@@ -363,8 +363,8 @@ def _encoder_threads(retriever: Any) -> None:
     Measured on the shared 2-core VM (README, performance): with two OpenMP threads an encoder
     call waits at every barrier for a sibling the scheduler has descheduled; batches of 32
     queries cost 349 ms/query against 108 ms with one thread, single queries 3.2 s against 0.3 s,
-    and the server used 0.1-0.2 cores while requests waited 9 s. The micro-batcher already gives
-    the encoder large batches, so intra-op threads add little even on a quiet machine."""
+    and the server used 0.1-0.2 cores while requests waited 9 s. On a quiet many-core machine
+    more threads may pay (not measured): set ``HARNESS_TORCH_THREADS``."""
     target = getattr(retriever, "inner", retriever)
     if getattr(target, "encoder", None) is None or getattr(target, "on_gpu", False):
         return
