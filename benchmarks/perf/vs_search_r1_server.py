@@ -28,13 +28,24 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.metadata as md
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.perf.loadgen import CORPUS, free_port, median, post_retrieve, questions, run_wrk, server, write_lua
+from benchmarks.perf.loadgen import (
+    CORPUS,
+    cpu_seconds,
+    free_port,
+    median,
+    post_retrieve,
+    questions,
+    run_wrk,
+    server,
+    write_lua,
+)
 
 SHIM = """\
 import runpy, sys
@@ -81,28 +92,41 @@ def agreement(a_url: str, b_url: str, qs: list[str], k: int) -> tuple[int, int]:
     return same, len(qs)
 
 
-def load_rounds(urls: dict[str, str], args: argparse.Namespace, qs: list[str], tmp: Path, per: int) -> dict:
+def load_rounds(
+    urls: dict[str, str], pids: dict[str, int], args: argparse.Namespace, qs: list[str], tmp: Path, per: int
+) -> dict:
     lua = write_lua(tmp / f"body{per}.lua", qs, per, args.k)
     runs: dict[str, list[dict]] = {name: [] for name in urls}
+    names = list(urls)
     for r in range(args.rounds):
-        for name, url in urls.items():  # A B A B
-            w = run_wrk(url + "/retrieve", lua, args.clients, args.seconds)
+        for name in names if r % 2 == 0 else names[::-1]:  # A B, then B A: a load trend hits both alike
+            c0 = cpu_seconds(pids[name])
+            w = run_wrk(urls[name] + "/retrieve", lua, args.clients, args.seconds)
+            cpu = cpu_seconds(pids[name]) - c0
             w["qps"] = w["rps"] * per
+            # Server CPU per query (all its threads): what the machine's other load does not change.
+            w["cpu_ms_per_q"] = 1e3 * cpu / max(1.0, w["qps"] * max(int(args.seconds), 1))
+            w["cpu_share"] = cpu / max(int(args.seconds), 1)  # cores the server got, on average
             runs[name].append(w)
             print(
                 f"  round {r + 1} {name:8s} {w['qps']:8.1f} q/s  p50 {w['p50_ms']:7.1f} ms  p95 {w['p95_ms']:7.1f} ms  "
-                f"non2xx {w['non2xx']:.0f} sockerr {w['sockerr']:.0f}",
+                f"server CPU {w['cpu_ms_per_q']:6.1f} ms/query ({w['cpu_share']:.2f} cores)  "
+                f"non2xx {w['non2xx']:.0f} sockerr {w['sockerr']:.0f}  load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
-    return {name: {m: median([w[m] for w in ws]) for m in ("qps", "p50_ms", "p95_ms")} for name, ws in runs.items()}
+    keys = ("qps", "p50_ms", "p95_ms", "cpu_ms_per_q", "cpu_share")
+    return {name: {m: median([w[m] for w in ws]) for m in keys} for name, ws in runs.items()}
 
 
 def report(title: str, med: dict) -> None:
     h, p = med["harness"], med["peer"]
     print(
-        f"{title}: harness {h['qps']:.1f} q/s (p50 {h['p50_ms']:.0f} ms, p95 {h['p95_ms']:.0f} ms) | "
-        f"Search-R1 {p['qps']:.1f} q/s (p50 {p['p50_ms']:.0f} ms, p95 {p['p95_ms']:.0f} ms) | "
-        f"QPS ratio {h['qps'] / p['qps']:.2f}x, p95 ratio {p['p95_ms'] / h['p95_ms']:.2f}x lower"
+        f"{title}: harness {h['qps']:.1f} q/s (p50 {h['p50_ms']:.0f} ms, p95 {h['p95_ms']:.0f} ms, "
+        f"{h['cpu_ms_per_q']:.1f} CPU ms/query, {h['cpu_share']:.2f} cores) | "
+        f"Search-R1 {p['qps']:.1f} q/s (p50 {p['p50_ms']:.0f} ms, p95 {p['p95_ms']:.0f} ms, "
+        f"{p['cpu_ms_per_q']:.1f} CPU ms/query, {p['cpu_share']:.2f} cores) | "
+        f"QPS ratio {h['qps'] / p['qps']:.2f}x, p95 ratio {p['p95_ms'] / h['p95_ms']:.2f}x lower, "
+        f"CPU per query ratio {p['cpu_ms_per_q'] / h['cpu_ms_per_q']:.2f}x less"
     )
 
 
@@ -117,6 +141,8 @@ def main() -> int:
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--embed-cache", type=int, default=0, help="harness's query-embedding cache (0: off, fair)")
     p.add_argument("--skip-batched", action="store_true")
+    p.add_argument("--agreement-limit", type=int, default=0, help="check top-k on the first N questions (0: all)")
+    p.add_argument("--threads", type=int, default=0, help="OMP/MKL threads for both servers (0: torch's default)")
     args = p.parse_args()
     peer = Path(args.peer).resolve()
     if not peer.is_file():
@@ -151,18 +177,22 @@ def main() -> int:
         theirs += ["--retriever_name", "minilm", "--retriever_model", default_encoder_path()]
         print(f"# harness: {' '.join(ours[1:])}\n# peer:    {' '.join(theirs[1:])}")
         env = {"HF_DATASETS_CACHE": str(tmp / "hf-datasets"), "TOKENIZERS_PARALLELISM": "false"}
+        if args.threads:  # torch's intra-op threads (OpenMP), the same for both servers
+            env |= {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+        print(f"# load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         with (
-            server(ours, hp, tmp / "harness.log", env=env) as (h_url, _),
-            server(theirs, pp, tmp / "peer.log", env=env) as (p_url, _),
+            server(ours, hp, tmp / "harness.log", env=env) as (h_url, h_proc),
+            server(theirs, pp, tmp / "peer.log", env=env) as (p_url, p_proc),
         ):
-            same, n = agreement(h_url, p_url, qs, args.k)
+            pids = {"harness": h_proc.pid, "peer": p_proc.pid}
+            same, n = agreement(h_url, p_url, qs[: args.agreement_limit or None], args.k)
             print(f"top-{args.k} agreement: {same}/{n} questions return the same ids in the same order")
             urls = {"harness": h_url, "peer": p_url}
             print(f"{args.clients} clients, 1 query per request, {args.seconds:.0f} s per run:")
-            report("single-query", load_rounds(urls, args, qs, tmp, 1))
+            report("single-query", load_rounds(urls, pids, args, qs, tmp, 1))
             if not args.skip_batched:
                 print(f"{args.clients} clients, {args.batch_size} queries per request:")
-                report(f"batched ({args.batch_size}/request)", load_rounds(urls, args, qs, tmp, args.batch_size))
+                report(f"batched ({args.batch_size}/request)", load_rounds(urls, pids, args, qs, tmp, args.batch_size))
     return 0
 
 

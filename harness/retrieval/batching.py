@@ -6,7 +6,9 @@ that a batch pays once. :class:`MicroBatcher` queues the requests that arrive wh
 running and answers them all with the next search call, one call per distinct ``k``. There is no
 timer on the common path: the batch is whatever queued up during the previous search, so a lone
 request waits for nothing. ``max_wait_s`` (0 by default) can hold the first request of a batch a
-little longer to collect more; ``max_batch`` bounds the queries in one call.
+little longer to collect more; ``max_batch`` bounds the queries in one call. ``pad_slack`` (dense
+retrievers) splits a batch into runs of similar-length queries, so an encoder that pads each call
+to its longest row does not spend its time on padding.
 
 A slow search (a dense encoder forward) runs on one worker thread, so the event loop keeps reading
 requests (and answering ``/health`` and ``/metrics``) while it runs. A search predicted to take
@@ -103,12 +105,16 @@ class MicroBatcher:
         max_wait_s: float = 0.0,
         metrics: Metrics | None = None,
         inline_below_s: float = 0.005,
+        pad_slack: float | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         if max_wait_s < 0:
             raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
+        if pad_slack is not None and pad_slack < 1:
+            raise ValueError(f"pad_slack must be at least 1 (or None), got {pad_slack}")
         self.retriever, self.max_batch, self.max_wait_s = retriever, max_batch, max_wait_s
+        self.pad_slack = pad_slack
         self.metrics = metrics or Metrics()
         self._queue: deque[_Pending] = deque()
         self._queued_queries = 0
@@ -189,12 +195,39 @@ class MicroBatcher:
 
     def _search(self, queries: list[str], k: int) -> list[list[Doc]]:
         t0 = time.perf_counter()
-        results = self.retriever.search(queries, k)
+        if self.pad_slack is not None and len(queries) > 1:
+            results = self._search_by_length(queries, k)
+        else:
+            results = self.retriever.search(queries, k)
         cost = (time.perf_counter() - t0) / max(len(queries), 1)
         self._cost_per_query = cost if self._cost_per_query is None else 0.8 * self._cost_per_query + 0.2 * cost
         if len(results) != len(queries):
             raise RuntimeError(f"retriever returned {len(results)} result lists for {len(queries)} queries")
         return results
+
+    def _search_by_length(self, queries: list[str], k: int) -> list[list[Doc]]:
+        """One search call per run of similar-length queries, results back in input order.
+
+        A dense encoder pads every row of a call to its longest: on CPU, where compute grows with
+        the padded tokens, one call over short and long queries together costs more than
+        single-query calls would. Queries sorted by length are cut so that a call's padded size
+        (longest × rows, in whitespace words + 1 as a token proxy) stays within ``pad_slack`` ×
+        its real size."""
+        size = [len(q.split()) + 1 for q in queries]
+        order = sorted(range(len(queries)), key=size.__getitem__)
+        chunks: list[list[int]] = [[]]
+        real = 0
+        for i in order:  # ascending: the query being added is the chunk's longest
+            if chunks[-1] and size[i] * (len(chunks[-1]) + 1) > self.pad_slack * (real + size[i]):
+                chunks.append([])
+                real = 0
+            chunks[-1].append(i)
+            real += size[i]
+        out: list[list[Doc] | None] = [None] * len(queries)
+        for chunk in chunks:
+            for i, docs in zip(chunk, self.retriever.search([queries[i] for i in chunk], k), strict=True):
+                out[i] = docs
+        return out  # type: ignore[return-value]
 
     def close(self) -> None:
         if self._task is not None:

@@ -27,6 +27,7 @@ answers are written with orjson, and concurrent requests are answered together b
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -208,6 +209,8 @@ class RetrievalApp:
 
     ``max_batch``/``max_wait_s`` tune the micro-batcher (see :class:`MicroBatcher`);
     ``embed_cache`` bounds the query-embedding cache of a dense retriever (0: none).
+    ``pad_slack`` (off by default: no gain measured on CPU, see the README's performance notes)
+    splits a batch into runs of similar-length queries for a padding encoder.
     """
 
     def __init__(
@@ -219,13 +222,16 @@ class RetrievalApp:
         max_wait_s: float = 0.0,
         embed_cache: int = 50_000,
         max_body_bytes: int = MAX_BODY_BYTES,
+        pad_slack: float | None = None,
     ) -> None:
         if not 1 <= default_k <= max_k:
             raise ValueError(f"default_k must be between 1 and max_k={max_k}, got {default_k}")
         self.retriever, self.default_k, self.max_k, self.max_body_bytes = retriever, default_k, max_k, max_body_bytes
         self.embed_cache = _install_embed_cache(retriever, embed_cache)
         self.metrics = Metrics()
-        self.batcher = MicroBatcher(retriever, max_batch=max_batch, max_wait_s=max_wait_s, metrics=self.metrics)
+        self.batcher = MicroBatcher(
+            retriever, max_batch=max_batch, max_wait_s=max_wait_s, metrics=self.metrics, pad_slack=pad_slack
+        )
         self._handlers = {
             "/retrieve": self._retrieve,
             "/search": self._search,
@@ -414,6 +420,25 @@ def _install_embed_cache(retriever: Any, max_entries: int) -> CachingEncoder | N
     return target.encoder
 
 
+def _encoder_threads(retriever: Any) -> None:
+    """One torch intra-op thread for a dense retriever's CPU query encoder in the server process,
+    unless ``HARNESS_TORCH_THREADS=N`` says otherwise.
+
+    Measured on the shared 2-core VM (README, performance): with two OpenMP threads an encoder
+    call waits at every barrier for a sibling the scheduler has descheduled; batches of 32
+    queries cost 349 ms/query against 108 ms with one thread, single queries 3.2 s against 0.3 s,
+    and the server used 0.1-0.2 cores while requests waited 9 s. On a quiet many-core machine
+    more threads may pay (not measured): set ``HARNESS_TORCH_THREADS``."""
+    target = getattr(retriever, "inner", retriever)
+    if getattr(target, "encoder", None) is None or getattr(target, "on_gpu", False):
+        return
+    import torch
+
+    n = int(os.environ.get("HARNESS_TORCH_THREADS", "1") or 1)
+    torch.set_num_threads(n)
+    logger.info("query encoder: %d torch thread(s) (HARNESS_TORCH_THREADS)", n)
+
+
 def create_app(retriever: Retriever, default_k: int = 3, max_k: int = 100, **options: Any) -> RetrievalApp:
     """The ASGI app over ``retriever``; ``options`` go to :class:`RetrievalApp` (batching, cache)."""
     return RetrievalApp(retriever, default_k=default_k, max_k=max_k, **options)
@@ -436,5 +461,6 @@ def serve(
     import uvicorn
 
     app = create_app(retriever, default_k=default_k, max_k=max_k, **options)  # checks settings before warming up
+    _encoder_threads(retriever)
     retriever.search(["warm up"], 1)  # first use compiles (numba) or loads weights: not on a request
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log)

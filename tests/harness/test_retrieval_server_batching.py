@@ -173,3 +173,54 @@ def test_server_installs_the_cache_on_a_dense_retriever():
         m = httpx.get(s.url + "/metrics").json()
     assert m["embed_cache"] == {"entries": 1, "max_entries": 10, "hits": 2, "misses": 1}
     assert create_app(SlowRecorder(), embed_cache=10).embed_cache is None  # nothing to cache for BM25
+
+
+def test_pad_slack_splits_by_length_and_keeps_order():
+    rec = SlowRecorder(delay=0.0)
+    short = [f"q{i}" for i in range(6)]  # 1 word each
+    long = [" ".join(f"w{j}" for j in range(20)) + f" {i}" for i in range(3)]  # 21 words each
+    queries = [short[0], long[0], short[1], short[2], long[1], short[3], short[4], long[2], short[5]]
+
+    async def go(slack):
+        b = MicroBatcher(rec, pad_slack=slack)
+        try:
+            return await b.search(queries, 2)
+        finally:
+            b.close()
+
+    got = asyncio.run(go(1.25))
+    assert got == rec.search(queries, 2)  # every query gets its own rows, in input order
+    rec.calls.clear()
+    asyncio.run(go(1.25))
+    # short and long queries never share a call: padding a 1-word query to 21 words is waste
+    assert sorted(len(c) for c, _ in rec.calls) == [3, 6]
+    for call, _ in rec.calls:
+        sizes = [len(q.split()) + 1 for q in call]
+        assert max(sizes) * len(sizes) <= 1.25 * sum(sizes)
+    rec.calls.clear()
+    asyncio.run(go(None))
+    assert len(rec.calls) == 1  # off: one call for the whole batch
+    with pytest.raises(ValueError, match="pad_slack"):
+        MicroBatcher(rec, pad_slack=0.5)
+
+
+def test_server_sets_encoder_threads_for_a_cpu_dense_retriever(monkeypatch):
+    import torch
+
+    from harness.retrieval.server import _encoder_threads
+
+    class Dense:
+        encoder, on_gpu = object(), False
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        _encoder_threads(object())  # no encoder (BM25): left alone
+        assert torch.get_num_threads() == 2
+        _encoder_threads(Dense())  # default: one thread
+        assert torch.get_num_threads() == 1
+        monkeypatch.setenv("HARNESS_TORCH_THREADS", "2")
+        _encoder_threads(Dense())
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
