@@ -57,7 +57,7 @@ EXECUTION_ONLY_KEYS = (
 )
 # Keys added after runs were first recorded: left out of the identity at their default, so a
 # run started before they existed still resumes.
-_OMIT_AT_DEFAULT = {"metric_profile": "default", "judge": {}}
+_OMIT_AT_DEFAULT = {"metric_profile": "default", "judge": {}, "label": None}
 
 
 @dataclass
@@ -133,7 +133,7 @@ def eval_split(cfg: EvalConfig) -> str:
 
 
 def run_dir_for(cfg: EvalConfig) -> Path:
-    return Path(cfg.out) / f"{cfg.method}-{cfg.dataset.name}-{eval_split(cfg)}"
+    return Path(cfg.out) / f"{cfg.name}-{cfg.dataset.name}-{eval_split(cfg)}"
 
 
 def examples_hash(examples: list[Example]) -> str:
@@ -196,7 +196,7 @@ def build_eval(cfg: EvalConfig, backend: Any = None, retriever: Any = None) -> E
     method = build_method(cfg.method, backend, retriever if uses_retriever else None, options)
     identity, execution = split_config(cfg)
     manifest = RunManifest(
-        method=cfg.method,
+        method=cfg.name,  # the label when given: what reports call the run
         method_kind=kind,
         dataset=cfg.dataset.name,
         split=eval_split(cfg),
