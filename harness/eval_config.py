@@ -95,9 +95,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         if self.label is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+@=-]*", self.label):
-            raise ValueError(
-                f"label {self.label!r}: use letters, digits and _ . + @ = - (it names a run directory)"
-            )
+            raise ValueError(f"label {self.label!r}: use letters, digits and _ . + @ = - (it names a run directory)")
 
     @property
     def name(self) -> str:

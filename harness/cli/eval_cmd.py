@@ -77,7 +77,9 @@ def eval_command(
         None, "--judge-api-key-env", help="Env var holding the judge's API key (default OPENAI_API_KEY)."
     ),
     label: str = typer.Option(
-        None, "--label", help="Name the run in reports and its run dir (one method), e.g. research+sft for a checkpoint."
+        None,
+        "--label",
+        help="Name the run in reports and its run dir (one method), e.g. research+sft for a checkpoint.",
     ),
     config_files: list[str] = typer.Option(None, "-c", "--config", help="YAML config file(s)."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. agent.max_turns=2"),

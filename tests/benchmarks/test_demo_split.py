@@ -8,6 +8,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from benchmarks.datasets import load_examples
@@ -67,6 +68,7 @@ def _eval(script: Path, out: Path, *extra: str):
     return runner.invoke(app, args)
 
 
+@pytest.mark.slow  # two scripted evaluations: ~5 s of CPU, ~20 s on a loaded machine
 def test_a_label_flows_into_the_run_dir_the_report_and_the_demo_text(tmp_path):
     from benchmarks.demo_summary import summarize
     from benchmarks.report import build_leaderboard, load_runs
