@@ -48,8 +48,7 @@ def summarize(untrained: str | Path, trained: str | Path) -> str:
         d = paired_bootstrap([mine[k] for k in shared], [theirs[k] for k in shared])
         lines.append(
             f"- {m.upper()}: {'+' if d.diff >= 0 else ''}{_pct(d.diff)} points "
-            f"[{_pct(d.low)}, {_pct(d.high)}], p={d.p:.3f}, n={d.n}"
-            + (" (significant)" if d.significant else "")
+            f"[{_pct(d.low)}, {_pct(d.high)}], p={d.p:.3f}, n={d.n}" + (" (significant)" if d.significant else "")
         )
         verdict.append((m, d))
     em = verdict[0][1]
