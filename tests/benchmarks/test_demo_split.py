@@ -99,3 +99,30 @@ def test_a_label_flows_into_the_run_dir_the_report_and_the_demo_text(tmp_path):
     assert both.exit_code != 0 and "--label names one run" in both.output
     bad = _eval(_script(tmp_path / "c.jsonl", examples, 0), out, "--label", "a/b")
     assert bad.exit_code != 0 and "label" in bad.output
+
+
+def test_demo_training_is_skipped_only_for_the_same_recipe(tmp_path, monkeypatch):
+    """A final model trained with the recipe's exact config is reused; any other config retrains."""
+    from harness.cli import demo_cmd
+    from harness.config import compose, to_dict
+    from training.config import TrainConfig
+
+    data, run = tmp_path / "train.jsonl", tmp_path / "model"
+    source = f"sft.sources=[{{kind: synth, path: {json.dumps(str(data))}}}]"
+    cfg = compose(TrainConfig, [demo_cmd.TRAIN_CONFIG], [source])
+    (run / "final").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(to_dict(cfg)))
+    assert demo_cmd._train(demo_cmd.TRAIN_CONFIG, [], data, run) == (run / "final", False)
+
+    built = []
+
+    class Trainer:
+        step_no = 1
+
+        def train(self):
+            (run / "final").mkdir(parents=True)
+            return run / "final"
+
+    monkeypatch.setattr("training.build.build_trainer", lambda c, r: built.append(c) or Trainer())
+    assert demo_cmd._train(demo_cmd.TRAIN_CONFIG, ["trainer.max_steps=3"], data, run) == (run / "final", True)
+    assert built[0].trainer.max_steps == 3 and not (run / "config.json").exists()  # the old run was cleared
