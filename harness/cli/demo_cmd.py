@@ -172,5 +172,5 @@ def _report(eval_dir: Path, out: Path) -> None:
     )
     text = summarize(eval_dir / f"{UNTRAINED}-demo-test", eval_dir / f"{TRAINED}-demo-test")
     (out / "demo.md").write_text(text)
-    console.print(text, markup=False, highlight=False)
+    console.print(text, markup=False, highlight=False, soft_wrap=True)  # markdown: no wrapped rows
     console.print(f"report: {out}/report.html, {out}/leaderboard.md, {out}/demo.md")
