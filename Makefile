@@ -19,9 +19,10 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# Baselines, the untrained agent, an SFT warm-up on the demo's train split, the trained agent
+# (research+sft) and a paired report in runs/demo/report; every step is cached in runs/demo.
 demo: $(STAMP)
-	$(VENV)/bin/harness eval --method naive,standard,research --dataset demo -c configs/methods/demo_cpu.yaml --out runs/demo
-	$(VENV)/bin/harness report 'runs/demo/*' --out runs/demo/report
+	$(VENV)/bin/harness demo --out runs/demo
 
 # Debian's Chromium for the HTML report test (Playwright drives it; it never downloads a browser).
 # Best effort: without root or apt the browser test skips and says why.

@@ -57,7 +57,7 @@ EXECUTION_ONLY_KEYS = (
 )
 # Keys added after runs were first recorded: left out of the identity at their default, so a
 # run started before they existed still resumes.
-_OMIT_AT_DEFAULT = {"metric_profile": "default", "judge": {}, "n_samples": 1}
+_OMIT_AT_DEFAULT = {"metric_profile": "default", "judge": {}, "n_samples": 1, "label": None}
 
 
 @dataclass
@@ -133,10 +133,11 @@ def eval_split(cfg: EvalConfig) -> str:
 
 
 def run_dir_for(cfg: EvalConfig) -> Path:
-    """``OUT/<method>-<dataset>-<split>``, with ``-k<K>`` when K samples are drawn per question
-    (so a K-sample run and a greedy run of the same pair live side by side)."""
+    """``OUT/<name>-<dataset>-<split>`` (name: the label, else the method), with ``-k<K>`` when K
+    samples are drawn per question (so a K-sample run and a greedy run of the same pair live side
+    by side)."""
     suffix = f"-k{cfg.n_samples}" if cfg.n_samples > 1 else ""
-    return Path(cfg.out) / f"{cfg.method}-{cfg.dataset.name}-{eval_split(cfg)}{suffix}"
+    return Path(cfg.out) / f"{cfg.name}-{cfg.dataset.name}-{eval_split(cfg)}{suffix}"
 
 
 def validate_n_samples(cfg: EvalConfig, kind: str, options: Any) -> None:
@@ -217,7 +218,7 @@ def build_eval(cfg: EvalConfig, backend: Any = None, retriever: Any = None) -> E
     method = build_method(cfg.method, backend, retriever if uses_retriever else None, options)
     identity, execution = split_config(cfg)
     manifest = RunManifest(
-        method=cfg.method,
+        method=cfg.name,  # the label when given: what reports call the run
         method_kind=kind,
         dataset=cfg.dataset.name,
         split=eval_split(cfg),

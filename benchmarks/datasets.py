@@ -8,7 +8,9 @@ Sources, in order:
    (``RUC-NLPIR/FlashRAG_datasets``), downloaded once into the hub cache. Offline, this fails
    fast with one message saying how to supply the data.
 
-``demo`` is shipped inside the package (``benchmarks/demo_data``).
+``demo`` is shipped inside the package (``benchmarks/demo_data``): its ``test`` split (the
+evaluated one) and a ``train`` split of other questions over the same corpus, for SFT warm-ups
+(see ``benchmarks/demo_data/build_demo.py`` for how the two are kept apart).
 
 Question files hold one JSON object a line: ``{"id", "question", "golden_answers", "metadata"}``.
 A missing ``id`` becomes the 0-based line index; a string ``golden_answers`` becomes a list.
@@ -117,7 +119,15 @@ _register(
         folder="r1searcher_training_set",
     )
 )
-_register(DatasetSpec("demo", ("test",), "Shipped two-hop demo over a fictional world"))
+_register(
+    DatasetSpec(
+        "demo",
+        ("test", "train"),
+        "Shipped two-hop demo over a fictional world (train: disjoint questions for SFT warm-ups)",
+    )
+)
+# The demo's question file per split (one corpus serves both).
+DEMO_FILES = {"test": "questions.jsonl", "train": "train_questions.jsonl"}
 
 
 def get_spec(name: str) -> DatasetSpec:
@@ -135,7 +145,7 @@ def resolve_data_dir(data_dir: str | Path | None) -> Path | None:
 
 def local_path(spec: DatasetSpec, split: str, data_dir: str | Path | None) -> Path | None:
     if spec.name == "demo":
-        return demo_path("questions.jsonl")
+        return demo_path(DEMO_FILES[split]) if split in DEMO_FILES else None
     d = resolve_data_dir(data_dir)
     return d / (spec.folder or spec.name) / f"{split}.jsonl" if d else None
 
@@ -353,7 +363,7 @@ def describe_sources(data_dir: str | Path | None = None) -> list[dict[str, str]]
         for split in spec.all_splits:
             local = local_path(spec, split, data_dir)
             if spec.name == "demo":
-                source = f"packaged ({_count_lines(demo_path('questions.jsonl'))} questions, "
+                source = f"packaged ({_count_lines(demo_path(DEMO_FILES[split]))} questions, "
                 source += f"{_count_lines(demo_path('corpus.jsonl'))} passages)"
             elif local is not None and local.exists():
                 source = str(local)

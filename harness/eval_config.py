@@ -6,6 +6,7 @@ Every field can be set in YAML or with ``key.path=value`` on the command line, e
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -95,6 +96,18 @@ class EvalConfig:
     # average each question's samples first (the bootstrap resamples questions, not samples).
     n_samples: int = 1
     out: str = "runs"
+    # How reports, tables and the run directory name this run (default: the method). Names a
+    # variant the method alone does not tell apart, e.g. ``research+sft`` for the research agent
+    # on a fine-tuned checkpoint: the run dir is ``<label>-<dataset>-<split>`` and the manifest's
+    # ``method`` is the label, while ``config.method`` keeps the method that was run.
+    label: str | None = None
 
     def __post_init__(self) -> None:
         require_at_least(self, 1, "n_samples")
+        if self.label is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+@=-]*", self.label):
+            raise ValueError(f"label {self.label!r}: use letters, digits and _ . + @ = - (it names a run directory)")
+
+    @property
+    def name(self) -> str:
+        """The run's name in reports: the label, else the method."""
+        return self.label or self.method

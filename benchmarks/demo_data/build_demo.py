@@ -6,6 +6,17 @@ and every answer must be found by retrieval. Each question needs exactly the two
 in its ``metadata.supporting_doc_ids``. Run from the repo root to regenerate (deterministic):
 
     python benchmarks/demo_data/build_demo.py
+
+Two splits over one corpus:
+
+- ``test`` (``questions.jsonl``, 39 questions): the evaluated split, unchanged since the demo
+  was first shipped;
+- ``train`` (``train_questions.jsonl``): questions for SFT warm-ups (``make demo`` trains on
+  them). The same five templates, written over entities the test split does not ask about, and
+  no train question's supporting passage supports any test question, so no fact the model is
+  evaluated on is ever in its training data, and no train answer is a test answer (yes/no
+  aside). It is built after every test question and passage,
+  from no further random draws, so adding it changed neither of those files.
 """
 
 from __future__ import annotations
@@ -83,7 +94,8 @@ class World:
         return f"{self.word(1)} {self.word(2)}"
 
 
-def build() -> tuple[list[dict], list[dict]]:
+def build() -> tuple[list[dict], list[dict], list[dict]]:
+    """(test questions, train questions, corpus)."""
     w = World()
     rng = w.rng
     rivers = [w.river() for _ in range(18)]
@@ -174,11 +186,12 @@ def build() -> tuple[list[dict], list[dict]]:
     town_by = {t["name"]: t for t in towns}
     person_by = {p["name"]: p for p in people}
     questions: list[dict] = []
+    prefix = "demo"
 
     def q(question: str, answer: str, support: list[tuple[str, str]], qtype: str) -> None:
         questions.append(
             {
-                "id": f"demo-{len(questions) + 1:03d}",
+                "id": f"{prefix}-{len(questions) + 1:03d}",
                 "question": question,
                 "golden_answers": [answer],
                 "metadata": {"supporting_doc_ids": [ids[s] for s in support], "type": qtype},
@@ -228,16 +241,102 @@ def build() -> tuple[list[dict], list[dict]]:
             [("person", a["name"]), ("person", b["name"])],
             "comparison",
         )
-    return questions, docs
+    test = questions
+
+    # ---- the train split: disjoint supporting passages, every template, no new random draws ----
+    used = {d for t in test for d in t["metadata"]["supporting_doc_ids"]}
+    test_answers = {a for t in test for a in t["golden_answers"]}
+    questions, prefix = [], "demo-train"
+
+    def free(*keys: tuple[str, str]) -> bool:
+        """No test question rests on these passages, and none has their entity as its answer."""
+        return not any(ids[k] in used or k[1] in test_answers for k in keys)
+
+    def add_q(question: str, answer: str, support: list[tuple[str, str]], qtype: str) -> None:
+        if answer not in test_answers or answer in ("yes", "no"):
+            q(question, answer, support, qtype)
+
+    for inv in inventions[8:]:
+        person = person_by[inv["inventor"]]
+        if free(("invention", inv["name"]), ("person", person["name"])):
+            add_q(
+                f"In which town was the inventor of the {inv['name']} born?",
+                person["town"],
+                [("invention", inv["name"]), ("person", person["name"])],
+                "bridge",
+            )
+    for comp in companies[8:]:
+        if free(("company", comp["name"]), ("town", comp["town"])):
+            add_q(
+                f"On which river lies the town where {comp['name']} was founded?",
+                town_by[comp["town"]]["river"],
+                [("company", comp["name"]), ("town", comp["town"])],
+                "bridge",
+            )
+    for prod in products[8:]:
+        comp = next(c for c in companies if c["name"] == prod["company"])
+        if free(("product", prod["name"]), ("company", comp["name"])):
+            add_q(
+                f"Who founded the company that makes the {prod['name']}?",
+                comp["founder"],
+                [("product", prod["name"]), ("company", comp["name"])],
+                "bridge",
+            )
+    # Only one company is left for the river template: the same lookup (an entity's town, then
+    # the town's river) through people born in towns no test question needs.
+    k = 0
+    for p in people:
+        if k < 8 and free(("person", p["name"]), ("town", p["town"])):
+            n_before = len(questions)
+            add_q(
+                f"On which river lies the town where {p['name']} was born?",
+                town_by[p["town"]]["river"],
+                [("person", p["name"]), ("town", p["town"])],
+                "bridge",
+            )
+            k += len(questions) - n_before
+    # Comparisons: half "yes" and half "no" (the test split is mostly "no"; a warm-up on that
+    # would teach the answer, not the lookup), over towns no test question needs.
+    pool = [t for t in towns if free(("town", t["name"]))]
+    same = [(a, b) for i, a in enumerate(pool) for b in pool[i + 1 :] if a["province"] == b["province"]]
+    diff = [(a, b) for i, a in enumerate(pool) for b in pool[i + 1 :] if a["province"] != b["province"]]
+    taken: set[str] = set()
+    for kind, cands in (("yes", same), ("no", diff)):
+        k = 0
+        for a, b in cands:
+            if k == 4 or a["name"] in taken or b["name"] in taken:
+                continue
+            taken |= {a["name"], b["name"]}
+            k += 1
+            q(
+                f"Are {a['name']} and {b['name']} in the same province?",
+                kind,
+                [("town", a["name"]), ("town", b["name"])],
+                "comparison",
+            )
+    free_people = [p for p in people if free(("person", p["name"]))]
+    k = 0
+    for a, b in zip(free_people[::2], free_people[1::2], strict=False):
+        if k == 8 or a["year"] == b["year"]:
+            continue
+        k += 1
+        first = a if a["year"] < b["year"] else b
+        q(
+            f"Who was born earlier, {a['name']} or {b['name']}?",
+            first["name"],
+            [("person", a["name"]), ("person", b["name"])],
+            "comparison",
+        )
+    return test, questions, docs
 
 
 def main() -> None:
-    questions, docs = build()
-    for name, rows in (("questions.jsonl", questions), ("corpus.jsonl", docs)):
+    questions, train, docs = build()
+    for name, rows in (("questions.jsonl", questions), ("train_questions.jsonl", train), ("corpus.jsonl", docs)):
         with open(HERE / name, "w", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    print(f"wrote {len(questions)} questions and {len(docs)} passages to {HERE}")
+    print(f"wrote {len(questions)} test and {len(train)} train questions and {len(docs)} passages to {HERE}")
 
 
 if __name__ == "__main__":

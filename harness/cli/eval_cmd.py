@@ -36,6 +36,7 @@ def _flags_dict(**flags: Any) -> dict[str, Any]:
         "out": "out",
         "launch": "backend.launch",
         "n_samples": "n_samples",
+        "label": "label",
     }
     from harness.config import set_path
 
@@ -92,6 +93,11 @@ def eval_command(
     judge_key_env: str = typer.Option(
         None, "--judge-api-key-env", help="Env var holding the judge's API key (default OPENAI_API_KEY)."
     ),
+    label: str = typer.Option(
+        None,
+        "--label",
+        help="Name the run in reports and its run dir (one method), e.g. research+sft for a checkpoint.",
+    ),
     config_files: list[str] = typer.Option(None, "-c", "--config", help="YAML config file(s)."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. agent.max_turns=2"),
 ) -> None:
@@ -120,6 +126,7 @@ def eval_command(
         out=out,
         launch=launch or None,
         n_samples=n_samples,
+        label=label,
     )
     try:
         data: dict[str, Any] = {}
@@ -141,6 +148,8 @@ def eval_command(
     method = method or str(data.get("method") or "research")
     dataset = dataset or str((data.get("dataset") or {}).get("name") or "demo")
     methods = [m.strip() for m in method.split(",") if m.strip()]
+    if data.get("label") and len(methods) > 1:
+        fail(f"--label names one run: give one --method, not {len(methods)} ({', '.join(methods)})")
     datasets = [d.strip() for d in dataset.split(",") if d.strip()]
     configs = []
     for ds in datasets:
@@ -205,10 +214,10 @@ def run_configs(configs: list[Any]) -> list[Any]:
             fail(f"backend {bcfg.kind}: {e}")
         stack.callback(backend.close)
         for cfg in configs:
-            label = f"{cfg.method} on {cfg.dataset.name}"
+            label = f"{cfg.name} on {cfg.dataset.name}"
             try:
                 run = build_eval(cfg, backend=backend)
-                console.print(f"[bold]{cfg.method}[/] on [bold]{cfg.dataset.name}[/] → {run.run_dir}", highlight=False)
+                console.print(f"[bold]{cfg.name}[/] on [bold]{cfg.dataset.name}[/] → {run.run_dir}", highlight=False)
                 headline = cfg.metrics[0] if cfg.metrics else "em"
                 total = len(run.examples) * cfg.n_samples
                 with Progress(total, run.run_dir, label, headline) as progress:

@@ -13,6 +13,7 @@ import typer
 from harness.cli import (
     data_cmd,
     datasets_cmd,
+    demo_cmd,
     eval_cmd,
     harr_cmd,
     index_cmd,
@@ -69,6 +70,9 @@ app.command("prompt", help="Show exactly what a model sees under a method's dial
 app.command("replicate", help="Run a seed system's replication card; print the paper's numbers beside ours.")(
     replicate_cmd.replicate_command
 )
+app.command(
+    "demo", help="The mission on the shipped demo: baselines, untrained agent, SFT warm-up, trained agent, report."
+)(demo_cmd.demo_command)
 app.command("score", help="Score any JSONL prediction file (EM, F1, acc, cover_em).")(score_cmd.score_command)
 
 

@@ -25,6 +25,7 @@ def test_demo_benchmark_is_consistent():
 def test_demo_is_regenerated_identically(tmp_path, monkeypatch):
     from benchmarks.demo_data import build_demo
 
-    questions, docs = build_demo.build()
+    questions, train, docs = build_demo.build()
     assert [q["id"] for q in questions] == [e.id for e in load_examples("demo")]
+    assert [q["id"] for q in train] == [e.id for e in load_examples("demo", "train")]
     assert len(docs) == len(corpus_path("demo").read_text().splitlines())

@@ -1,0 +1,65 @@
+"""The demo's before/after text: the untrained agent against the same agent after the SFT
+warm-up, on the same questions (``harness demo`` writes it as ``demo.md``).
+
+Per run: EM and F1 with their 95% bootstrap intervals (:func:`benchmarks.stats.bootstrap_ci`),
+the fraction of format-valid responses and searches per question
+(:mod:`benchmarks.perf.agent_behaviour`); then the paired bootstrap of trained minus untrained
+on the shared items (:func:`benchmarks.stats.paired_bootstrap`) and a plain verdict that says
+when the trained agent does not beat the untrained one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.perf.agent_behaviour import figures
+from benchmarks.report import load_run
+from benchmarks.stats import bootstrap_ci, paired_bootstrap
+
+METRICS = ("em", "f1")
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def summarize(untrained: str | Path, trained: str | Path) -> str:
+    """Markdown comparing two run directories of one method on the same split."""
+    runs = {"untrained": load_run(Path(untrained)), "trained": load_run(Path(trained))}
+    a, b = runs["untrained"], runs["trained"]
+    lines = [
+        f"# Demo: {a.method} before and after the SFT warm-up ({a.dataset} {a.split}, n={a.n})",
+        "",
+        "| run | model | EM (95% CI) | F1 (95% CI) | format-valid | searches/q |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in (a, b):
+        cis = {m: bootstrap_ci(list(r.item_values(m).values())) for m in METRICS}
+        f = figures(str(r.path))
+        cells = [f"{_pct(c.mean)} [{_pct(c.low)}, {_pct(c.high)}]" for c in cis.values()]
+        lines.append(
+            f"| {r.method} | {r.model} | {' | '.join(cells)} | {_pct(f['format_valid'])} | {f['searches_per_q']:.2f} |"
+        )
+    lines += ["", f"Paired bootstrap, {b.method} minus {a.method}, on the items both answered:", ""]
+    verdict = []
+    for m in METRICS:
+        mine, theirs = b.item_values(m), a.item_values(m)
+        shared = sorted(set(mine) & set(theirs))
+        d = paired_bootstrap([mine[k] for k in shared], [theirs[k] for k in shared])
+        lines.append(
+            f"- {m.upper()}: {'+' if d.diff >= 0 else ''}{_pct(d.diff)} points "
+            f"[{_pct(d.low)}, {_pct(d.high)}], p={d.p:.3f}, n={d.n}" + (" (significant)" if d.significant else "")
+        )
+        verdict.append((m, d))
+    em = verdict[0][1]
+    lines.append("")
+    if em.significant and em.diff > 0:
+        lines.append(f"The trained agent beats the untrained one on EM (95% interval above 0, p={em.p:.3f}).")
+    elif em.diff > 0:
+        lines.append(
+            f"The trained agent scores higher on EM, but the paired 95% interval includes 0 (p={em.p:.3f}): "
+            "not a significant gain on these items."
+        )
+    else:
+        lines.append("The trained agent does NOT beat the untrained one on EM on these items.")
+    return "\n".join(lines) + "\n"

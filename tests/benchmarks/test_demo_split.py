@@ -1,0 +1,128 @@
+"""The demo's train split is disjoint from its test split and balanced, and a labelled run
+(``--label research+sft``) reaches the leaderboard and the demo's before/after text under its label."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from benchmarks.datasets import load_examples
+from harness.cli.main import app
+
+runner = CliRunner()
+TEMPLATES = (
+    r"In which town was the inventor of the .+ born\?",
+    r"On which river lies the town where .+ was founded\?",
+    r"Who founded the company that makes the .+\?",
+    r"Are .+ and .+ in the same province\?",
+    r"Who was born earlier, .+ or .+\?",
+)
+
+
+def _support(examples) -> set[str]:
+    return {d for e in examples for d in e.metadata["supporting_doc_ids"]}
+
+
+def test_demo_train_split_is_disjoint_from_test():
+    test, train = load_examples("demo", "test"), load_examples("demo", "train")
+    assert len(train) >= 30 and len(test) == 39
+    assert not {e.id for e in train} & {e.id for e in test}
+    assert not {e.question for e in train} & {e.question for e in test}
+    # No passage a test question needs is in any train trajectory's gold, and no test answer
+    # (yes/no aside) is taught by a train question.
+    assert not _support(train) & _support(test)
+    test_answers = {a for e in test for a in e.answers} - {"yes", "no"}
+    assert not {a for e in train for a in e.answers} & test_answers
+
+
+def test_demo_train_split_is_balanced():
+    test, train = load_examples("demo", "test"), load_examples("demo", "train")
+    types = Counter(e.metadata["type"] for e in train)
+    assert set(types) == {e.metadata["type"] for e in test} == {"bridge", "comparison"}
+    assert min(types.values()) >= 0.4 * len(train)
+    # Every question template of the test split is taught.
+    for pattern in TEMPLATES:
+        assert any(re.fullmatch(pattern, e.question) for e in train), pattern
+    assert all(any(re.fullmatch(p, e.question) for p in TEMPLATES) for e in test)
+    yes_no = Counter(e.answers[0] for e in train if e.answers[0] in ("yes", "no"))
+    assert yes_no["yes"] == yes_no["no"] > 0  # the test split is mostly "no": train must not teach that
+
+
+def _script(path: Path, examples, n_right: int) -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for i, ex in enumerate(examples):
+            answer = ex.answers[0] if i < n_right else "unknown"
+            turns = [f"<think>look</think><search>{ex.question}</search>", f"<answer>\\boxed{{{answer}}}</answer>"]
+            f.write(json.dumps({"match": ex.question, "turns": turns}) + "\n")
+    return path
+
+
+def _eval(script: Path, out: Path, *extra: str):
+    args = ["eval", "--method", "research", "--dataset", "demo", "--backend", "scripted", "--script", str(script)]
+    args += ["--retriever", "memory", "--out", str(out), "--limit", "6", "agent.max_total_tokens=100000", *extra]
+    return runner.invoke(app, args)
+
+
+@pytest.mark.slow  # two scripted evaluations: ~5 s of CPU, ~20 s on a loaded machine
+def test_a_label_flows_into_the_run_dir_the_report_and_the_demo_text(tmp_path):
+    from benchmarks.demo_summary import summarize
+    from benchmarks.report import build_leaderboard, load_runs
+
+    examples = load_examples("demo")
+    out = tmp_path / "runs"
+    assert _eval(_script(tmp_path / "a.jsonl", examples, 1), out).exit_code == 0
+    labelled = _eval(_script(tmp_path / "b.jsonl", examples, 5), out, "--label", "research+sft")
+    assert labelled.exit_code == 0, labelled.output
+    assert "research+sft" in labelled.output
+    run = out / "research+sft-demo-test"
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["method"] == "research+sft" and manifest["config"]["method"] == "research"
+
+    runs, skipped = load_runs([str(out / "*")])
+    assert not skipped
+    lb = build_leaderboard(runs, baseline="research")
+    rows = {r.label: r for r in lb.rows}
+    assert set(rows) == {"research", "research+sft"}
+    diff = rows["research+sft"].cells["demo"].vs_baseline["em"]
+    assert diff.n == 6 and abs(diff.diff - 4 / 6) < 1e-9
+
+    text = summarize(out / "research-demo-test", run)
+    assert "research+sft minus research" in text and "+66.7 points" in text
+
+    # One label names one run: several methods with a label are refused.
+    both = runner.invoke(app, ["eval", "--method", "research,search_r1", "--label", "x", "--backend", "scripted"])
+    assert both.exit_code != 0 and "--label names one run" in both.output
+    bad = _eval(_script(tmp_path / "c.jsonl", examples, 0), out, "--label", "a/b")
+    assert bad.exit_code != 0 and "label" in bad.output
+
+
+def test_demo_training_is_skipped_only_for_the_same_recipe(tmp_path, monkeypatch):
+    """A final model trained with the recipe's exact config is reused; any other config retrains."""
+    from harness.cli import demo_cmd
+    from harness.config import compose, to_dict
+    from training.config import TrainConfig
+
+    data, run = tmp_path / "train.jsonl", tmp_path / "model"
+    source = f"sft.sources=[{{kind: synth, path: {json.dumps(str(data))}}}]"
+    cfg = compose(TrainConfig, [demo_cmd.TRAIN_CONFIG], [source])
+    (run / "final").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(to_dict(cfg)))
+    assert demo_cmd._train(demo_cmd.TRAIN_CONFIG, [], data, run) == (run / "final", False)
+
+    built = []
+
+    class Trainer:
+        step_no = 1
+
+        def train(self):
+            (run / "final").mkdir(parents=True)
+            return run / "final"
+
+    monkeypatch.setattr("training.build.build_trainer", lambda c, r: built.append(c) or Trainer())
+    assert demo_cmd._train(demo_cmd.TRAIN_CONFIG, ["trainer.max_steps=3"], data, run) == (run / "final", True)
+    assert built[0].trainer.max_steps == 3 and not (run / "config.json").exists()  # the old run was cleared
