@@ -22,7 +22,15 @@ from typing import Any
 
 import httpx
 
-from harness.backends.base import BackendError, Completion, SamplingParams, WeightUpdate, run_sync
+from harness.backends.base import (
+    BackendError,
+    Completion,
+    SamplingParams,
+    WeightUpdate,
+    export_model_dir,
+    prune_exports,
+    run_sync,
+)
 from harness.backends.http_common import HTTPBackendBase
 
 logger = logging.getLogger(__name__)
@@ -155,29 +163,14 @@ class SGLangBackend(HTTPBackendBase):
         then ``POST /flush_cache`` so no KV computed by the old weights is reused (the update's own
         ``flush_cache`` flag does the same; the explicit call also covers servers that ignore it).
         Only the newest copy is kept on disk."""
-        import shutil
-        from pathlib import Path
-
-        from harness.models import save_model_dir
-
-        if isinstance(update.weights, str | Path):
-            path = Path(update.weights)  # already a model directory the servers can read
-        else:
-            if update.scratch is None or update.model_config is None:
-                raise ValueError("sglang weight sync needs a scratch directory and the model config")
-            path = save_model_dir(
-                update.weights, update.scratch / f"weights-v{update.version}", update.tokenizer, update.model_config
-            )
+        path = export_model_dir(update, self.name)
         run_sync(self.update_weights_from_disk(str(path), str(update.version), flush_cache=True))
         for url in self.urls:
             r = httpx.post(url + "/flush_cache", timeout=60.0)
             if r.status_code != 200:
                 raise BackendError(f"{url}/flush_cache failed ({r.status_code}): {r.text[:200]}")
         self.weight_version = str(update.version)
-        if update.scratch is not None:
-            for old in update.scratch.glob("weights-v*"):  # keep only the copy the servers now serve
-                if old != path:
-                    shutil.rmtree(old, ignore_errors=True)
+        prune_exports(update, path)
 
     def update_lora_adapter(self, path: str | Path, version: int) -> None:
         """RL weight sync for LoRA without merging: ``POST /load_lora_adapter {lora_name, lora_path}``
