@@ -64,3 +64,31 @@ def _check_two_rank_run(run) -> None:
     ckpt = run / "checkpoints" / "step-1"
     assert {"model_optim_rank0.pt", "model_optim_rank1.pt"} <= {p.name for p in ckpt.iterdir()}
     assert (run / "final" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize(
+    ("kind", "lora", "engine", "env", "args"),
+    [
+        ("sglang", "", "sglang", {}, ["--x"]),
+        ("openai", "", "vllm", {"VLLM_SERVER_DEV_MODE": "1"}, ["--x"]),
+        (
+            "openai",
+            "  lora: {r: 4, sync: adapter}\n",
+            "vllm",
+            {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"},
+            ["--enable-lora", "--max-lora-rank", "4", "--x"],
+        ),
+        ("sglang", "  lora: {r: 4, sync: merged}\n", "sglang", {}, ["--x"]),
+    ],
+)
+def test_launched_rollout_engine_gets_what_weight_sync_needs(tmp_path, kind, lora, engine, env, args):
+    from harness.cli.train_cmd import rollout_engine
+    from harness.config import compose
+    from training.config import TrainConfig
+
+    recipe = RECIPE.replace("model:\n", "model:\n" + lora)
+    (tmp_path / "r.yaml").write_text(recipe)
+    overrides = [f"rollout.backend.kind={kind}", "rollout.backend.launch=true", 'rollout.backend.engine.args=["--x"]']
+    cfg = compose(TrainConfig, [tmp_path / "r.yaml"], overrides)
+    got_engine, ecfg = rollout_engine(cfg)
+    assert (got_engine, ecfg.env, ecfg.args) == (engine, env, args)
