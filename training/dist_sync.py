@@ -8,7 +8,8 @@ its side (:func:`join_group`). The server's TP workers are ranks 1..N.
 
 Tests: the protocol against a stand-in server that joins the group with :func:`join_group`
 (tests/training/test_dist_sync.py), and against real SGLang on CPU with gloo in the engine tier
-(tests/engines/test_lora_sync.py). NCCL (GPU) is not exercised here: no GPU on this machine.
+(tests/engines/test_served_model.py::test_distributed_sync_by_broadcast). NCCL (GPU) is not
+exercised here: no GPU on this machine.
 """
 
 from __future__ import annotations

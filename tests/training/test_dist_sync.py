@@ -1,7 +1,7 @@
 """SGLang's distributed weight-sync protocol (/init_weights_update_group, then per update
 /begin_weight_update + /update_weights_from_distributed + /end_weight_update) over gloo on CPU,
 against a stand-in server that joins the group the way SGLang does (training.dist_sync.join_group).
-Real SGLang: tests/engines/test_lora_sync.py."""
+Real SGLang: tests/engines/test_served_model.py::test_distributed_sync_by_broadcast."""
 
 from __future__ import annotations
 
