@@ -46,6 +46,8 @@ class EngineConfig:
     ``$HARNESS_ENGINE_DIR`` (``~/.cache/harness/engines/<engine>``), else this interpreter.
     ``device``: ``auto`` is ``cuda`` when ``nvidia-smi`` is on PATH, else ``cpu`` (which adds the
     CPU recipe's flags, REFERENCE §6). ``args``: extra engine flags, passed through verbatim.
+    ``env``: extra environment variables for the engine (vLLM's RL endpoints need
+    ``VLLM_SERVER_DEV_MODE=1``, runtime LoRA loading ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``).
     """
 
     python: str | None = None
@@ -55,6 +57,7 @@ class EngineConfig:
     tp: int = 1
     dp: int = 1
     args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
     health_timeout: float = 900.0
     log_dir: str | None = None  # default: the run folder's engines/ (or ./engines)
 
@@ -308,6 +311,7 @@ def launched(engine: Engine, model: str, cfg: EngineConfig | None = None, log_di
         extra=list(cfg.args),
         log_dir=cfg.log_dir or log_dir or "engines",
         health_timeout_s=cfg.health_timeout,
+        env={k: str(v) for k, v in cfg.env.items()},
     )
     logger.info("%s healthy at %s (log %s)", engine, proc.url, proc.log_path)
     try:

@@ -134,9 +134,12 @@ def untie(weights: dict[str, Any]) -> dict[str, Any]:
     return weights
 
 
-def save_model_dir(weights: dict[str, Any], out: Path, tokenizer: Any, model_config: Any) -> Path:
+def save_model_dir(
+    weights: dict[str, Any], out: Path, tokenizer: Any, model_config: Any, keep_head: bool = False
+) -> Path:
     """A model directory an inference engine can load (config, tokenizer, safetensors weights),
-    written atomically, so a server never reads a half-written model."""
+    written atomically, so a server never reads a half-written model. ``keep_head``: write a tied
+    ``lm_head.weight`` too (it must then have its own storage), as vLLM's in-place reload needs."""
     from safetensors.torch import save_file
 
     from harness.fsutil import atomic_dir
@@ -145,5 +148,6 @@ def save_model_dir(weights: dict[str, Any], out: Path, tokenizer: Any, model_con
         model_config.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        save_file(untie({k: v.detach().contiguous() for k, v in weights.items()}), str(tmp / "model.safetensors"))
+        tensors = {k: v.detach().contiguous() for k, v in weights.items()}
+        save_file(tensors if keep_head else untie(tensors), str(tmp / "model.safetensors"))
     return out

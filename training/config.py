@@ -20,7 +20,8 @@ class LoraConfig:
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
-    # merged: push W + ΔW as full weights (any backend); adapter: SGLang's /load_lora_adapter
+    # merged: push W + ΔW as full weights (any backend); adapter: the engine loads the adapter
+    # (SGLang /load_lora_adapter, vLLM /v1/load_lora_adapter)
     sync: Literal["merged", "adapter"] = "merged"
 
 

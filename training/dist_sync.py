@@ -2,18 +2,20 @@
 over a process group (NCCL on GPUs, gloo on CPU), SGLang's ``/init_weights_update_group`` +
 ``/update_weights_from_distributed`` protocol.
 
-The group is separate from DeepSpeed's default one: a ``TCPStore`` at ``master_address:port``
-(the trainer is its master and rank 0), prefixed with the group name, and a gloo or NCCL process
-group built on it directly. The server's TP workers are ranks 1..N.
+The group is separate from DeepSpeed's default one: a ``tcp://master_address:port`` rendezvous
+(the trainer hosts the store and is rank 0) and a gloo or NCCL group on it, built as SGLang builds
+its side (:func:`join_group`). The server's TP workers are ranks 1..N.
 
-NOT exercised against real SGLang: tests run the protocol against a stand-in server that joins
-the group the same way (tests/training/test_dist_sync.py). Whether SGLang's
-``init_custom_process_group`` rendezvous (its store prefixes) meets this one is unverified; the
-disk path (``/update_weights_from_disk``) is the tested one.
+Tests: the protocol against a stand-in server that joins the group with :func:`join_group`
+(tests/training/test_dist_sync.py), and against real SGLang on CPU with gloo in the engine tier
+(tests/engines/test_served_model.py::test_distributed_sync_by_broadcast). NCCL (GPU) is not
+exercised here: no GPU on this machine.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
 import socket
 import threading
 from datetime import timedelta
@@ -29,15 +31,29 @@ def free_port() -> int:
 
 
 def join_group(address: str, port: int, rank: int, world_size: int, group_name: str, comm: str, timeout_s: float):
-    """A process group of ``world_size`` at ``address:port`` (rank 0 hosts the store)."""
-    from torch.distributed import PrefixStore, TCPStore
+    """A process group of ``world_size`` at ``address:port`` (rank 0 hosts the store), built the
+    way SGLang's ``init_custom_process_group`` builds its side, so the two meet: a ``tcp://``
+    rendezvous, the store prefixed with ``group_name``, then torch's group constructor (which
+    prefixes ``group_name/`` again). Needs no default process group."""
+    from torch.distributed import PrefixStore, rendezvous
+    from torch.distributed.distributed_c10d import Backend, _new_process_group_helper, _world
 
-    store = PrefixStore(group_name, TCPStore(address, port, world_size, rank == 0, timedelta(seconds=timeout_s)))
-    if comm == "gloo":
-        return torch.distributed.ProcessGroupGloo(store, rank, world_size, timedelta(seconds=timeout_s))
-    if comm == "nccl":
-        return torch.distributed.ProcessGroupNCCL(store, rank, world_size)
-    raise ValueError(f"unknown weight-sync communication backend {comm!r}; use nccl or gloo")
+    if comm not in ("gloo", "nccl"):
+        raise ValueError(f"unknown weight-sync communication backend {comm!r}; use nccl or gloo")
+    timeout = timedelta(seconds=timeout_s)
+    store, rank, world_size = next(rendezvous(f"tcp://{address}:{port}", rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    store = PrefixStore(group_name, store)
+    # A private torch API, but the one every RLHF stack (and SGLang's receiving side) builds these
+    # groups with: a group outside the default one, on its own store.
+    pg, _ = _new_process_group_helper(
+        world_size, rank, [], Backend(comm), store, group_name=group_name, backend_options=None, timeout=timeout
+    )
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
+
+
+_GROUP_IDS = itertools.count()
 
 
 class DistributedWeightSync:
@@ -49,12 +65,15 @@ class DistributedWeightSync:
         server_ranks: int = 1,
         comm: str | None = None,
         master_address: str = "127.0.0.1",
-        group_name: str = "weight_update_group",
+        group_name: str | None = None,
         timeout_s: float = 600.0,
     ) -> None:
         self.backend, self.server_ranks = backend, server_ranks
         self.comm = comm or ("nccl" if torch.cuda.is_available() else "gloo")
-        self.address, self.group_name, self.timeout_s = master_address, group_name, timeout_s
+        # torch refuses a second group under one name in a process: a fresh name per sync object
+        # (SGLang takes any name; its default is "weight_update_group").
+        self.group_name = group_name or f"harness_weight_sync_{os.getpid()}_{next(_GROUP_IDS)}"
+        self.address, self.timeout_s = master_address, timeout_s
         self.group: Any = None
 
     def _in_thread(self, fn: Any, *args: Any) -> tuple[threading.Thread, dict[str, Any]]:
@@ -89,9 +108,12 @@ class DistributedWeightSync:
         self._finish(t, box, self.timeout_s)
 
     def push(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """Announce names/dtypes/shapes over HTTP and broadcast the tensors in that order."""
+        """Announce names/dtypes/shapes over HTTP and broadcast the tensors in that order, inside
+        the server's weight-update session (``/begin_weight_update`` ... ``/end_weight_update``,
+        which SGLang 0.5.23 requires; servers without it skip that step)."""
         if self.group is None:
             self.connect()
+        self.backend.begin_weight_update()
         names = list(state)
         dtypes = [str(state[k].dtype).removeprefix("torch.") for k in names]
         shapes = [list(state[k].shape) for k in names]
@@ -103,4 +125,5 @@ class DistributedWeightSync:
             tensor = state[k].detach().to(device).contiguous()
             self.group.broadcast([tensor]).wait()
         self._finish(t, box, self.timeout_s)
+        self.backend.end_weight_update()
         self.backend.weight_version = str(version)

@@ -14,8 +14,10 @@ base with adapters disabled, and what weight sync pushes.
     without touching the training weights, under the base model's own key names, and pushes full
     weights (the hf backend loads the state dict, SGLang reads a model directory from disk);
   - ``adapter``: the adapter is saved and loaded into SGLang with ``/load_lora_adapter`` (the
-    server must run with ``--enable-lora --max-lora-rank R --lora-target-modules ...``); rollouts
-    then name it in ``/generate``'s ``lora_path``. Only backends with ``update_lora_adapter``.
+    server must run with ``--enable-lora --max-lora-rank R --lora-target-modules ...``; its CPU
+    build cannot) and rollouts name it in ``/generate``'s ``lora_path``; or into vLLM with
+    ``/v1/load_lora_adapter`` and rollouts name it as their ``model``
+    (:mod:`harness.backends.vllm_sync`). Only backends with ``update_lora_adapter``.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ class Trainer:
             model = apply_lora(model, lora)
             if lora.sync == "adapter" and not hasattr(self.backend, "update_lora_adapter"):
                 raise ValueError(
-                    f"model.lora.sync=adapter needs a backend that loads LoRA adapters (sglang), "
+                    f"model.lora.sync=adapter needs a backend that loads LoRA adapters (sglang, openai on vLLM), "
                     f"not {getattr(self.backend, 'name', type(self.backend).__name__)!r}; use sync: merged"
                 )
         # The KL reference: a frozen copy taken before any update, or with LoRA the policy itself

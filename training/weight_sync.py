@@ -4,8 +4,10 @@ The training side gathers the full weights (``training.engine.full_state_dict``)
 to the backend as a :class:`~harness.backends.base.WeightUpdate`; each backend owns its
 receiving side (``update_weights``): ``hf`` loads them into its in-process model between
 batches, ``sglang`` writes a model directory under ``scratch`` and posts
-``/update_weights_from_disk`` then ``/flush_cache``, ``scripted`` only moves its version. A
-backend that cannot take weights (``openai``) says so with ``NotImplementedError``.
+``/update_weights_from_disk`` then ``/flush_cache`` (to every worker behind an sglang-router),
+``openai`` on vLLM writes one and reloads it through vLLM's dev-mode ``/collective_rpc``
+(:mod:`harness.backends.vllm_sync`), ``scripted`` only moves its version. A backend that cannot
+take weights says so with ``NotImplementedError``.
 
 Every backend ends tagged with the policy version (the number of optimizer steps taken), and
 the trainer records that version on every trajectory generated afterwards.

@@ -120,6 +120,40 @@ class WeightUpdate:
     scratch: Path | None = None
 
 
+def export_model_dir(update: WeightUpdate, engine: str, explicit_head: bool = False) -> Path:
+    """The model directory a server loads ``update`` from: ``update.weights`` itself when it is a
+    path, else the state dict saved as ``<scratch>/weights-v<version>`` (config and tokenizer beside it).
+
+    ``explicit_head``: with tied embeddings, also write ``lm_head.weight`` (a copy of the
+    embedding) instead of leaving it out as checkpoints usually do. vLLM 0.32's in-place reload
+    keeps the head's previous tensor when the file has no head ("ParallelLMHead: Failed to load
+    weights"), so the head would lag the embedding by one version."""
+    from harness.models import save_model_dir
+
+    if isinstance(update.weights, str | Path):
+        return Path(update.weights)  # already a model directory the servers can read
+    if update.scratch is None or update.model_config is None:
+        raise ValueError(f"{engine} weight sync needs a scratch directory and the model config")
+    weights = dict(update.weights)
+    if explicit_head and getattr(update.model_config, "tie_word_embeddings", False):
+        emb = weights.get("model.embed_tokens.weight")
+        if emb is not None:
+            weights["lm_head.weight"] = emb.detach().clone()  # own storage: safetensors refuses shared
+    out = update.scratch / f"weights-v{update.version}"
+    return save_model_dir(weights, out, update.tokenizer, update.model_config, keep_head=explicit_head)
+
+
+def prune_exports(update: WeightUpdate, keep: Path) -> None:
+    """Delete the older ``weights-v*`` copies under ``update.scratch``: the servers now serve ``keep``."""
+    import shutil
+
+    if update.scratch is None:
+        return
+    for old in update.scratch.glob("weights-v*"):
+        if old != keep:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 class BackendBase:
     """Shared plumbing. Subclasses set ``name``, ``tokenizer``, ``max_context`` and implement
     ``agenerate`` and ``from_config``; trainable ones implement ``update_weights``."""

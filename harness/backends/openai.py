@@ -13,6 +13,9 @@ matched stop differently, and this backend normalises them:
 A trimmed stop string is re-appended so the text keeps it. Token ids come from the response when
 the server returns them (vLLM ``token_ids``), else from encoding the text with the tokenizer
 (exact for the harness' purposes only when the server's tokenizer agrees).
+
+RL weight sync (``update_weights`` full weights from disk, ``update_lora_adapter``) works against
+vLLM started with its development endpoints: :mod:`harness.backends.vllm_sync`.
 """
 
 from __future__ import annotations
@@ -22,14 +25,16 @@ from typing import Any
 
 from harness.backends.base import BackendError, Completion, SamplingParams
 from harness.backends.http_common import HTTPBackendBase
+from harness.backends.vllm_sync import VLLMWeightSync
 
 
-class OpenAIBackend(HTTPBackendBase):
+class OpenAIBackend(VLLMWeightSync, HTTPBackendBase):
     """Client of an OpenAI-compatible ``/v1/completions`` server (see module docstring).
 
     ``url``: base URL(s), with or without ``/v1`` (several: round-robin). ``model``: tokenizer
     name or directory (default the embedded model). ``api_key``: default ``$OPENAI_API_KEY``.
     ``served_model``: the server's model name (default: the first it lists on ``/v1/models``).
+    After :meth:`update_lora_adapter`, requests name the loaded adapter instead (``lora_name``).
     """
 
     name = "openai"
@@ -67,7 +72,7 @@ class OpenAIBackend(HTTPBackendBase):
 
     def payload(self, input_ids: list[int], params: SamplingParams) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": self.served_model,
+            "model": self.lora_name or self.served_model,
             "prompt": list(input_ids),
             "max_tokens": params.max_new_tokens,
             "temperature": params.temperature,
@@ -154,5 +159,6 @@ class OpenAIBackend(HTTPBackendBase):
             matched_stop=matched,
             logprobs=logprobs,
             prompt_tokens=int(usage.get("prompt_tokens", n_prompt)),
-            weight_version=(data.get("metadata") or {}).get("weight_version"),
+            # SGLang reports it; vLLM does not, so the version this client last pushed (or None).
+            weight_version=(data.get("metadata") or {}).get("weight_version") or self.weight_version,
         )

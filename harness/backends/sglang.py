@@ -22,7 +22,15 @@ from typing import Any
 
 import httpx
 
-from harness.backends.base import BackendError, Completion, SamplingParams, WeightUpdate, run_sync
+from harness.backends.base import (
+    BackendError,
+    Completion,
+    SamplingParams,
+    WeightUpdate,
+    export_model_dir,
+    prune_exports,
+    run_sync,
+)
 from harness.backends.http_common import HTTPBackendBase
 
 logger = logging.getLogger(__name__)
@@ -63,6 +71,27 @@ class SGLangBackend(HTTPBackendBase):
         self.tokenizer = self.load_tokenizer(model, tokenizer)
         self.max_context = self.context_limit(self.tokenizer, max_context, ask_server=health_check)
         self.lora_name: str | None = None  # the LoRA adapter rollouts use (update_lora_adapter), if any
+
+    def sync_urls(self) -> list[str]:
+        """Where weight updates go: each configured URL, or, for an sglang-router, every worker it
+        lists (``GET /list_workers`` → ``{"urls": [...]}``). The router balances ``/generate`` but
+        does not forward weight updates, so they are posted to its workers directly. Asked once."""
+        if getattr(self, "_sync_urls", None) is None:
+            targets: list[str] = []
+            for url in self.urls:
+                workers = self._router_workers(url)
+                targets += workers if workers else [url]
+            self._sync_urls = list(dict.fromkeys(targets))
+        return self._sync_urls
+
+    @staticmethod
+    def _router_workers(url: str) -> list[str]:
+        try:
+            r = httpx.get(url + "/list_workers", timeout=5.0)
+            urls = r.json().get("urls") if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return []
+        return [str(u).rstrip("/") for u in urls] if isinstance(urls, list) else []
 
     def _server_model(self) -> str | None:
         """The tokenizer (else model) path the first server reports on ``/model_info``, if any."""
@@ -155,29 +184,14 @@ class SGLangBackend(HTTPBackendBase):
         then ``POST /flush_cache`` so no KV computed by the old weights is reused (the update's own
         ``flush_cache`` flag does the same; the explicit call also covers servers that ignore it).
         Only the newest copy is kept on disk."""
-        import shutil
-        from pathlib import Path
-
-        from harness.models import save_model_dir
-
-        if isinstance(update.weights, str | Path):
-            path = Path(update.weights)  # already a model directory the servers can read
-        else:
-            if update.scratch is None or update.model_config is None:
-                raise ValueError("sglang weight sync needs a scratch directory and the model config")
-            path = save_model_dir(
-                update.weights, update.scratch / f"weights-v{update.version}", update.tokenizer, update.model_config
-            )
+        path = export_model_dir(update, self.name)
         run_sync(self.update_weights_from_disk(str(path), str(update.version), flush_cache=True))
-        for url in self.urls:
+        for url in self.sync_urls():
             r = httpx.post(url + "/flush_cache", timeout=60.0)
             if r.status_code != 200:
                 raise BackendError(f"{url}/flush_cache failed ({r.status_code}): {r.text[:200]}")
         self.weight_version = str(update.version)
-        if update.scratch is not None:
-            for old in update.scratch.glob("weights-v*"):  # keep only the copy the servers now serve
-                if old != path:
-                    shutil.rmtree(old, ignore_errors=True)
+        prune_exports(update, path)
 
     def update_lora_adapter(self, path: str | Path, version: int) -> None:
         """RL weight sync for LoRA without merging: ``POST /load_lora_adapter {lora_name, lora_path}``
@@ -186,10 +200,10 @@ class SGLangBackend(HTTPBackendBase):
         must run with ``--enable-lora`` (and ``--max-lora-rank``/``--lora-target-modules`` to load
         adapters it did not start with)."""
         name = f"policy-v{version}"
-        for url in self.urls:
+        for url in self.sync_urls():
             self._post_ok(url, "/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
         old, self.lora_name = self.lora_name, name
-        for url in self.urls:
+        for url in self.sync_urls():
             self._post_ok(url, "/flush_cache", None)
             if old is not None and old != name:
                 self._post_ok(url, "/unload_lora_adapter", {"lora_name": old})
@@ -201,7 +215,7 @@ class SGLangBackend(HTTPBackendBase):
         """``POST /init_weights_update_group``: the server's workers join a process group with the
         trainer (ranks ``rank_offset`` + tp_rank of ``world_size``) at ``master_address:master_port``.
         Blocks until the trainer joins too, so call it from a thread. One server only."""
-        if len(self.urls) != 1:
+        if len(self.sync_urls()) != 1:
             raise NotImplementedError("distributed weight sync is implemented for one SGLang server (its TP ranks)")
         payload = {
             "master_address": master_address,
@@ -211,7 +225,7 @@ class SGLangBackend(HTTPBackendBase):
             "group_name": group_name,
             "backend": backend,
         }
-        return self._post_ok(self.urls[0], "/init_weights_update_group", payload)
+        return self._post_ok(self.sync_urls()[0], "/init_weights_update_group", payload)
 
     def update_weights_from_distributed(
         self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str, version: int
@@ -227,7 +241,26 @@ class SGLangBackend(HTTPBackendBase):
             "flush_cache": True,
             "weight_version": str(version),
         }
-        return self._post_ok(self.urls[0], "/update_weights_from_distributed", payload)
+        return self._post_ok(self.sync_urls()[0], "/update_weights_from_distributed", payload)
+
+    def begin_weight_update(self) -> None:
+        """``POST /begin_weight_update``: SGLang 0.5.23 receives distributed weights only inside such a
+        session ("must run between begin_weight_update() and end_weight_update()"); older servers
+        lack the route (404) and need none."""
+        self._post_session("/begin_weight_update")
+
+    def end_weight_update(self) -> None:
+        """``POST /end_weight_update``: close the session (post-load processing of the new weights)."""
+        self._post_session("/end_weight_update")
+
+    def _post_session(self, path: str) -> None:
+        for url in self.sync_urls():
+            r = httpx.post(url + path, json={}, timeout=120.0)
+            if r.status_code == 404:
+                logger.debug("%s%s: not on this server; no weight-update session needed", url, path)
+                continue
+            if r.status_code != 200:
+                raise BackendError(f"{url}{path} failed ({r.status_code}): {r.text[:300]}")
 
     @staticmethod
     def _post_ok(url: str, path: str, payload: dict[str, Any] | None) -> dict[str, Any]:
@@ -241,7 +274,7 @@ class SGLangBackend(HTTPBackendBase):
     async def update_weights_from_disk(self, model_path: str, weight_version: str, flush_cache: bool = True) -> dict:
         """RL weight sync: load a saved checkpoint into every server, tagged with a version."""
         results = {}
-        for u in self.urls:
+        for u in self.sync_urls():
             payload = {"model_path": model_path, "weight_version": weight_version, "flush_cache": flush_cache}
             client, _ = self._client()
             r = await client.post(u + "/update_weights_from_disk", json=payload)

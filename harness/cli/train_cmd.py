@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -80,15 +81,14 @@ def train_command(
 
                 # The update schedule is checked before an engine takes a minute to start.
                 mini_batch_rows(cfg, int(os.environ.get("WORLD_SIZE", "1")))
-                if b.kind != "sglang":
-                    raise ValueError("rollout.backend.launch=true starts SGLang: set rollout.backend.kind=sglang")
                 if int(os.environ.get("WORLD_SIZE", "1")) > 1:
                     # Every rank would start its own engine; one shared server is what RL needs.
                     raise ValueError(
                         "rollout.backend.launch=true starts one engine from a single-process run; with several "
                         "ranks start it once with `harness serve model --engine sglang` and set rollout.backend.url"
                     )
-                proc = start_engine(stack, "sglang", cfg.model.path, b.engine, run)
+                engine, engine_cfg = rollout_engine(cfg)
+                proc = start_engine(stack, engine, cfg.model.path, engine_cfg, run)
                 cfg = replace(cfg, rollout=replace(cfg.rollout, backend=replace(b, url=[proc.url])))
             trainer = build_trainer(cfg, run)
             if resume:
@@ -99,6 +99,37 @@ def train_command(
     console.print(
         f"trained {trainer.step_no} steps → {run} (model: {final}; eval it with harness eval --model {final})"
     )
+
+
+def rollout_engine(cfg: Any) -> tuple[str, Any]:
+    """The engine ``rollout.backend.launch`` starts and its launch config, with what weight sync
+    needs: ``sglang`` → SGLang as configured; ``openai`` → vLLM with its RL endpoints
+    (``VLLM_SERVER_DEV_MODE=1``). With ``model.lora.sync: adapter`` the engine also gets LoRA
+    enabled at the recipe's rank (vLLM: ``--enable-lora --max-lora-rank R`` and runtime adapter
+    loading; SGLang: ``--enable-lora --max-lora-rank R --lora-target-modules ...``, which its CPU
+    build cannot start with: see tests/engines/test_lora_sync.py). Flags given in
+    ``rollout.backend.engine.args`` win."""
+    from dataclasses import replace
+
+    from harness.engines import engine_for_backend
+
+    b = cfg.rollout.backend
+    engine = engine_for_backend(b.kind)  # EngineError (a RuntimeError) for kinds with no engine
+    env: dict[str, str] = {}
+    args: list[str] = []
+    lora = cfg.model.lora
+    adapter = lora is not None and lora.sync == "adapter"
+    if engine == "vllm":
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+        if adapter:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+            args += ["--enable-lora", "--max-lora-rank", str(lora.r)]
+    elif adapter:
+        args += ["--enable-lora", "--max-lora-rank", str(lora.r), "--lora-target-modules", *lora.target_modules]
+    given = set(b.engine.args)
+    if "--enable-lora" in given:
+        args = []  # the recipe configured LoRA on the engine itself
+    return engine, replace(b.engine, env={**env, **b.engine.env}, args=[*args, *b.engine.args])
 
 
 # What a training run writes into its folder: --overwrite deletes only folders that hold these.

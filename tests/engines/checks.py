@@ -31,17 +31,29 @@ ENGINE_ARGS = {
     "vllm": ["--dtype", "float32", "--gpu-memory-utilization", "0.3"],
 }
 
+# vLLM's RL endpoints (/collective_rpc, /pause, /reset_prefix_cache, /update_weight_version) exist
+# only in its development mode; weight sync needs them (harness.backends.vllm_sync).
+ENGINE_ENV = {"sglang": {}, "vllm": {"VLLM_SERVER_DEV_MODE": "1"}}
+
 PARITY_PREFIX = 8
 PARITY_MIN_EXACT = 0.75
 N_PARITY_PROMPTS = 8
 
 
 @contextlib.contextmanager
-def serve(engine: str, model_dir: str, log_dir: Path) -> Iterator[EngineProcess]:
-    """A real ``engine`` serving ``model_dir`` for the block (the test skips if its venv is missing)."""
+def serve(
+    engine: str, model_dir: str, log_dir: Path, args: list[str] = (), env: dict[str, str] | None = None
+) -> Iterator[EngineProcess]:
+    """A real ``engine`` serving ``model_dir`` for the block (the test skips if its venv is missing);
+    ``args``/``env`` add to ``ENGINE_ARGS``/``ENGINE_ENV``."""
     if not engine_ready(engine):  # type: ignore[arg-type]
         pytest.skip(f"no {engine} venv under {engine_dir()}: run scripts/build_engine_venvs.sh (make test-engines)")
-    cfg = EngineConfig(device="cpu", args=ENGINE_ARGS[engine], health_timeout=900.0)
+    cfg = EngineConfig(
+        device="cpu",
+        args=[*ENGINE_ARGS[engine], *args],
+        env={**ENGINE_ENV[engine], **(env or {})},
+        health_timeout=900.0,
+    )
     with launched(engine, model_dir, cfg, log_dir=log_dir) as proc:  # type: ignore[arg-type]
         yield proc
 

@@ -1,6 +1,7 @@
 """Real SGLang (through the ``sglang`` backend) and real vLLM (through ``openai``), CPU, float32:
-the agent, stop semantics, logprobs, ``n``, greedy parity with ``hf``, and, for SGLang, RL weight
-sync through ``/update_weights_from_disk``. Each engine is started once for all its tests."""
+the agent, stop semantics, logprobs, ``n``, greedy parity with ``hf``, and RL weight sync of full
+weights from disk (SGLang ``/update_weights_from_disk``; vLLM ``/collective_rpc reload_weights``,
+in its development mode). Each engine is started once for all its tests."""
 
 from __future__ import annotations
 
@@ -57,10 +58,9 @@ def test_greedy_parity_with_hf(backend, hf_backend):
 
 
 def test_weight_sync_changes_outputs_and_version(backend, model_dir, tmp_path):
-    """training.weight_sync pushes a changed checkpoint: outputs and weight version change;
-    pushing the original weights back restores the original outputs exactly."""
-    if backend.name != "sglang":
-        pytest.skip("weight sync goes into SGLang only; vLLM serves evaluation")
+    """training.weight_sync pushes a changed checkpoint: outputs and weight version change, and the
+    server's logprobs of its own tokens are those of the pushed weights (so every weight arrived,
+    the tied head included); pushing the original weights back restores the original outputs."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -72,13 +72,23 @@ def test_weight_sync_changes_outputs_and_version(backend, model_dir, tmp_path):
     before = checks.gen(backend, ids, max_new_tokens=16)
 
     g = torch.Generator().manual_seed(0)
-    changed = {k: v + 0.05 * torch.randn(v.shape, generator=g) if v.ndim == 2 else v for k, v in original.items()}
+    with torch.no_grad():  # tied embeddings stay tied, as in training
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    changed = model.state_dict()
+    assert changed["lm_head.weight"].data_ptr() == changed["model.embed_tokens.weight"].data_ptr()
     kw = dict(scratch=tmp_path / "sync", tokenizer=backend.tokenizer, model_config=model.config)
     try:
         sync_weights(backend, changed, 1, **kw)
-        after = checks.gen(backend, ids, max_new_tokens=16)
+        after = checks.gen(backend, ids, max_new_tokens=16, logprobs=True)
         assert after.weight_version == "1" and backend.weight_version == "1"
         assert after.token_ids != before.token_ids
+        with torch.no_grad():  # the pushed model scores the served tokens as the server did
+            logits = model(torch.tensor([ids + after.token_ids])).logits[0, len(ids) - 1 : -1]
+        ours = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(after.token_ids)[:, None])[:, 0]
+        diff = (ours - torch.tensor(after.logprobs)).abs().max().item()
+        assert diff < 1e-2, f"served logprobs differ from the pushed weights' by up to {diff:.3g}"
         assert sorted(p.name for p in (tmp_path / "sync").iterdir()) == ["weights-v1"]
     finally:
         sync_weights(backend, original, 2, **kw)  # leave the server as the other tests expect it
@@ -86,3 +96,43 @@ def test_weight_sync_changes_outputs_and_version(backend, model_dir, tmp_path):
     assert restored.weight_version == "2"
     assert restored.token_ids == before.token_ids
     assert sorted(p.name for p in (tmp_path / "sync").iterdir()) == ["weights-v2"]  # older copy removed
+
+
+def test_distributed_sync_by_broadcast(backend, model_dir):
+    """rollout.weight_sync=distributed against real SGLang on CPU: the server's worker joins a gloo
+    group with the trainer (/init_weights_update_group), each update is broadcast tensor by tensor
+    inside a weight-update session; the server then scores its own tokens as the pushed weights do,
+    and pushing the originals back restores the original outputs. No model directory is written."""
+    if backend.name != "sglang":
+        pytest.skip(
+            "vLLM 0.32's in-memory weight transfer (/init_weight_transfer_engine + /update_weights) "
+            "uses NCCL or CUDA IPC: not on CPU; vLLM syncs from disk"
+        )
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from training.dist_sync import DistributedWeightSync
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = checks.chat_ids(backend.tokenizer, "What is the capital of France?")
+    before = checks.gen(backend, ids, max_new_tokens=16)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    sync = DistributedWeightSync(backend, comm="gloo", timeout_s=300)
+    try:
+        sync.push(model.state_dict(), 11)
+        after = checks.gen(backend, ids, max_new_tokens=16, logprobs=True)
+        assert after.weight_version == "11" and after.token_ids != before.token_ids
+        with torch.no_grad():
+            logits = model(torch.tensor([ids + after.token_ids])).logits[0, len(ids) - 1 : -1]
+        ours = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(after.token_ids)[:, None])[:, 0]
+        diff = (ours - torch.tensor(after.logprobs)).abs().max().item()
+        assert diff < 1e-2, f"served logprobs differ from the broadcast weights' by up to {diff:.3g}"
+    finally:
+        sync.push(original, 12)  # the group is kept: the second push reuses it
+    restored = checks.gen(backend, ids, max_new_tokens=16)
+    assert restored.weight_version == "12" and restored.token_ids == before.token_ids

@@ -214,3 +214,26 @@ def test_context_limit_comes_from_the_server(replay, smol_tokenizer):
     assert backend(replay, smol_tokenizer).max_context == 4096
     replay.models = []  # nothing served: the tokenizer's limit, here the "no limit" sentinel → 32768
     assert smol_tokenizer.model_max_length > 1 << 20 and backend(replay, smol_tokenizer).max_context == 32768
+
+
+def test_weight_updates_go_to_the_workers_behind_a_router(smol_tokenizer, tmp_path):
+    """Rollouts go through the router URL; sglang-router does not forward weight updates, so the
+    backend posts them to every worker the router lists on /list_workers ({"urls": [...]})."""
+    from fastapi import FastAPI
+
+    from harness.backends.base import WeightUpdate
+    from tests.helpers.sglang_standin import SGLangStandIn
+
+    workers = [SGLangStandIn(), SGLangStandIn()]
+    with ServerThread(workers[0].app()) as w0, ServerThread(workers[1].app()) as w1:
+        router = FastAPI()
+        router.get("/health")(lambda: {})
+        router.get("/list_workers")(lambda: {"urls": [w0.url, w1.url + "/"]})
+        with ServerThread(router) as r:
+            b = SGLangBackend(r.url, tokenizer=smol_tokenizer, health_check=False, max_context=512)
+            assert b.sync_urls() == [w0.url, w1.url] and b.urls == [r.url]
+            (tmp_path / "m").mkdir()
+            b.update_weights(WeightUpdate(str(tmp_path / "m"), 3))
+    for w in workers:
+        assert [c[0] for c in w.calls] == ["/update_weights_from_disk", "/flush_cache"]
+        assert w.calls[0][1]["weight_version"] == "3"

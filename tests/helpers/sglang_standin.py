@@ -21,6 +21,7 @@ class SGLangStandIn:
         self.n_generated = 0
         self.group: Any = None  # distributed sync: the process group it joined (one worker)
         self.received: dict[str, Any] = {}  # name -> tensor received by broadcast
+        self.in_session = False  # between /begin_weight_update and /end_weight_update
 
     def of(self, path: str) -> list[Any]:
         return [b for p, b in self.calls if p == path]
@@ -66,26 +67,46 @@ class SGLangStandIn:
 
         @app.post("/init_weights_update_group")
         def init_group(payload: dict):  # a plain def: FastAPI runs it in a worker thread (it blocks)
+            from unittest import mock
+
             from training.dist_sync import join_group
 
             self.calls.append(("/init_weights_update_group", payload))
             p = payload
-            self.group = join_group(
-                p["master_address"],
-                p["master_port"],
-                p["rank_offset"],
-                p["world_size"],
-                p["group_name"],
-                p["backend"],
-                60,
-            )
+            # SGLang's workers and the trainer are separate processes; here both ends live in one,
+            # and torch refuses a second group registered under the same name: skip registering it.
+            with mock.patch("torch.distributed.distributed_c10d._register_process_group"):
+                self.group = join_group(
+                    p["master_address"],
+                    p["master_port"],
+                    p["rank_offset"],
+                    p["world_size"],
+                    p["group_name"],
+                    p["backend"],
+                    60,
+                )
             return {"success": True, "message": "Succeeded to initialize custom process group."}
+
+        @app.post("/begin_weight_update")
+        async def begin(request: Request):
+            self.calls.append(("/begin_weight_update", await body(request)))
+            self.in_session = True
+            return {"success": True, "message": "ok"}
+
+        @app.post("/end_weight_update")
+        async def end(request: Request):
+            self.calls.append(("/end_weight_update", await body(request)))
+            self.in_session = False
+            return {"success": True, "message": "ok"}
 
         @app.post("/update_weights_from_distributed")
         def update_distributed(payload: dict):
             import torch
 
             self.calls.append(("/update_weights_from_distributed", payload))
+            if not self.in_session:  # as SGLang 0.5.23 answers
+                msg = "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()"
+                return JSONResponse({"success": False, "message": msg}, status_code=400)
             for name, dtype, shape in zip(payload["names"], payload["dtypes"], payload["shapes"], strict=True):
                 t = torch.empty(shape, dtype=getattr(torch, dtype))
                 self.group.broadcast([t]).wait()

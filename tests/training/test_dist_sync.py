@@ -1,6 +1,7 @@
-"""SGLang's distributed weight-sync protocol (/init_weights_update_group +
-/update_weights_from_distributed) over gloo on CPU, against a stand-in server that joins the group
-the way training.dist_sync does. NOT against real SGLang (see training/dist_sync.py)."""
+"""SGLang's distributed weight-sync protocol (/init_weights_update_group, then per update
+/begin_weight_update + /update_weights_from_distributed + /end_weight_update) over gloo on CPU,
+against a stand-in server that joins the group the way SGLang does (training.dist_sync.join_group).
+Real SGLang: tests/engines/test_served_model.py::test_distributed_sync_by_broadcast."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def test_weights_arrive_by_broadcast_in_announced_order():
         state2 = {k: v + 1 for k, v in state.items()}
         sync.push(state2, 2)  # the group is kept: one init, two updates
         assert len(standin.of("/init_weights_update_group")) == 1
+        session = [p for p, _ in standin.calls if "weight" in p and "init" not in p]
+        assert session == ["/begin_weight_update", "/update_weights_from_distributed", "/end_weight_update"] * 2
         assert all(torch.equal(standin.received[k], v) for k, v in state2.items())
         assert backend.weight_version == "2" and standin.version == "2"
 

@@ -1,5 +1,6 @@
-"""The multi-node launch path on one machine: ``harness train`` under ``torchrun`` with two CPU
-processes, the same command a 2-node run uses with ``--nnodes 2 --node_rank N`` (README,
+"""The multi-node launch paths on one machine: ``harness train`` under ``torchrun`` and under the
+DeepSpeed launcher with a hostfile, two CPU processes each, the same commands a 2-node run uses
+(``torchrun --nnodes 2 --node_rank N``; ``deepspeed --hostfile H --no_ssh --node_rank N``; README,
 "Multi-node"). Both ranks train; rank 0 alone writes the run folder."""
 
 from __future__ import annotations
@@ -17,21 +18,77 @@ from tests.training.test_zero2_two_ranks import RECIPE, free_port
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
-def test_harness_train_under_torchrun_two_local_processes(tmp_path):
+def _train_args(tmp_path) -> list[str]:
     recipe = RECIPE.replace("reward: zero2_letter_a", "reward: em")
     recipe = recipe.replace("max_steps: 2, save_every: 2", "max_steps: 1, save_every: 1")
     (tmp_path / "recipe.yaml").write_text(recipe)
+    return ["-m", "harness.cli.main", "train", "-c", str(tmp_path / "recipe.yaml"), "--out", str(tmp_path / "run")]
+
+
+def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env.update(DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    return env
+
+
+@pytest.mark.slow
+def test_harness_train_under_torchrun_two_local_processes(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--node_rank", "0"]
     cmd += ["--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
-    cmd += ["-m", "harness.cli.main", "train", "-c", str(tmp_path / "recipe.yaml"), "--out", str(tmp_path / "run")]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    cmd += _train_args(tmp_path)
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run = tmp_path / "run"
+    _check_two_rank_run(tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_harness_train_under_the_deepspeed_launcher_with_a_hostfile(tmp_path):
+    """``deepspeed --hostfile`` with one host of 2 slots, ``--no_ssh --node_rank 0``: the launcher
+    reads the hostfile, starts one process per slot with RANK/WORLD_SIZE/MASTER_* set. On 2 nodes
+    the hostfile lists both hosts and each node runs the same command with its ``--node_rank``
+    (or, with passwordless ssh/pdsh, node 0 alone runs it without ``--no_ssh``)."""
+    (tmp_path / "hostfile").write_text("localhost slots=2\n")
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(tmp_path / "hostfile")]
+    cmd += ["--no_ssh", "--node_rank", "0", "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    # The module gets no --local_rank argument (the CLI does not take one; LOCAL_RANK is in the env).
+    cmd += ["--no_local_rank", "--module", "harness.cli.main", *_train_args(tmp_path)[2:]]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    assert "localhost" in proc.stdout + proc.stderr  # the launcher's world info came from the hostfile
+    _check_two_rank_run(tmp_path / "run")
+
+
+def _check_two_rank_run(run) -> None:
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert [r["step"] for r in rows if "loss" in r] == [1]  # one writer (rank 0), one row per step
     ckpt = run / "checkpoints" / "step-1"
     assert {"model_optim_rank0.pt", "model_optim_rank1.pt"} <= {p.name for p in ckpt.iterdir()}
     assert (run / "final" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize(
+    ("kind", "lora", "engine", "env", "args"),
+    [
+        ("sglang", "", "sglang", {}, ["--x"]),
+        ("openai", "", "vllm", {"VLLM_SERVER_DEV_MODE": "1"}, ["--x"]),
+        (
+            "openai",
+            "  lora: {r: 4, sync: adapter}\n",
+            "vllm",
+            {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"},
+            ["--enable-lora", "--max-lora-rank", "4", "--x"],
+        ),
+        ("sglang", "  lora: {r: 4, sync: merged}\n", "sglang", {}, ["--x"]),
+    ],
+)
+def test_launched_rollout_engine_gets_what_weight_sync_needs(tmp_path, kind, lora, engine, env, args):
+    from harness.cli.train_cmd import rollout_engine
+    from harness.config import compose
+    from training.config import TrainConfig
+
+    recipe = RECIPE.replace("model:\n", "model:\n" + lora)
+    (tmp_path / "r.yaml").write_text(recipe)
+    overrides = [f"rollout.backend.kind={kind}", "rollout.backend.launch=true", 'rollout.backend.engine.args=["--x"]']
+    cfg = compose(TrainConfig, [tmp_path / "r.yaml"], overrides)
+    got_engine, ecfg = rollout_engine(cfg)
+    assert (got_engine, ecfg.env, ecfg.args) == (engine, env, args)
