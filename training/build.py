@@ -134,3 +134,54 @@ def build_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
     agent = SearchAgent(backend, retriever, cfg.rollout.method, agent_cfg, method=cfg.rollout.method)
     validation = build_validation(cfg, backend, Path(out))
     return Trainer(cfg, agent, examples, out, validate=validation)
+
+
+def train_cached(cfg: TrainConfig, run: str | Path) -> tuple[Path, bool]:
+    """Train ``cfg`` into ``run`` unless ``run`` already holds a final model trained with exactly
+    this config (its ``config.json``); returns the final model folder and whether it trained now.
+    A ``run`` of any other config is cleared first (a cached demo or stage never mixes recipes)."""
+    import json
+    import shutil
+
+    from harness.config import to_dict
+
+    run = Path(run)
+    final, recorded = run / "final", run / "config.json"
+    wanted = json.loads(json.dumps(to_dict(cfg)))  # as config.json holds it (tuples as lists)
+    if final.is_dir() and recorded.exists() and json.loads(recorded.read_text()) == wanted:
+        return final, False
+    if run.exists():
+        logger.info("retraining: %s holds no final model of this config", run)
+        shutil.rmtree(run)
+    return Path(build_trainer(cfg, run).train()), True
+
+
+def rollout_engine(cfg: Any) -> tuple[str, Any]:
+    """The engine ``rollout.backend.launch`` starts and its launch config, with what weight sync
+    needs: ``sglang`` → SGLang as configured; ``openai`` → vLLM with its RL endpoints
+    (``VLLM_SERVER_DEV_MODE=1``). With ``model.lora.sync: adapter`` the engine also gets LoRA
+    enabled at the recipe's rank (vLLM: ``--enable-lora --max-lora-rank R`` and runtime adapter
+    loading; SGLang: ``--enable-lora --max-lora-rank R --lora-target-modules ...``, which its CPU
+    build cannot start with: see tests/engines/test_lora_sync.py). Flags given in
+    ``rollout.backend.engine.args`` win."""
+    from dataclasses import replace
+
+    from harness.engines import engine_for_backend
+
+    b = cfg.rollout.backend
+    engine = engine_for_backend(b.kind)  # EngineError (a RuntimeError) for kinds with no engine
+    env: dict[str, str] = {}
+    args: list[str] = []
+    lora = cfg.model.lora
+    adapter = lora is not None and lora.sync == "adapter"
+    if engine == "vllm":
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+        if adapter:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+            args += ["--enable-lora", "--max-lora-rank", str(lora.r)]
+    elif adapter:
+        args += ["--enable-lora", "--max-lora-rank", str(lora.r), "--lora-target-modules", *lora.target_modules]
+    given = set(b.engine.args)
+    if "--enable-lora" in given:
+        args = []  # the recipe configured LoRA on the engine itself
+    return engine, replace(b.engine, env={**env, **b.engine.env}, args=[*args, *b.engine.args])

@@ -131,27 +131,15 @@ def _synthesize(data: dict[str, Any], sft_dir: Path) -> Path:
 
 
 def _train(train_config: str, overrides: list[str], data: Path, run: Path) -> tuple[Path, bool]:
-    """The SFT model folder and whether it was (re)trained now; skipped when ``run`` holds a
-    final model trained with exactly this config."""
-    from harness.config import compose, to_dict
+    """The SFT model folder and whether it was (re)trained now (see :func:`training.build.train_cached`)."""
+    from harness.config import compose
+    from training.build import train_cached
     from training.config import TrainConfig
 
     source = f"sft.sources=[{{kind: synth, path: {json.dumps(str(data))}}}]"
-    cfg = compose(TrainConfig, [train_config], [source, *overrides])
-    final, recorded = run / "final", run / "config.json"
-    wanted = json.loads(json.dumps(to_dict(cfg)))  # as config.json holds it (tuples as lists)
-    if final.is_dir() and recorded.exists() and json.loads(recorded.read_text()) == wanted:
-        console.print(f"cached: {final} (trained with this recipe)")
-        return final, False
-    if run.exists():
-        logger.info("retraining: %s holds no final model of this recipe", run)
-        shutil.rmtree(run)
-    from training.build import build_trainer
-
-    trainer = build_trainer(cfg, run)
-    final = trainer.train()
-    console.print(f"trained {trainer.step_no} steps → {final}")
-    return Path(final), True
+    final, retrained = train_cached(compose(TrainConfig, [train_config], [source, *overrides]), run)
+    console.print(f"trained → {final}" if retrained else f"cached: {final} (trained with this recipe)")
+    return final, retrained
 
 
 def _report(eval_dir: Path, out: Path) -> None:

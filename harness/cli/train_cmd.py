@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -70,7 +69,7 @@ def train_command(
     from dataclasses import replace
 
     from harness.engines import sigterm_as_exit
-    from training.build import build_trainer
+    from training.build import build_trainer, rollout_engine
 
     try:
         with contextlib.ExitStack() as stack:
@@ -99,37 +98,6 @@ def train_command(
     console.print(
         f"trained {trainer.step_no} steps → {run} (model: {final}; eval it with harness eval --model {final})"
     )
-
-
-def rollout_engine(cfg: Any) -> tuple[str, Any]:
-    """The engine ``rollout.backend.launch`` starts and its launch config, with what weight sync
-    needs: ``sglang`` → SGLang as configured; ``openai`` → vLLM with its RL endpoints
-    (``VLLM_SERVER_DEV_MODE=1``). With ``model.lora.sync: adapter`` the engine also gets LoRA
-    enabled at the recipe's rank (vLLM: ``--enable-lora --max-lora-rank R`` and runtime adapter
-    loading; SGLang: ``--enable-lora --max-lora-rank R --lora-target-modules ...``, which its CPU
-    build cannot start with: see tests/engines/test_lora_sync.py). Flags given in
-    ``rollout.backend.engine.args`` win."""
-    from dataclasses import replace
-
-    from harness.engines import engine_for_backend
-
-    b = cfg.rollout.backend
-    engine = engine_for_backend(b.kind)  # EngineError (a RuntimeError) for kinds with no engine
-    env: dict[str, str] = {}
-    args: list[str] = []
-    lora = cfg.model.lora
-    adapter = lora is not None and lora.sync == "adapter"
-    if engine == "vllm":
-        env["VLLM_SERVER_DEV_MODE"] = "1"
-        if adapter:
-            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
-            args += ["--enable-lora", "--max-lora-rank", str(lora.r)]
-    elif adapter:
-        args += ["--enable-lora", "--max-lora-rank", str(lora.r), "--lora-target-modules", *lora.target_modules]
-    given = set(b.engine.args)
-    if "--enable-lora" in given:
-        args = []  # the recipe configured LoRA on the engine itself
-    return engine, replace(b.engine, env={**env, **b.engine.env}, args=[*args, *b.engine.args])
 
 
 # What a training run writes into its folder: --overwrite deletes only folders that hold these.

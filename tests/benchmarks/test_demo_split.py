@@ -14,6 +14,9 @@ from typer.testing import CliRunner
 from benchmarks.datasets import load_examples
 from harness.cli.main import app
 
+# The demo's SFT recipe (harness demo trains it; a file, not the CLI module's constant).
+TRAIN_CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "train" / "smollm2_cpu_sft_demo.yaml")
+
 runner = CliRunner()
 TEMPLATES = (
     r"In which town was the inventor of the .+ born\?",
@@ -103,16 +106,16 @@ def test_a_label_flows_into_the_run_dir_the_report_and_the_demo_text(tmp_path):
 
 def test_demo_training_is_skipped_only_for_the_same_recipe(tmp_path, monkeypatch):
     """A final model trained with the recipe's exact config is reused; any other config retrains."""
-    from harness.cli import demo_cmd
     from harness.config import compose, to_dict
+    from training.build import train_cached
     from training.config import TrainConfig
 
     data, run = tmp_path / "train.jsonl", tmp_path / "model"
     source = f"sft.sources=[{{kind: synth, path: {json.dumps(str(data))}}}]"
-    cfg = compose(TrainConfig, [demo_cmd.TRAIN_CONFIG], [source])
+    cfg = compose(TrainConfig, [TRAIN_CONFIG], [source])
     (run / "final").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps(to_dict(cfg)))
-    assert demo_cmd._train(demo_cmd.TRAIN_CONFIG, [], data, run) == (run / "final", False)
+    assert train_cached(cfg, run) == (run / "final", False)
 
     built = []
 
@@ -124,5 +127,6 @@ def test_demo_training_is_skipped_only_for_the_same_recipe(tmp_path, monkeypatch
             return run / "final"
 
     monkeypatch.setattr("training.build.build_trainer", lambda c, r: built.append(c) or Trainer())
-    assert demo_cmd._train(demo_cmd.TRAIN_CONFIG, ["trainer.max_steps=3"], data, run) == (run / "final", True)
+    three = compose(TrainConfig, [TRAIN_CONFIG], [source, "trainer.max_steps=3"])
+    assert train_cached(three, run) == (run / "final", True)
     assert built[0].trainer.max_steps == 3 and not (run / "config.json").exists()  # the old run was cleared

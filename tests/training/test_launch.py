@@ -82,8 +82,8 @@ def _check_two_rank_run(run) -> None:
     ],
 )
 def test_launched_rollout_engine_gets_what_weight_sync_needs(tmp_path, kind, lora, engine, env, args):
-    from harness.cli.train_cmd import rollout_engine
     from harness.config import compose
+    from training.build import rollout_engine
     from training.config import TrainConfig
 
     recipe = RECIPE.replace("model:\n", "model:\n" + lora)
