@@ -195,6 +195,19 @@ class FlashRAGGenerator:
         return run_sync(coro)
 
 
+class FlashRAGChatPrompt:
+    """FlashRAG's prompt-template interface (``get_string``) for a pipeline's ``user_prompt`` in the
+    model's chat template, as FlashRAG's ``PromptTemplate`` renders it for chat models (without
+    reading a FlashRAG model config)."""
+
+    def __init__(self, tokenizer: Any, user_prompt: str) -> None:
+        self.tokenizer, self.user_prompt = tokenizer, user_prompt
+
+    def get_string(self, question: str, **_: Any) -> str:
+        messages = [{"role": "user", "content": self.user_prompt.format(question=question)}]
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
 class FlashRAGRetriever:
     """A harness :class:`Retriever` with FlashRAG's retriever interface.
 

@@ -58,17 +58,6 @@ def agent_qps(backend: HFBackend, retriever: Any, args: argparse.Namespace, cont
     return args.n / wall, {"wall_s": wall, "em": res.metrics["em"], "mean_searches": res.mean_searches}
 
 
-class _ChatTemplate:
-    """FlashRAG's prompt-template interface over the model's chat template (no model config read)."""
-
-    def __init__(self, tokenizer: Any, user_prompt: str) -> None:
-        self.tokenizer, self.user_prompt = tokenizer, user_prompt
-
-    def get_string(self, question: str, **_: Any) -> str:
-        messages = [{"role": "user", "content": self.user_prompt.format(question=question)}]
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-
 class _Generator:
     """The backend as FlashRAG's generator, with the agent's per-turn budget."""
 
@@ -84,11 +73,11 @@ class _Generator:
 def flashrag_qps(backend: HFBackend, retriever: Any, args: argparse.Namespace) -> tuple[float, dict]:
     from flashrag.pipeline import SearchR1Pipeline
 
-    from pipelines.flashrag_compat import FlashRAGRetriever, safe_config, to_flashrag_dataset
+    from pipelines.flashrag_compat import FlashRAGChatPrompt, FlashRAGRetriever, safe_config, to_flashrag_dataset
 
     config = safe_config()
     examples = load_examples("demo", "test", limit=args.n)
-    template = _ChatTemplate(backend.tokenizer, SearchR1Pipeline.user_prompt)
+    template = FlashRAGChatPrompt(backend.tokenizer, SearchR1Pipeline.user_prompt)
     pipe = SearchR1Pipeline(
         config,
         prompt_template=template,

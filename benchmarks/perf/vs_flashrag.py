@@ -48,7 +48,13 @@ from harness.backends.base import SamplingParams
 from harness.eval_config import RetrieverConfig
 from harness.types import Example
 from pipelines.dialects import FLASHRAG_DIFFERENCES
-from pipelines.flashrag_compat import FlashRAGGenerator, FlashRAGRetriever, safe_config, to_flashrag_dataset
+from pipelines.flashrag_compat import (
+    FlashRAGChatPrompt,
+    FlashRAGGenerator,
+    FlashRAGRetriever,
+    safe_config,
+    to_flashrag_dataset,
+)
 from pipelines.search_agent import AgentConfig, SearchAgent
 
 NOT_LIKE_FOR_LIKE = (
@@ -96,17 +102,6 @@ class _CountingGenerator(FlashRAGGenerator):
         return texts
 
 
-class _ChatTemplate:
-    """FlashRAG's prompt-template interface: its pipeline's prompt in the model's chat template."""
-
-    def __init__(self, tokenizer: Any, user_prompt: str) -> None:
-        self.tokenizer, self.user_prompt = tokenizer, user_prompt
-
-    def get_string(self, question: str, **_: Any) -> str:
-        messages = [{"role": "user", "content": self.user_prompt.format(question=question)}]
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-
 class _AgentPrompt:
     """FlashRAG's prompt-template interface giving the agent's own prompt string for the dialect
     (``--flashrag-prompt agent``), so the two loops start from the same text."""
@@ -130,7 +125,7 @@ def run_flashrag(pair: str, backend: Any, retriever: Any, examples: list[Example
     if args.flashrag_prompt == "agent":
         template: Any = _AgentPrompt(backend.tokenizer, pair)
     else:
-        template = _ChatTemplate(backend.tokenizer, cls.user_prompt)
+        template = FlashRAGChatPrompt(backend.tokenizer, cls.user_prompt)
     config = safe_config()
     pipe = cls(
         config,

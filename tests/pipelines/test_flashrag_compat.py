@@ -9,7 +9,7 @@ from harness.backends.base import SamplingParams
 from harness.backends.scripted import ScriptedBackend
 from harness.retrieval.memory import InMemoryRetriever
 from harness.types import Doc
-from pipelines.flashrag_compat import FlashRAGGenerator, FlashRAGRetriever
+from pipelines.flashrag_compat import FlashRAGChatPrompt, FlashRAGGenerator, FlashRAGRetriever
 
 
 def test_generate_keeps_the_matched_stop_and_maps_option_names():
@@ -93,3 +93,13 @@ def test_retriever_records_each_threads_calls_with_docs_and_turns():
         (1, "Germany", ["2", "1"]),
     ]
     assert calls[0].docs[0].title == "Paris" and all(c.latency_s >= 0 for c in calls)
+
+
+def test_chat_prompt_fills_the_question_into_the_chat_template():
+    class Tok:
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            assert tokenize is False and add_generation_prompt is True
+            return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+    prompt = FlashRAGChatPrompt(Tok(), "Answer: {question}")
+    assert prompt.get_string("Who?", retrieval_result=[]) == "<user>Answer: Who?<assistant>"
