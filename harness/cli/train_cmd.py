@@ -95,9 +95,11 @@ def train_command(
             final = trainer.train()
     except (ValueError, FileNotFoundError, RuntimeError, KeyError) as e:  # EngineError is a RuntimeError
         fail(f"{type(e).__name__}: {e}")
-    console.print(
-        f"trained {trainer.step_no} steps → {run} (model: {final}; eval it with harness eval --model {final})"
-    )
+    if cfg.algo.kind == "prm":  # a reward model, not a policy: it scores steps, it is not evaluated
+        use = f"score steps with algo.step_scorer_path={final} (step_scorer: prm) or harness serve prm --path {final}"
+    else:
+        use = f"eval it with harness eval --model {final}"
+    console.print(f"trained {trainer.step_no} steps → {run} (model: {final}; {use})")
 
 
 # What a training run writes into its folder: --overwrite deletes only folders that hold these.
