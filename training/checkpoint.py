@@ -237,3 +237,13 @@ def export_hf(policy: Any, tokenizer: Any, out: Path) -> Path:
 def _barrier() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
+
+
+def resume_checkpoint(run_dir: str | Path, policy: Any, critic: Any = None) -> tuple[Path, dict[str, Any]]:
+    """Restore the newest intact checkpoint of the run ``run_dir`` (its ``checkpoints/``) into the
+    engines; returns it and the trainer state. A run with no checkpoint is a FileNotFoundError."""
+    where = Path(run_dir) / "checkpoints"
+    ckpt = latest_checkpoint(where)
+    if ckpt is None:
+        raise FileNotFoundError(f"no checkpoint under {where}")
+    return ckpt, load_checkpoint(ckpt, policy, critic)

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from training.checkpoint import resume_checkpoint, save_checkpoint
 from training.config import TrainConfig
 from training.engine import ValueHead, build_model, initialize, optimizer_step, rank_and_world, unwrap
 from training.logging_utils import MetricsLog, ProgressBar
@@ -281,10 +281,7 @@ class PRMTrainer:
         return hits / len(pairs)
 
     def resume(self, run_dir: Path) -> None:
-        ckpt = latest_checkpoint(Path(run_dir) / "checkpoints")
-        if ckpt is None:
-            raise FileNotFoundError(f"no checkpoint under {Path(run_dir) / 'checkpoints'}")
-        state = load_checkpoint(ckpt, self.engine)
+        _, state = resume_checkpoint(run_dir, self.engine)
         self.step_no = state["step"]
         self.sampler.load(state["sampler"])
 

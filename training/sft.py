@@ -21,7 +21,7 @@ import torch
 
 from harness.types import Trajectory
 from training.batch import Batch, collate, token_logprobs
-from training.checkpoint import export_hf, latest_checkpoint, load_checkpoint, save_checkpoint
+from training.checkpoint import export_hf, resume_checkpoint, save_checkpoint
 from training.config import TrainConfig
 from training.engine import build_model, initialize, optimizer_step, rank_and_world
 from training.logging_utils import MetricsLog, ProgressBar
@@ -195,10 +195,7 @@ class SFTTrainer:
         return save_checkpoint(self.out / "checkpoints", self.step_no, self.policy, state)
 
     def resume(self, run_dir: Path) -> None:
-        ckpt = latest_checkpoint(Path(run_dir) / "checkpoints")
-        if ckpt is None:
-            raise FileNotFoundError(f"no checkpoint under {Path(run_dir) / 'checkpoints'}")
-        state = load_checkpoint(ckpt, self.policy)
+        ckpt, state = resume_checkpoint(run_dir, self.policy)
         self.step_no = state["step"]
         self.sampler.load(state["sampler"])
         logger.info("resumed SFT from %s at step %d", ckpt, self.step_no)

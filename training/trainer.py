@@ -30,7 +30,7 @@ from harness.backends.base import SamplingParams
 from training import losses
 from training.advantages import ADVANTAGES, AdvantageInputs, outcome_to_tokens, step_score_tensor
 from training.batch import Batch, collate, token_logprobs
-from training.checkpoint import checkpoints, export_hf, latest_checkpoint, load_checkpoint, save_checkpoint
+from training.checkpoint import checkpoints, export_hf, resume_checkpoint, save_checkpoint
 from training.config import TrainConfig
 from training.dist_sync import DistributedWeightSync
 from training.engine import (
@@ -458,10 +458,7 @@ class Trainer:
 
     def resume(self, run_dir: Path) -> None:
         """Continue from the newest checkpoint: weights, optimizer, scheduler, RNG, data position, step."""
-        ckpt = latest_checkpoint(Path(run_dir) / "checkpoints")
-        if ckpt is None:
-            raise FileNotFoundError(f"no checkpoint under {Path(run_dir) / 'checkpoints'}")
-        state = load_checkpoint(ckpt, self.policy, self.critic)
+        ckpt, state = resume_checkpoint(run_dir, self.policy, self.critic)
         self.step_no = state["step"]
         self.run_id = state.get("run_id", self.run_id)  # the same run, continued
         self._saved_step, self._saved_at = self.step_no, time.monotonic()
