@@ -8,14 +8,17 @@ with the trainer's own backend (the current policy), into ``RUN/validation/step-
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks.evaluate import evaluate
 from harness.backends import build_backend
-from harness.config import from_dict
+from harness.config import from_dict, to_dict
+from harness.engines import engine_for_backend
 from harness.run_records import RunManifest, RunResults
 from training.config import TrainConfig
 
@@ -63,7 +66,6 @@ def build_validation(cfg: TrainConfig, backend: Any, out: Path) -> Validation | 
     """The validation of ``data.val_split`` (None without one), built like ``harness eval``
     builds a run: the split's own corpus, the rollout agent's options at temperature 0."""
     from benchmarks.build import build_eval
-    from harness.config import to_dict
     from harness.eval_config import EvalConfig
 
     d = cfg.data
@@ -140,11 +142,6 @@ def train_cached(cfg: TrainConfig, run: str | Path) -> tuple[Path, bool]:
     """Train ``cfg`` into ``run`` unless ``run`` already holds a final model trained with exactly
     this config (its ``config.json``); returns the final model folder and whether it trained now.
     A ``run`` of any other config is cleared first (a cached demo or stage never mixes recipes)."""
-    import json
-    import shutil
-
-    from harness.config import to_dict
-
     run = Path(run)
     final, recorded = run / "final", run / "config.json"
     wanted = json.loads(json.dumps(to_dict(cfg)))  # as config.json holds it (tuples as lists)
@@ -164,10 +161,6 @@ def rollout_engine(cfg: Any) -> tuple[str, Any]:
     loading; SGLang: ``--enable-lora --max-lora-rank R --lora-target-modules ...``, which its CPU
     build cannot start with: see tests/engines/test_lora_sync.py). Flags given in
     ``rollout.backend.engine.args`` win."""
-    from dataclasses import replace
-
-    from harness.engines import engine_for_backend
-
     b = cfg.rollout.backend
     engine = engine_for_backend(b.kind)  # EngineError (a RuntimeError) for kinds with no engine
     env: dict[str, str] = {}
