@@ -76,14 +76,20 @@ class AlgoConfig:
     # sft: supervised fine-tuning on ``sft.sources`` (training.sft); prm: a process reward model
     # on MCTS records ``prm.data`` (training.prm)
     kind: Literal["rl", "sft", "prm"] = "rl"
-    advantage: Literal["grpo", "reinforce_pp", "gae", "dual_granularity"] = "grpo"
+    # The Literals below name registered functions (training.advantages.ADVANTAGES,
+    # training.losses.AGGREGATIONS, KL_ESTIMATORS); tests/training/test_config.py keeps them equal.
+    advantage: Literal["grpo", "group_norm", "reinforce_pp", "gae", "dual_granularity"] = "grpo"
     reward: Any = "r1_searcher_stage1"  # a name, {name: ..., params}, or a list to compose
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "dapo", "dr_grpo"] = "token_mean"
     clip_low: float = 0.2
     clip_high: float = 0.2
     kl_coef: float = 0.0  # > 0 loads a frozen reference model
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    kl_in_reward: bool = False  # PPO style: fold k1 KL into the token rewards instead of the loss
+    # the KL loss term's estimator: k3 is verl's low_var_kl (clamped to ±10), k3_unclamped TRL's
+    kl_estimator: Literal["k1", "k2", "k3", "k3_unclamped"] = "k3"
+    # Fold −kl_coef·k1 into every model token's reward instead of a KL loss term: PPO (verl), and
+    # OpenRLHF's group_norm / reinforce_pp; grpo adds the summed penalty to the score it
+    # group-normalises (verl). An estimator that cannot take it refuses the combination.
+    kl_in_reward: bool = False
     entropy_coef: float = 0.0
     # verl's update schedule: the step's rollouts (``prompts_per_step × n_samples`` rows, all ranks)
     # are split into mini-batches of ``ppo_mini_batch_size`` ROWS (verl counts prompts: a verl

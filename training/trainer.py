@@ -28,7 +28,7 @@ import torch
 
 from harness.backends.base import SamplingParams
 from training import losses
-from training.advantages import ADVANTAGES, AdvantageInputs, outcome_to_tokens, step_score_tensor
+from training.advantages import ADVANTAGES, AdvantageInputs, step_score_tensor
 from training.batch import Batch, collate, token_logprobs
 from training.checkpoint import checkpoints, export_hf, resume_checkpoint, save_checkpoint
 from training.config import TrainConfig
@@ -76,6 +76,13 @@ class Trainer:
             raise ValueError(
                 f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must divide by {self.world} ranks"
             )
+        self.advantage_fn = ADVANTAGES.get(cfg.algo.advantage)
+        adv_info = ADVANTAGES.info(cfg.algo.advantage)
+        if cfg.algo.kl_in_reward and not adv_info.get("kl_in_reward"):
+            raise ValueError(
+                f"algo.kl_in_reward=true does not apply to algo.advantage={cfg.algo.advantage} (it would be "
+                "dropped silently); set algo.kl_in_reward=false and use a KL loss term (algo.kl_coef > 0)"
+            )
         seed_everything(cfg.trainer.seed)
         if cfg.optim.threads:
             torch.set_num_threads(cfg.optim.threads)
@@ -106,8 +113,6 @@ class Trainer:
             self.ref.to(self.device, dtype=torch.bfloat16 if o.bf16 else None)
         self._place_rollout_model()
         self.critic = None
-        self.advantage_fn = ADVANTAGES.get(a.advantage)
-        adv_info = ADVANTAGES.info(a.advantage)
         self.step_scorer = algo_step_scorer(a) if adv_info.get("needs_step_scores") else None
         self.loss_fn = losses.RLLoss.from_config(a)
         if adv_info.get("needs_critic"):  # PPO: a critic on the same LM architecture
@@ -293,13 +298,8 @@ class Trainer:
         """Per-token advantages [B, W] (and returns [B, W] for PPO's critic), from the registered estimator."""
         a, m = self.cfg.algo, batch.mask[:, fwd.offset :]  # [B, W]
         x = AdvantageInputs(batch.rewards, batch.group_ids, m, values=fwd.values)
-        if self.critic is not None:
-            token_r = outcome_to_tokens(batch.rewards, m)  # [B, W] outcome on the last model token
-            if fwd.ref_logp is not None and a.kl_in_reward:  # PPO: KL (k1) folded into the token rewards
-                token_r = losses.kl_in_reward(token_r, fwd.old_logp, fwd.ref_logp, a.kl_coef, "k1") * m
-            x.token_rewards = token_r
-        elif fwd.ref_logp is not None and a.kl_in_reward:  # Reinforce++ (OpenRLHF): −β·KL_t (k1) per token
-            x.token_rewards = -a.kl_coef * losses.kl_penalty(fwd.old_logp, fwd.ref_logp, "k1") * m
+        if fwd.ref_logp is not None and a.kl_in_reward:  # −β·k1_t of the pre-update policy, per model token
+            x.kl_reward = losses.kl_reward(fwd.old_logp, fwd.ref_logp, m, a.kl_coef)
         if self.step_scorer is not None:
             scores = step_score_tensor(trajs, self.step_scorer, batch.mask.shape[1])[:, fwd.offset :]  # [B, W]
             x.step_scores = scores.to(self.device)
