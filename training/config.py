@@ -136,13 +136,27 @@ class AlgoConfig:
 class OptimConfig:
     lr: float = 1e-6
     critic_lr: float = 1e-5
+    # AdamW's decoupled weight decay: 0 as OpenRLHF's --l2 and HF's Trainer; verl's actor and
+    # critic use 1e-2 (fsdp_workers.py), so the recipes that follow verl set 0.01.
     weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW's (verl, HF); OpenRLHF's --adam_betas is (0.9, 0.95)
+    # Linear warmup over this many TRAINING steps (one rollout batch each, however many optimizer
+    # steps its mini-batches and epochs make), as verl's lr_warmup_steps = int(lr_warmup_steps_ratio
+    # × total_training_steps): step t (0-based) runs at lr · t / warmup_steps. SFT and PRM make one
+    # optimizer step per training step. 0: no warmup.
     warmup_steps: int = 0
+    critic_warmup_steps: int = 0  # the critic's own warmup (verl's critic.optim.lr_warmup_steps_ratio)
     grad_clip: float = 1.0
     micro_batch_size: int = 4
     zero_stage: int = 0
     bf16: bool = False
     threads: int | None = None  # torch.set_num_threads (one is often fastest on 2-core machines)
+
+    def __post_init__(self) -> None:
+        if len(self.betas) != 2:
+            raise ValueError(f"optim.betas must be two numbers, got {list(self.betas)}")
+        if self.warmup_steps < 0 or self.critic_warmup_steps < 0:
+            raise ValueError("optim.warmup_steps and optim.critic_warmup_steps must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,8 @@ class Trainer:
         a, o = cfg.algo, cfg.optim
         self.mini_rows = mini_batch_rows(cfg, self.world)  # rows per optimizer step on this rank
         mini_all_ranks = self.mini_rows * self.world  # DeepSpeed: gradient_accumulation = micro-batches per mini-batch
+        # The LR warmup counts training steps, as verl's scheduler does: tell it how many optimizer steps one makes.
+        self.updates_per_step = updates_per_training_step(cfg, self.world)
         model = build_model(cfg.model, vocab_size=len(self.tokenizer))
         lora = cfg.model.lora
         if lora is not None:
@@ -102,7 +104,7 @@ class Trainer:
         # with its adapters disabled (the base; no second copy).
         self.ref = frozen_copy(model) if a.kl_coef > 0 and lora is None else None
         self.ref_is_base = a.kl_coef > 0 and lora is not None
-        self.policy = initialize(model, o, o.lr, mini_all_ranks)
+        self.policy = initialize(model, o, o.lr, mini_all_ranks, o.warmup_steps, self.updates_per_step)
         self.dist_sync = None  # rollout.weight_sync: distributed (one SGLang server, by broadcast)
         if cfg.rollout.weight_sync == "distributed":
             if not hasattr(self.backend, "update_weights_from_distributed"):
@@ -119,7 +121,9 @@ class Trainer:
             critic = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))
             if lora is not None:
                 critic = lora_critic(critic, lora)
-            self.critic = initialize(critic, o, o.critic_lr, mini_all_ranks)
+            self.critic = initialize(
+                critic, o, o.critic_lr, mini_all_ranks, o.critic_warmup_steps, self.updates_per_step
+            )
         elif a.critic_warmup:
             raise ValueError(f"algo.critic_warmup={a.critic_warmup} needs a critic (algo.advantage: gae)")
         self.reward_fn = build_reward(a.reward)
@@ -273,13 +277,9 @@ class Trainer:
         # training forward runs before the only optimizer step, so it yields them for free; with
         # several updates per batch (or advantages that read them) a separate pass is needed.
         old = None
-        if self.updates_per_batch(batch) > 1 or (ref is not None and a.kl_in_reward):
+        if self.updates_per_step > 1 or (ref is not None and a.kl_in_reward):
             old = cat(lambda s: self._logprobs(self.policy, batch, s, offset)[0])
         return Forward(offset, ref, values, old)
-
-    def updates_per_batch(self, batch: Batch) -> int:
-        """Policy optimizer steps one rollout batch makes: epochs × mini-batches."""
-        return self.cfg.algo.epochs * len(self._mini_batches(batch))
 
     def _mini_batches(self, batch: Batch) -> list[list[slice]]:
         """The batch's mini-batches (``mini_rows`` rows each), each a list of micro-batch slices.
@@ -315,6 +315,10 @@ class Trainer:
         have_old = fwd.old_logp is not None
         train_policy = self.step_no >= a.critic_warmup
         gas = self.policy.gradient_accumulation_steps()
+        # The LRs this training step runs at (the schedule moves once per training step), logged as verl does.
+        lrs = {"lr": float(self.policy.get_lr()[0])}
+        if self.critic is not None:
+            lrs["critic_lr"] = float(self.critic.get_lr()[0])
         acc: dict[str, list[float]] = {}
         policy_steps = 0
         for epoch in range(a.epochs):
@@ -333,10 +337,13 @@ class Trainer:
                     for k, v in st.items():
                         acc.setdefault(k, []).append(v)
             have_old = True
+        if train_policy and policy_steps != self.updates_per_step:  # the LR schedule assumes this count
+            raise RuntimeError(
+                f"{policy_steps} policy optimizer steps this training step, expected {self.updates_per_step}"
+            )
         out = {k: float(np.mean(v)) for k, v in acc.items()}
         out["policy_updates"] = float(policy_steps)  # optimizer steps this batch (0 in critic warm-up)
-        out["lr"] = float(self.policy.get_lr()[0])
-        return out
+        return {**out, **lrs}
 
     def _policy_micro_step(
         self,
@@ -502,6 +509,12 @@ def mini_batch_rows(cfg: TrainConfig, world: int) -> int:
             f"algo.ppo_mini_batch_size / ranks = {per_rank} rows must be a multiple of optim.micro_batch_size={mb}"
         )
     return per_rank
+
+
+def updates_per_training_step(cfg: TrainConfig, world: int) -> int:
+    """Optimizer steps one training step (one rollout batch) makes: ``ppo_epochs`` × mini-batches."""
+    batch = cfg.rollout.prompts_per_step * cfg.rollout.n_samples  # rows per step, all ranks
+    return cfg.algo.epochs * (batch // (mini_batch_rows(cfg, world) * world))
 
 
 def seed_everything(seed: int) -> None:
