@@ -145,39 +145,6 @@ def evaluate(runner: Any, retriever: StochasticDenseRetriever, examples: Sequenc
     }
 
 
-# ---- the batch's retrieval calls as a grid ---------------------------------------------------
-@dataclass
-class StepLayout:
-    """A batch's retrieval calls as a [B, T] grid (T: the most calls in a trajectory)."""
-
-    samples: list[dict[str, Any]]  # [S] in trajectory order, calls in order
-    rows: torch.Tensor  # [S] trajectory of each sample
-    cols: torch.Tensor  # [S] its call number in that trajectory
-    mask: torch.Tensor  # [B, T] valid calls
-    old_logp: torch.Tensor  # [B, T] rollout-time log-probs (0 where masked)
-
-    def grid(self, per_sample: torch.Tensor) -> torch.Tensor:
-        """[S] → [B, T] (0 where masked), differentiable."""
-        out = per_sample.new_zeros(self.mask.shape)
-        return out.index_put((self.rows, self.cols), per_sample)
-
-
-def step_layout(trajs: Sequence[Trajectory]) -> StepLayout:
-    samples, rows, cols = [], [], []
-    for i, t in enumerate(trajs):
-        for j, sample in enumerate(s.sample for s in t.searches if s.sample is not None):
-            rows.append(i)
-            cols.append(j)
-            samples.append(sample)
-    T = max(cols, default=-1) + 1
-    r, c = torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)
-    mask = torch.zeros(len(trajs), max(T, 1), dtype=torch.bool)  # [B, T]
-    mask[r, c] = True
-    layout = StepLayout(samples, r, c, mask, torch.zeros(mask.shape))
-    layout.old_logp = layout.grid(torch.tensor([s["logprob"] for s in samples], dtype=torch.float32))
-    return layout
-
-
 # ---- the loss ----------------------------------------------------------------------------------
 def per_call_loss(
     new: torch.Tensor,
@@ -237,6 +204,38 @@ class ValueHead(torch.nn.Module):
 
     def forward(self, q: torch.Tensor) -> torch.Tensor:
         return self.net(q.detach().float()).squeeze(-1)  # [N]
+
+
+@dataclass
+class StepLayout:
+    """A batch's retrieval calls as a [B, T] grid (T: the most calls in a trajectory)."""
+
+    samples: list[dict[str, Any]]  # [S] in trajectory order, calls in order
+    rows: torch.Tensor  # [S] trajectory of each sample
+    cols: torch.Tensor  # [S] its call number in that trajectory
+    mask: torch.Tensor  # [B, T] valid calls
+    old_logp: torch.Tensor  # [B, T] rollout-time log-probs (0 where masked)
+
+    def grid(self, per_sample: torch.Tensor) -> torch.Tensor:
+        """[S] → [B, T] (0 where masked), differentiable."""
+        out = per_sample.new_zeros(self.mask.shape)
+        return out.index_put((self.rows, self.cols), per_sample)
+
+
+def step_layout(trajs: Sequence[Trajectory]) -> StepLayout:
+    samples, rows, cols = [], [], []
+    for i, t in enumerate(trajs):
+        for j, sample in enumerate(s.sample for s in t.searches if s.sample is not None):
+            rows.append(i)
+            cols.append(j)
+            samples.append(sample)
+    T = max(cols, default=-1) + 1
+    r, c = torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)
+    mask = torch.zeros(len(trajs), max(T, 1), dtype=torch.bool)  # [B, T]
+    mask[r, c] = True
+    layout = StepLayout(samples, r, c, mask, torch.zeros(mask.shape))
+    layout.old_logp = layout.grid(torch.tensor([s["logprob"] for s in samples], dtype=torch.float32))
+    return layout
 
 
 def ppo_advantages(
