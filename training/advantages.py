@@ -7,8 +7,9 @@ in the batch: a fresh id per sample makes every group a singleton and silently z
 
 Conventions chosen here (and why):
 
-- Group std is the unbiased one (``torch.std``), as verl's ``compute_grpo_outcome_advantage``.
-  A singleton group has no baseline, so its advantage is 0 (verl instead uses mean 0, std 1).
+- Group std is the unbiased one (``torch.std``), as verl's ``compute_grpo_outcome_advantage``
+  and OpenRLHF's ``group_norm``; ε is each one's own (verl 1e-6, OpenRLHF 1e-9). A singleton
+  group has no baseline, so its advantage is 0 (verl instead uses mean 0, std 1).
 - Batch whitening follows each reference exactly. Reinforce++ (OpenRLHF's replay-buffer
   ``normalize``, as R1-Searcher's OpenRLHF fork runs it): (x − mean)·rsqrt(max(var_pop, 1e-8)).
   GAE (verl's ``masked_whiten``): (x − mean)·rsqrt(var_unbiased + 1e-8). Both over every valid
@@ -119,6 +120,18 @@ def whiten_rsqrt(x: torch.Tensor, mask: torch.Tensor, unbiased: bool, eps: float
     return (x - mean) * var.clamp(min=eps).rsqrt() * m
 
 
+def outcome_returns(
+    per_seq: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, token_penalty: torch.Tensor | None = None
+) -> torch.Tensor:
+    """OpenRLHF's REINFORCE returns: each row's scalar on its last model token, plus the per-token
+    KL penalty ``token_penalty`` (−β·KL_t, its ``compute_reward``; None without KL), then the
+    return-to-go (``get_cumulative_returns``).  per_seq [B], mask [B, T] → [B, T]"""
+    token_r = outcome_to_tokens(per_seq, mask)  # [B, T]
+    if token_penalty is not None:
+        token_r = token_r + token_penalty * mask
+    return returns_to_go(token_r, mask, gamma)
+
+
 def reinforce_pp(
     rewards: torch.Tensor,
     group_ids: torch.Tensor,
@@ -128,17 +141,29 @@ def reinforce_pp(
     token_penalty: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reinforce++ with a group-mean baseline, as R1-Searcher runs it (its OpenRLHF fork,
-    ``--advantage_estimator reinforce_baseline``): subtract the group mean (no std), put the result
-    on the last valid token, add the per-token KL penalty ``token_penalty`` [B, T] (−β·KL_t, OpenRLHF's
-    ``compute_reward``; None without KL), take the return-to-go, whiten over every valid token of
-    the batch with OpenRLHF's formula (:func:`whiten_rsqrt`).  rewards [B] → [B, T]"""
+    ``--advantage_estimator reinforce_baseline``): subtract the group mean (no std), then
+    :func:`outcome_returns` (last token, KL penalty, return-to-go), then whiten over every valid
+    token of the batch with OpenRLHF's formula (:func:`whiten_rsqrt`).  rewards [B] → [B, T]"""
     mean, _ = _group_stats(rewards.float(), group_ids)  # [B]
-    centred = rewards.float() - mean  # [B]
-    token_r = outcome_to_tokens(centred, mask)  # [B, T]
-    if token_penalty is not None:
-        token_r = token_r + token_penalty * mask
-    returns = returns_to_go(token_r, mask, gamma)  # [B, T]
+    returns = outcome_returns(rewards.float() - mean, mask, gamma, token_penalty)  # [B, T]
     return whiten_rsqrt(returns, mask, unbiased=False, eps=eps)
+
+
+def group_norm(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 1.0,
+    eps: float = 1e-9,
+    token_penalty: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """OpenRLHF's ``--advantage_estimator group_norm`` (R1-Searcher stage 1): (R − mean_g) /
+    (std_g + 1e-9) with the unbiased group std, then :func:`outcome_returns` (last token, the
+    −β·KL_t penalty, return-to-go). No batch whitening: its trainer skips the replay buffer's
+    ``normalize`` for group_norm. (OpenRLHF then clips the normalised reward to ±10, which a
+    group of n ≤ 100 cannot reach: |z| ≤ (n − 1)/√n.)  rewards [B] → [B, T]"""
+    z = grpo(rewards, group_ids, eps=eps)  # [B]: a singleton group gets 0 (OpenRLHF: NaN)
+    return outcome_returns(z, mask, gamma, token_penalty)
 
 
 def gae(
@@ -220,9 +245,8 @@ class AdvantageInputs:
     """What an estimator may read. Tensors are in the trainer's response window W.
 
     ``rewards`` [B] outcome rewards; ``group_ids`` [B] prompt index; ``mask`` [B, W] model tokens;
-    ``values`` [B, W] the critic's (PPO); ``token_rewards`` [B, W] per-token rewards with the
-    outcome on the last model token and any KL folded in (PPO; for Reinforce++ only the KL
-    penalty −β·KL_t, the outcome being added after the group baseline); ``step_scores`` [B, W] each
+    ``values`` [B, W] the critic's (PPO); ``kl_reward`` [B, W] the KL folded into the reward,
+    −β·KL_t on model tokens (``algo.kl_in_reward``; None otherwise); ``step_scores`` [B, W] each
     step's score painted on its tokens (ProRAG).
     """
 
@@ -230,7 +254,7 @@ class AdvantageInputs:
     group_ids: torch.Tensor
     mask: torch.Tensor
     values: torch.Tensor | None = None
-    token_rewards: torch.Tensor | None = None
+    kl_reward: torch.Tensor | None = None
     step_scores: torch.Tensor | None = None
 
 
@@ -238,31 +262,43 @@ AdvantageFn = Callable[[AdvantageInputs, Any], tuple[torch.Tensor, torch.Tensor 
 
 
 def _grpo(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
-    return grpo(x.rewards, x.group_ids, x.mask, norm_by_std=algo.norm_by_std), None
+    scores = x.rewards.float()  # [B]
+    if x.kl_reward is not None:  # verl normalises token_level_rewards.sum(-1): R − β·Σ_t KL_t
+        scores = scores + x.kl_reward.sum(-1)
+    return grpo(scores, x.group_ids, x.mask, norm_by_std=algo.norm_by_std), None
+
+
+def _group_norm(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
+    return group_norm(x.rewards, x.group_ids, x.mask, algo.gamma, token_penalty=x.kl_reward), None
 
 
 def _reinforce_pp(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
-    # token_rewards, when given, hold only the KL penalty (−β·KL_t): OpenRLHF folds it in (kl_in_reward)
-    return reinforce_pp(x.rewards, x.group_ids, x.mask, algo.gamma, token_penalty=x.token_rewards), None
+    return reinforce_pp(x.rewards, x.group_ids, x.mask, algo.gamma, token_penalty=x.kl_reward), None
 
 
 def _gae(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    token_rewards = x.token_rewards if x.token_rewards is not None else outcome_to_tokens(x.rewards, x.mask)
     if x.values is None:
         raise ValueError("gae advantages need the critic's values")
+    token_rewards = outcome_to_tokens(x.rewards, x.mask)  # [B, W] the outcome on the last model token
+    if x.kl_reward is not None:  # PPO: r_t − β·KL_t on every token
+        token_rewards = token_rewards + x.kl_reward
     return gae(token_rewards, x.values, x.mask, algo.gamma, algo.lam, whiten=algo.whiten_advantages)
 
 
 def _dual_granularity(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
     if x.step_scores is None:
         raise ValueError("dual_granularity advantages need step scores (a step scorer)")
+    if x.kl_reward is not None:
+        raise ValueError("dual_granularity advantages take no KL in the reward")
     return dual_granularity(x.rewards, x.step_scores, x.group_ids, x.mask, algo.dual_beta), None
 
 
 # Every estimator is called as ``fn(inputs, algo_config) -> (advantages [B, W], returns [B, W] or None)``.
-# Registry info says what the trainer must provide: a critic (values, token rewards), step scores.
+# Registry info says what the trainer must provide: a critic (values), step scores; and whether the
+# estimator takes the KL in the reward (``kl_in_reward``; the trainer refuses the flag otherwise).
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage")
-ADVANTAGES.register("grpo", _grpo)
-ADVANTAGES.register("reinforce_pp", _reinforce_pp)
-ADVANTAGES.register("gae", _gae, needs_critic=True)
+ADVANTAGES.register("grpo", _grpo, kl_in_reward=True)
+ADVANTAGES.register("group_norm", _group_norm, kl_in_reward=True)
+ADVANTAGES.register("reinforce_pp", _reinforce_pp, kl_in_reward=True)
+ADVANTAGES.register("gae", _gae, needs_critic=True, kl_in_reward=True)
 ADVANTAGES.register("dual_granularity", _dual_granularity, needs_step_scores=True)

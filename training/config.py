@@ -76,14 +76,20 @@ class AlgoConfig:
     # sft: supervised fine-tuning on ``sft.sources`` (training.sft); prm: a process reward model
     # on MCTS records ``prm.data`` (training.prm)
     kind: Literal["rl", "sft", "prm"] = "rl"
-    advantage: Literal["grpo", "reinforce_pp", "gae", "dual_granularity"] = "grpo"
+    # The Literals below name registered functions (training.advantages.ADVANTAGES,
+    # training.losses.AGGREGATIONS, KL_ESTIMATORS); tests/training/test_config.py keeps them equal.
+    advantage: Literal["grpo", "group_norm", "reinforce_pp", "gae", "dual_granularity"] = "grpo"
     reward: Any = "r1_searcher_stage1"  # a name, {name: ..., params}, or a list to compose
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "dapo", "dr_grpo"] = "token_mean"
     clip_low: float = 0.2
     clip_high: float = 0.2
     kl_coef: float = 0.0  # > 0 loads a frozen reference model
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    kl_in_reward: bool = False  # PPO style: fold k1 KL into the token rewards instead of the loss
+    # the KL loss term's estimator: k3 is verl's low_var_kl (clamped to ±10), k3_unclamped TRL's
+    kl_estimator: Literal["k1", "k2", "k3", "k3_unclamped"] = "k3"
+    # Fold −kl_coef·k1 into every model token's reward instead of a KL loss term: PPO (verl), and
+    # OpenRLHF's group_norm / reinforce_pp; grpo adds the summed penalty to the score it
+    # group-normalises (verl). An estimator that cannot take it refuses the combination.
+    kl_in_reward: bool = False
     entropy_coef: float = 0.0
     # verl's update schedule: the step's rollouts (``prompts_per_step × n_samples`` rows, all ranks)
     # are split into mini-batches of ``ppo_mini_batch_size`` ROWS (verl counts prompts: a verl
@@ -130,13 +136,27 @@ class AlgoConfig:
 class OptimConfig:
     lr: float = 1e-6
     critic_lr: float = 1e-5
+    # AdamW's decoupled weight decay: 0 as OpenRLHF's --l2 and HF's Trainer; verl's actor and
+    # critic use 1e-2 (fsdp_workers.py), so the recipes that follow verl set 0.01.
     weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW's (verl, HF); OpenRLHF's --adam_betas is (0.9, 0.95)
+    # Linear warmup over this many TRAINING steps (one rollout batch each, however many optimizer
+    # steps its mini-batches and epochs make), as verl's lr_warmup_steps = int(lr_warmup_steps_ratio
+    # × total_training_steps): step t (0-based) runs at lr · t / warmup_steps. SFT and PRM make one
+    # optimizer step per training step. 0: no warmup.
     warmup_steps: int = 0
+    critic_warmup_steps: int = 0  # the critic's own warmup (verl's critic.optim.lr_warmup_steps_ratio)
     grad_clip: float = 1.0
     micro_batch_size: int = 4
     zero_stage: int = 0
     bf16: bool = False
     threads: int | None = None  # torch.set_num_threads (one is often fastest on 2-core machines)
+
+    def __post_init__(self) -> None:
+        if len(self.betas) != 2:
+            raise ValueError(f"optim.betas must be two numbers, got {list(self.betas)}")
+        if self.warmup_steps < 0 or self.critic_warmup_steps < 0:
+            raise ValueError("optim.warmup_steps and optim.critic_warmup_steps must be >= 0")
 
 
 @dataclass(frozen=True)

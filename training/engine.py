@@ -8,9 +8,9 @@ intra-node all-reduce) and we pass a ``torch.optim.AdamW`` ourselves (DeepSpeed'
 also compiles). No optimizer offload (another 5-minute compile). REFERENCE §6.
 
 What the engine owns: ZeRO stage 0–3, bf16 or fp32, gradient accumulation (DeepSpeed counts
-micro-batches and steps the optimizer on the boundary), gradient clipping, and a linear warmup
-learning-rate schedule. Helpers gather full weights under ZeRO-3 (for weight sync and export)
-and load them back (resume).
+micro-batches and steps the optimizer on the boundary), gradient clipping, AdamW (``optim.betas``,
+``optim.weight_decay``) and verl's linear-warmup learning-rate schedule over training steps.
+Helpers gather full weights under ZeRO-3 (for weight sync and export) and load them back (resume).
 """
 
 from __future__ import annotations
@@ -150,32 +150,55 @@ def ds_config(cfg: OptimConfig, batch_size: int, lr: float) -> dict[str, Any]:
     return config
 
 
-def initialize(model: Any, cfg: OptimConfig, lr: float, batch_size: int) -> Any:
-    """Wrap ``model`` in a DeepSpeed engine with our own AdamW (see the module docstring)."""
+def initialize(
+    model: Any,
+    cfg: OptimConfig,
+    lr: float,
+    batch_size: int,
+    warmup_steps: int | None = None,
+    updates_per_step: int = 1,
+) -> Any:
+    """Wrap ``model`` in a DeepSpeed engine with our own AdamW (see the module docstring).
+
+    ``warmup_steps`` (default ``cfg.warmup_steps``) counts TRAINING steps, each of which makes
+    ``updates_per_step`` optimizer steps (RL: ppo_epochs × mini-batches; SFT, PRM: 1); see
+    :func:`warmup_schedule`."""
     import deepspeed
 
     setup_distributed_env()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(params, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         optimizer=opt,
         config=ds_config(cfg, batch_size, lr),
-        lr_scheduler=warmup_schedule(cfg.warmup_steps),
+        lr_scheduler=warmup_schedule(cfg.warmup_steps if warmup_steps is None else warmup_steps, updates_per_step),
     )
     return engine
 
 
-def warmup_schedule(warmup_steps: int) -> Any:
-    """Linear warmup to the full LR over ``warmup_steps`` optimizer steps, then constant; None
-    without warmup. Step k (1-based) uses ``lr · min(1, k / warmup_steps)``: unlike DeepSpeed's
-    ``WarmupLR``, whose first step runs at LR 0, no step is wasted. DeepSpeed steps it on each
-    accumulation boundary and checkpoints carry its state."""
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """verl's ``get_constant_schedule_with_warmup``: training step ``step`` (0-based) runs at
+    ``lr · step / warmup_steps`` until ``warmup_steps``, then at ``lr``. The first step of a warmup
+    thus runs at LR 0, as in verl (and HF's schedules)."""
+    return step / warmup_steps if step < warmup_steps else 1.0
+
+
+def warmup_schedule(warmup_steps: int, updates_per_step: int = 1) -> Any:
+    """Linear warmup to the full LR over ``warmup_steps`` TRAINING steps, then constant; None
+    without warmup. verl steps its scheduler once per training step (after ``update_actor``),
+    however many mini-batch optimizer steps that made; DeepSpeed steps ours at every optimizer
+    step, so the factor reads the training step as ``optimizer steps // updates_per_step`` and moves
+    once per training step exactly as verl's. Checkpoints carry its state."""
     if warmup_steps <= 0:
         return None
+    if updates_per_step < 1:
+        raise ValueError(f"updates_per_step must be >= 1, got {updates_per_step}")
 
     def factory(optimizer: Any) -> Any:
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup_steps))
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: warmup_factor(s // updates_per_step, warmup_steps)
+        )
 
     return factory
 

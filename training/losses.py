@@ -1,13 +1,15 @@
-"""Losses: clipped policy loss with four aggregations, KL estimators, entropy, clipped value loss.
+"""Losses: clipped policy loss, registered loss aggregations and KL estimators, entropy, clipped value loss.
 
 All inputs are per target token: ``logp``/``old_logp``/``ref_logp``/``adv``/``mask`` are [B, T],
 ``mask`` is 1 on model tokens only, so prompt and observation tokens never reach a gradient
 (they are multiplied by 0 before any sum, so their logprobs get exactly zero gradient).
 
-Aggregations (how per-token losses become one number):
+Aggregations (how per-token losses become one number), registered in ``AGGREGATIONS`` as pure
+functions, as verl's ``core_algos.agg_loss`` modes:
 
 - ``token_mean`` (verl): sum over all valid tokens of the micro-batch / their count.
-- ``seq_mean_token_mean`` (OpenRLHF): mean over each sequence's tokens, then over sequences.
+- ``seq_mean_token_mean`` (OpenRLHF; TRL's and HARR's ``grpo`` loss type): mean over each
+  sequence's tokens, then over the sequences that have any.
 - ``dapo``: sum over valid tokens / ``global_tokens``, the valid-token count of the whole batch
   across gradient-accumulation micro-batches (so every token weighs the same however the batch
   was split); without ``global_tokens`` it equals ``token_mean``. The difference from
@@ -15,19 +17,58 @@ Aggregations (how per-token losses become one number):
 - ``dr_grpo`` (Dr. GRPO): sum over valid tokens / (B × ``max_len``), a constant denominator, so
   long and short answers are not re-weighted by their length.
 
-Config picks these by name: ``AGGREGATIONS`` (aggregations) and ``KL_ESTIMATORS``; :class:`RLLoss`
-composes them into the trainer's one configured objective.
+KL estimators (``KL_ESTIMATORS``, per token, from log π and log π_ref), as verl's ``kl_penalty``:
+``k1``, ``k2``, ``k3`` (verl's ``low_var_kl``, clamped as verl clamps it) and ``k3_unclamped``
+(TRL's and HARR's k3, no clamp).
+
+:class:`RLLoss` composes them into the trainer's one configured objective; every term of it (policy,
+KL, entropy) is aggregated the same way, as verl's actor does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "dapo", "dr_grpo")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from harness.registry import Registry
+
+# ---- aggregations ------------------------------------------------------------------------------
+# Every aggregation is ``fn(loss [B, T] (0 where masked), mask [B, T] float, global_tokens, max_len) -> scalar``.
+AggregationFn = Callable[[torch.Tensor, torch.Tensor, "float | None", "int | None"], torch.Tensor]
+AGGREGATIONS: Registry[AggregationFn] = Registry("loss aggregation")
+
+
+@AGGREGATIONS.register("token_mean")
+def token_mean(
+    loss: torch.Tensor, mask: torch.Tensor, global_tokens: float | None, max_len: int | None
+) -> torch.Tensor:
+    """Σ valid / count of valid tokens in these rows (verl's ``token-mean``)."""
+    return loss.sum() / mask.sum().clamp(min=1)
+
+
+@AGGREGATIONS.register("seq_mean_token_mean")
+def seq_mean_token_mean(
+    loss: torch.Tensor, mask: torch.Tensor, global_tokens: float | None, max_len: int | None
+) -> torch.Tensor:
+    """Mean over each row's valid tokens, then over the rows that have any (OpenRLHF's masked_mean(dim=-1).mean())."""
+    per_seq = loss.sum(1) / mask.sum(1).clamp(min=1)  # [B]
+    has = (mask.sum(1) > 0).to(loss.dtype)  # [B]
+    return (per_seq * has).sum() / has.sum().clamp(min=1)
+
+
+@AGGREGATIONS.register("dapo")
+def dapo(loss: torch.Tensor, mask: torch.Tensor, global_tokens: float | None, max_len: int | None) -> torch.Tensor:
+    """Σ valid / the optimizer step's valid-token count (``token_mean`` when that is not given)."""
+    return loss.sum() / (global_tokens if global_tokens is not None else mask.sum().clamp(min=1))
+
+
+@AGGREGATIONS.register("dr_grpo")
+def dr_grpo(loss: torch.Tensor, mask: torch.Tensor, global_tokens: float | None, max_len: int | None) -> torch.Tensor:
+    """Σ valid / (rows × ``max_len``, or × T): a constant denominator (Dr. GRPO)."""
+    return loss.sum() / (loss.shape[0] * (max_len if max_len is not None else loss.shape[1]))
 
 
 def aggregate(
@@ -37,21 +78,10 @@ def aggregate(
     global_tokens: float | None = None,
     max_len: int | None = None,
 ) -> torch.Tensor:
-    """Per-token losses [B, T] → scalar (see the module docstring for each ``agg``)."""
+    """Per-token losses [B, T] → scalar with the registered aggregation ``agg`` (see the module docstring)."""
+    fn = AGGREGATIONS.get(agg)
     loss = torch.where(mask.bool(), loss, torch.zeros_like(loss))  # [B, T]: masked → exactly 0, no grad
-    mask = mask.to(loss.dtype)  # [B, T]
-    total = loss.sum()  # scalar
-    if agg == "token_mean":
-        return total / mask.sum().clamp(min=1)
-    if agg == "seq_mean_token_mean":
-        per_seq = loss.sum(1) / mask.sum(1).clamp(min=1)  # [B]
-        has = (mask.sum(1) > 0).to(loss.dtype)  # [B]
-        return (per_seq * has).sum() / has.sum().clamp(min=1)
-    if agg == "dapo":
-        return total / (global_tokens if global_tokens is not None else mask.sum().clamp(min=1))
-    if agg == "dr_grpo":
-        return total / (loss.shape[0] * (max_len if max_len is not None else loss.shape[1]))
-    raise ValueError(f"unknown loss aggregation {agg!r}; use one of {', '.join(AGGREGATIONS)}")
+    return fn(loss, mask.to(loss.dtype), global_tokens, max_len)
 
 
 def policy_loss(
@@ -90,19 +120,42 @@ def policy_loss(
     return loss, stats
 
 
-def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
-    """Per-token KL(π‖π_ref) estimators.  [B, T] → [B, T]
+# ---- KL estimators -----------------------------------------------------------------------------
+# Every estimator is ``fn(logp [B, T], ref_logp [B, T]) -> KL_t [B, T]``, an estimate of KL(π‖π_ref) per token.
+KLFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+KL_ESTIMATORS: Registry[KLFn] = Registry("KL estimator")
 
-    k1 = logp − ref; k2 = ½ (logp − ref)²; k3 = exp(ref − logp) − (ref − logp) − 1 (≥ 0, unbiased).
-    """
-    d = ref_logp - logp  # [B, T] log(π_ref/π)
-    if kind == "k1":
-        return -d
-    if kind == "k2":
-        return 0.5 * d**2
-    if kind == "k3":
-        return torch.exp(d) - d - 1
-    raise ValueError(f"unknown KL estimator {kind!r}; use k1, k2 or k3")
+
+@KL_ESTIMATORS.register("k1")
+def k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """logp − ref (verl's ``kl``; the one PPO and OpenRLHF fold into the reward)."""
+    return logp - ref_logp
+
+
+@KL_ESTIMATORS.register("k2")
+def k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """½ (logp − ref)² (verl's ``mse``)."""
+    return 0.5 * (logp - ref_logp) ** 2
+
+
+@KL_ESTIMATORS.register("k3")
+def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """verl's ``low_var_kl``: d = clamp(ref − logp, ±20), then clamp(e^d − d − 1, ±10). The clamps keep
+    one far-off token from dominating the loss (and e^d finite); inside them it is k3 exactly."""
+    d = torch.clamp(ref_logp - logp, -20.0, 20.0)  # [B, T] log(π_ref/π)
+    return torch.clamp(torch.exp(d) - d - 1, -10.0, 10.0)
+
+
+@KL_ESTIMATORS.register("k3_unclamped")
+def k3_unclamped(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """e^d − d − 1 with d = ref − logp, no clamp (TRL's GRPO and HARR's retriever loss write it so)."""
+    d = ref_logp - logp  # [B, T]
+    return torch.exp(d) - d - 1
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+    """Per-token KL(π‖π_ref) with the registered estimator ``kind``.  [B, T] → [B, T]"""
+    return KL_ESTIMATORS.get(kind)(logp, ref_logp)
 
 
 def kl_loss(
@@ -118,12 +171,11 @@ def kl_loss(
     return aggregate(kl_penalty(logp, ref_logp, kind), mask, agg, **agg_kw)
 
 
-def kl_in_reward(
-    token_rewards: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, beta: float, kind: str = "k1"
-) -> torch.Tensor:
-    """PPO's reward shaping: r_t − β·KL_t on every token (detached: the KL then acts through
-    the advantages, not as a gradient path).  [B, T] → [B, T]"""
-    return token_rewards - beta * kl_penalty(logp, ref_logp, kind).detach()
+def kl_reward(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, beta: float) -> torch.Tensor:
+    """The KL folded into the reward: −β·k1_t on every model token (verl's ``apply_kl_penalty``,
+    OpenRLHF's ``compute_reward``; both use k1 there). Detached: the KL then acts through the
+    advantages, not as a gradient path.  [B, T] → [B, T]"""
+    return -beta * kl_penalty(logp, ref_logp, "k1").detach() * mask
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -162,10 +214,13 @@ def value_loss(
 class RLLoss:
     """The whole objective of one micro-batch, configured once (compare torchtune's loss modules):
 
-    clipped policy loss (``agg``; DAPO's sum is rescaled by the gradient-accumulation steps,
-    since DeepSpeed divides by them and ``dapo`` already normalises over the step) + ``kl_coef``
-    · KL to the reference (unless the KL is folded into the rewards, PPO style) − ``entropy_coef``
-    · entropy. Returns the loss and its stats (``clip_frac``, ``kl``, ``entropy``, ...).
+    clipped policy loss + ``kl_coef`` · KL to the reference (unless the KL is folded into the
+    rewards, PPO style) − ``entropy_coef`` · entropy, every term aggregated with ``agg`` (verl's
+    actor aggregates the KL and the entropy with the policy loss's ``loss_agg_mode``). Under
+    ``dapo`` the whole sum is rescaled by the gradient-accumulation steps, since DeepSpeed divides
+    by them and ``dapo`` already normalises over the step. Returns the loss and its stats
+    (``clip_frac``, ``kl``, ``entropy``, ...); ``kl`` and ``entropy`` are token means of the
+    micro-batch whatever ``agg`` is, so they read the same under every aggregation.
     """
 
     clip_low: float = 0.2
@@ -203,18 +258,22 @@ class RLLoss:
         grad_accum: int = 1,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """``logp``, ``old_logp``, ``adv``, ``mask``, ``ref_logp``: [b, W]; ``logits``: [b, w, V], w ≤ W."""
-        loss, stats = policy_loss(
-            logp, old_logp, adv, mask, self.clip_low, self.clip_high, self.agg, global_tokens, self.max_len
-        )
-        if self.agg == "dapo":
-            loss = loss * grad_accum
+        # One denominator for every term: the step's tokens (dapo), the window W (dr_grpo's default).
+        agg_kw = {
+            "global_tokens": global_tokens,
+            "max_len": self.max_len if self.max_len is not None else mask.shape[1],
+        }
+        loss, stats = policy_loss(logp, old_logp, adv, mask, self.clip_low, self.clip_high, self.agg, **agg_kw)
         if ref_logp is not None and not self.kl_in_reward:
-            kl = aggregate(kl_penalty(logp, ref_logp, self.kl_estimator), mask)
-            loss, stats["kl"] = loss + self.kl_coef * kl, float(kl)
+            kl_tok = kl_penalty(logp, ref_logp, self.kl_estimator)  # [b, W]
+            loss = loss + self.kl_coef * aggregate(kl_tok, mask, self.agg, **agg_kw)
+            stats["kl"] = float(aggregate(kl_tok.detach(), mask))
         ent_mask = mask[:, : logits.shape[1]]  # [b, w]: the rows end within w
         with torch.set_grad_enabled(bool(self.entropy_coef) and torch.is_grad_enabled()):
-            entropy = aggregate(entropy_from_logits(logits), ent_mask)
-        if self.entropy_coef:
-            loss = loss - self.entropy_coef * entropy
-        stats["entropy"] = float(entropy.detach())
+            ent_tok = entropy_from_logits(logits)  # [b, w]
+            if self.entropy_coef:
+                loss = loss - self.entropy_coef * aggregate(ent_tok, ent_mask, self.agg, **agg_kw)
+        stats["entropy"] = float(aggregate(ent_tok.detach(), ent_mask))
+        if self.agg == "dapo":
+            loss = loss * grad_accum
         return loss, stats

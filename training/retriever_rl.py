@@ -9,10 +9,11 @@ One step:
    record (state text, candidate ids, sampled positions, rollout-time log-prob).
 2. **Reward and advantages.** The answer's F1 or EM (``benchmarks.metrics``); GRPO advantages per
    question group (``training.advantages.grpo``).
-3. **Loss.** Per trajectory the SUM of its retrievals' log-probs, recomputed from the records
-   under the current tower, against the rollout-time sum: PPO-clip (``training.losses.policy_loss``
-   with one "token" per trajectory) plus β·KL (k3) to the initial tower. Trajectories without a
-   retrieval carry no gradient.
+3. **Loss.** As HARR's ``_compute_loss``: each retrieval call's log-prob, recomputed from its
+   record under the current tower, against the rollout-time one: PPO-clip per call (one "token"
+   per call, ``training.losses.policy_loss``) plus β·k3 per call to the initial tower, averaged
+   over a trajectory's calls, then over trajectories. Trajectories without a retrieval carry no
+   gradient.
 
 ``rl.algo: ppo`` instead treats each retrieval call as an action: a :class:`ValueHead` on the
 query embedding of the state gives V(s_t), the reward sits on the last call, GAE over the calls,
@@ -44,7 +45,7 @@ from harness.retrieval.state import RetrievalState
 from harness.retrieval.stochastic import StochasticDenseRetriever
 from harness.types import Example, SearchRecord, Trajectory
 from training.advantages import gae, grpo, outcome_to_tokens
-from training.losses import kl_loss, policy_loss, value_loss
+from training.losses import aggregate, kl_loss, kl_penalty, policy_loss, value_loss
 from training.retriever_config import RetrieverRLConfig, RetrieverTrainConfig
 
 logger = logging.getLogger(__name__)
@@ -145,40 +146,48 @@ def evaluate(runner: Any, retriever: StochasticDenseRetriever, examples: Sequenc
 
 
 # ---- the loss ----------------------------------------------------------------------------------
-def trajectory_logprobs(
-    retriever: StochasticDenseRetriever, trajs: Sequence[Trajectory], reference: bool = False
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per trajectory: (recomputed sum of retrieval log-probs [B], rollout-time sum [B], has-retrieval [B])."""
-    samples, owner = [], []
-    for i, t in enumerate(trajs):
-        for s in t.searches:
-            if s.sample is not None:
-                samples.append(s.sample)
-                owner.append(i)
-    B = len(trajs)
-    lp = retriever.recompute_logprobs(samples, reference=reference)  # [S]
-    owner_t = torch.tensor(owner, dtype=torch.long)
-    new = torch.zeros(B, dtype=lp.dtype).index_add(0, owner_t, lp) if samples else torch.zeros(B)  # [B]
-    old = torch.zeros(B).index_add(0, owner_t, torch.tensor([s["logprob"] for s in samples])) if samples else new
-    has = torch.zeros(B, dtype=torch.bool)
-    has[owner_t] = True
-    return new, old.detach(), has
+def per_call_loss(
+    new: torch.Tensor,
+    old: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    ref: torch.Tensor | None = None,
+    clip_eps: float = 0.2,
+    kl_coef: float = 0.0,
+    agg: str = "seq_mean_token_mean",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """HARR's ``RetrieverGRPOTrainer._compute_loss``: every retrieval call is one "token".
+
+    ρ = exp(logπ − logπ_old) and PPO-clip per call with its trajectory's advantage, plus β·k3 per
+    call (unclamped, as HARR writes it) to the initial tower, averaged over each trajectory's
+    calls and then over trajectories (HARR's ``loss_type: grpo``; ``agg`` names another
+    ``training.losses.AGGREGATIONS`` entry). Clipping each call's ratio is not clipping the ratio
+    of the summed log-probs, which is the product of the calls' ratios.
+
+    new/old/ref/mask [B, T] (T: the most calls in a trajectory), adv [B] → scalar, stats.
+    """
+    per_call_adv = adv[:, None] * mask  # [B, T]
+    loss, stats = policy_loss(new, old, per_call_adv, mask, clip_eps, clip_eps, agg)
+    out = {k: float(v) for k, v in stats.items()}
+    if kl_coef > 0 and ref is not None:
+        kl = kl_penalty(new, ref, "k3_unclamped")  # [B, T]
+        loss = loss + kl_coef * aggregate(kl, mask, agg)
+        out["kl"] = float(aggregate(kl.detach(), mask))  # mean over calls, as HARR logs it
+    return loss, out
 
 
 def retrieval_loss(
     retriever: StochasticDenseRetriever, trajs: Sequence[Trajectory], adv: torch.Tensor, cfg: RetrieverRLConfig
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip on per-trajectory retrieval log-prob sums + β·KL to the initial tower. adv [B] → scalar."""
-    new, old, has = trajectory_logprobs(retriever, trajs)  # [B] each
-    mask = has[:, None].float()  # [B, 1]: one "token" per trajectory
-    loss, stats = policy_loss(new[:, None], old[:, None], adv[:, None], mask, cfg.clip_eps, cfg.clip_eps)
-    out = {k: float(v) for k, v in stats.items()}
+    """GRPO on the retrieval calls of ``trajs`` (:func:`per_call_loss`), log-probs recomputed from
+    the calls' records under the current tower. adv [B] → scalar. A trajectory without a
+    retrieval call carries no gradient."""
+    layout = step_layout(trajs)
+    new = layout.grid(retriever.recompute_logprobs(layout.samples))  # [B, T]
+    ref = None
     if cfg.kl_coef > 0:
-        ref, _, _ = trajectory_logprobs(retriever, trajs, reference=True)  # [B]
-        kl = kl_loss(new[:, None], ref[:, None], mask)
-        loss = loss + cfg.kl_coef * kl
-        out["kl"] = float(kl.detach())
-    return loss, out
+        ref = layout.grid(retriever.recompute_logprobs(layout.samples, reference=True)).detach()  # [B, T]
+    return per_call_loss(new, layout.old_logp, adv, layout.mask.float(), ref, cfg.clip_eps, cfg.kl_coef)
 
 
 # ---- PPO: one action per retrieval call, a value head on the query embedding -------------------
@@ -259,7 +268,7 @@ def ppo_loss(
     loss = loss + cfg.vf_coef * vloss
     if cfg.kl_coef > 0:
         ref = layout.grid(retriever.recompute(layout.samples, reference=True)[0])  # [B, T]
-        kl = kl_loss(new, ref, m)
+        kl = kl_loss(new, ref, m, "k3_unclamped")
         loss = loss + cfg.kl_coef * kl
         out["kl"] = float(kl.detach())
     return loss, out

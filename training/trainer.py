@@ -28,7 +28,7 @@ import torch
 
 from harness.backends.base import SamplingParams
 from training import losses
-from training.advantages import ADVANTAGES, AdvantageInputs, outcome_to_tokens, step_score_tensor
+from training.advantages import ADVANTAGES, AdvantageInputs, step_score_tensor
 from training.batch import Batch, collate, token_logprobs
 from training.checkpoint import checkpoints, export_hf, resume_checkpoint, save_checkpoint
 from training.config import TrainConfig
@@ -76,12 +76,21 @@ class Trainer:
             raise ValueError(
                 f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must divide by {self.world} ranks"
             )
+        self.advantage_fn = ADVANTAGES.get(cfg.algo.advantage)
+        adv_info = ADVANTAGES.info(cfg.algo.advantage)
+        if cfg.algo.kl_in_reward and not adv_info.get("kl_in_reward"):
+            raise ValueError(
+                f"algo.kl_in_reward=true does not apply to algo.advantage={cfg.algo.advantage} (it would be "
+                "dropped silently); set algo.kl_in_reward=false and use a KL loss term (algo.kl_coef > 0)"
+            )
         seed_everything(cfg.trainer.seed)
         if cfg.optim.threads:
             torch.set_num_threads(cfg.optim.threads)
         a, o = cfg.algo, cfg.optim
         self.mini_rows = mini_batch_rows(cfg, self.world)  # rows per optimizer step on this rank
         mini_all_ranks = self.mini_rows * self.world  # DeepSpeed: gradient_accumulation = micro-batches per mini-batch
+        # The LR warmup counts training steps, as verl's scheduler does: tell it how many optimizer steps one makes.
+        self.updates_per_step = updates_per_training_step(cfg, self.world)
         model = build_model(cfg.model, vocab_size=len(self.tokenizer))
         lora = cfg.model.lora
         if lora is not None:
@@ -95,7 +104,7 @@ class Trainer:
         # with its adapters disabled (the base; no second copy).
         self.ref = frozen_copy(model) if a.kl_coef > 0 and lora is None else None
         self.ref_is_base = a.kl_coef > 0 and lora is not None
-        self.policy = initialize(model, o, o.lr, mini_all_ranks)
+        self.policy = initialize(model, o, o.lr, mini_all_ranks, o.warmup_steps, self.updates_per_step)
         self.dist_sync = None  # rollout.weight_sync: distributed (one SGLang server, by broadcast)
         if cfg.rollout.weight_sync == "distributed":
             if not hasattr(self.backend, "update_weights_from_distributed"):
@@ -106,15 +115,15 @@ class Trainer:
             self.ref.to(self.device, dtype=torch.bfloat16 if o.bf16 else None)
         self._place_rollout_model()
         self.critic = None
-        self.advantage_fn = ADVANTAGES.get(a.advantage)
-        adv_info = ADVANTAGES.info(a.advantage)
         self.step_scorer = algo_step_scorer(a) if adv_info.get("needs_step_scores") else None
         self.loss_fn = losses.RLLoss.from_config(a)
         if adv_info.get("needs_critic"):  # PPO: a critic on the same LM architecture
             critic = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))
             if lora is not None:
                 critic = lora_critic(critic, lora)
-            self.critic = initialize(critic, o, o.critic_lr, mini_all_ranks)
+            self.critic = initialize(
+                critic, o, o.critic_lr, mini_all_ranks, o.critic_warmup_steps, self.updates_per_step
+            )
         elif a.critic_warmup:
             raise ValueError(f"algo.critic_warmup={a.critic_warmup} needs a critic (algo.advantage: gae)")
         self.reward_fn = build_reward(a.reward)
@@ -268,13 +277,9 @@ class Trainer:
         # training forward runs before the only optimizer step, so it yields them for free; with
         # several updates per batch (or advantages that read them) a separate pass is needed.
         old = None
-        if self.updates_per_batch(batch) > 1 or (ref is not None and a.kl_in_reward):
+        if self.updates_per_step > 1 or (ref is not None and a.kl_in_reward):
             old = cat(lambda s: self._logprobs(self.policy, batch, s, offset)[0])
         return Forward(offset, ref, values, old)
-
-    def updates_per_batch(self, batch: Batch) -> int:
-        """Policy optimizer steps one rollout batch makes: epochs × mini-batches."""
-        return self.cfg.algo.epochs * len(self._mini_batches(batch))
 
     def _mini_batches(self, batch: Batch) -> list[list[slice]]:
         """The batch's mini-batches (``mini_rows`` rows each), each a list of micro-batch slices.
@@ -293,13 +298,8 @@ class Trainer:
         """Per-token advantages [B, W] (and returns [B, W] for PPO's critic), from the registered estimator."""
         a, m = self.cfg.algo, batch.mask[:, fwd.offset :]  # [B, W]
         x = AdvantageInputs(batch.rewards, batch.group_ids, m, values=fwd.values)
-        if self.critic is not None:
-            token_r = outcome_to_tokens(batch.rewards, m)  # [B, W] outcome on the last model token
-            if fwd.ref_logp is not None and a.kl_in_reward:  # PPO: KL (k1) folded into the token rewards
-                token_r = losses.kl_in_reward(token_r, fwd.old_logp, fwd.ref_logp, a.kl_coef, "k1") * m
-            x.token_rewards = token_r
-        elif fwd.ref_logp is not None and a.kl_in_reward:  # Reinforce++ (OpenRLHF): −β·KL_t (k1) per token
-            x.token_rewards = -a.kl_coef * losses.kl_penalty(fwd.old_logp, fwd.ref_logp, "k1") * m
+        if fwd.ref_logp is not None and a.kl_in_reward:  # −β·k1_t of the pre-update policy, per model token
+            x.kl_reward = losses.kl_reward(fwd.old_logp, fwd.ref_logp, m, a.kl_coef)
         if self.step_scorer is not None:
             scores = step_score_tensor(trajs, self.step_scorer, batch.mask.shape[1])[:, fwd.offset :]  # [B, W]
             x.step_scores = scores.to(self.device)
@@ -315,6 +315,10 @@ class Trainer:
         have_old = fwd.old_logp is not None
         train_policy = self.step_no >= a.critic_warmup
         gas = self.policy.gradient_accumulation_steps()
+        # The LRs this training step runs at (the schedule moves once per training step), logged as verl does.
+        lrs = {"lr": float(self.policy.get_lr()[0])}
+        if self.critic is not None:
+            lrs["critic_lr"] = float(self.critic.get_lr()[0])
         acc: dict[str, list[float]] = {}
         policy_steps = 0
         for epoch in range(a.epochs):
@@ -333,10 +337,13 @@ class Trainer:
                     for k, v in st.items():
                         acc.setdefault(k, []).append(v)
             have_old = True
+        if train_policy and policy_steps != self.updates_per_step:  # the LR schedule assumes this count
+            raise RuntimeError(
+                f"{policy_steps} policy optimizer steps this training step, expected {self.updates_per_step}"
+            )
         out = {k: float(np.mean(v)) for k, v in acc.items()}
         out["policy_updates"] = float(policy_steps)  # optimizer steps this batch (0 in critic warm-up)
-        out["lr"] = float(self.policy.get_lr()[0])
-        return out
+        return {**out, **lrs}
 
     def _policy_micro_step(
         self,
@@ -502,6 +509,12 @@ def mini_batch_rows(cfg: TrainConfig, world: int) -> int:
             f"algo.ppo_mini_batch_size / ranks = {per_rank} rows must be a multiple of optim.micro_batch_size={mb}"
         )
     return per_rank
+
+
+def updates_per_training_step(cfg: TrainConfig, world: int) -> int:
+    """Optimizer steps one training step (one rollout batch) makes: ``ppo_epochs`` × mini-batches."""
+    batch = cfg.rollout.prompts_per_step * cfg.rollout.n_samples  # rows per step, all ranks
+    return cfg.algo.epochs * (batch // (mini_batch_rows(cfg, world) * world))
 
 
 def seed_everything(seed: int) -> None:

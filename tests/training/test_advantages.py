@@ -10,6 +10,7 @@ from training.advantages import (
     ADVANTAGES,
     dual_granularity,
     gae,
+    group_norm,
     grpo,
     masked_whiten,
     reinforce_pp,
@@ -25,7 +26,7 @@ def test_registry_one_signature_matches_the_estimators():
 
     from training.advantages import AdvantageInputs
 
-    assert ADVANTAGES.names() == ["dual_granularity", "gae", "grpo", "reinforce_pp"]
+    assert ADVANTAGES.names() == ["dual_granularity", "gae", "group_norm", "grpo", "reinforce_pp"]
     assert ADVANTAGES.info("gae")["needs_critic"] and ADVANTAGES.info("dual_granularity")["needs_step_scores"]
     algo = SimpleNamespace(norm_by_std=True, gamma=1.0, lam=1.0, dual_beta=0.3, whiten_advantages=False)
     r, g, m = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0, 0, 1]), torch.ones(3, 2)
@@ -33,6 +34,7 @@ def test_registry_one_signature_matches_the_estimators():
     adv, ret = ADVANTAGES.get("grpo")(x, algo)
     assert torch.equal(adv, grpo(r, g, m)) and ret is None
     assert torch.equal(ADVANTAGES.get("reinforce_pp")(x, algo)[0], reinforce_pp(r, g, m))
+    assert torch.equal(ADVANTAGES.get("group_norm")(x, algo)[0], group_norm(r, g, m))
     adv, ret = ADVANTAGES.get("gae")(x, algo)  # no token rewards given: the outcome on the last token
     assert adv[:, 0].tolist() == pytest.approx([1.0, 0.0, 1.0]) and ret is not None
     assert torch.equal(ADVANTAGES.get("dual_granularity")(x, algo)[0], dual_granularity(r, x.step_scores, g, m))
@@ -215,3 +217,56 @@ def test_gae_whitening_is_on_by_default_for_ppo():
     adv, ret = ADVANTAGES.get("gae")(AdvantageInputs(r, g, m, values=torch.zeros(3, 1)), algo)
     assert adv[:, 0].tolist() == pytest.approx([0.57735, -1.154701, 0.57735], abs=1e-5)
     assert ret[:, 0].tolist() == pytest.approx([1.0, 0.0, 1.0])  # returns are not whitened
+
+
+def test_group_norm_by_hand():
+    """OpenRLHF's group_norm (R1-Searcher stage 1): group z-score with ε 1e-9 on the last model
+    token, the −β·KL_t penalty on every model token, return-to-go, no whitening.
+
+    Group 0: rewards 1, 0 → mean .5, unbiased std √(.25 + .25) = .707107 → z = ±.707107.
+    Row 0, mask [1, 1, 0, 1] (t2 an observation), penalty −.1 per model token (the −.5 on t2 is
+    masked): token rewards [−.1, −.1, 0, .707107 − .1]; returns-to-go over model tokens only:
+    t3 .607107, t1 −.1 + .607107 = .507107, t0 −.1 + .507107 = .407107, t2 0.
+    Row 1, mask [1, 1, 0, 0], no penalty: −.707107 on t1, carried back to t0.
+    Row 2 is alone in group 1: no baseline, 0 everywhere (OpenRLHF would give NaN)."""
+    r, g = torch.tensor([1.0, 0.0, 5.0]), torch.tensor([0, 0, 1])
+    m = torch.tensor([[1.0, 1.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    pen = torch.tensor([[-0.1, -0.1, -0.5, -0.1], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    a = group_norm(r, g, m, token_penalty=pen)
+    assert a[0].tolist() == pytest.approx([0.407107, 0.507107, 0.0, 0.607107], abs=1e-6)
+    assert a[1].tolist() == pytest.approx([-0.707107, -0.707107, 0.0, 0.0], abs=1e-6)
+    assert a[2].tolist() == [0.0, 0.0, 0.0, 0.0]
+    # Without KL each row is its z on every model token: no whitening (Reinforce++ would whiten).
+    assert group_norm(r, g, m)[0].tolist() == pytest.approx([0.707107, 0.707107, 0.0, 0.707107], abs=1e-6)
+    # ε is 1e-9: rewards 1e-6 and 0 → std 7.07107e-7, z = .5e-6 / (7.07107e-7 + 1e-9) = .706108
+    # (GRPO's ε 1e-6 would give .5e-6 / 1.707107e-6 = .292893).
+    tiny = group_norm(torch.tensor([1e-6, 0.0]), torch.tensor([0, 0]), torch.ones(2, 1))
+    assert tiny[:, 0].tolist() == pytest.approx([0.706108, -0.706108], abs=1e-5)
+
+
+def test_kl_in_the_reward_reaches_every_estimator_that_takes_it():
+    """verl's GRPO with use_kl_in_reward normalises token_level_rewards.sum(-1) = R − β·Σ KL_t.
+
+    Rewards 1, 0, 0 (one group); KL penalties summing to −.2, 0, −.4 → scores .8, 0, −.4: mean
+    .133333, deviations .666667, −.133333, −.533333, unbiased var (.444444 + .017778 + .284444) / 2
+    = .373333, std .611010 → 1.091088, −.218218, −.872870 (without KL: 1.154701, −.57735, −.57735)."""
+    from types import SimpleNamespace
+
+    from training.advantages import AdvantageInputs
+
+    algo = SimpleNamespace(norm_by_std=True, gamma=1.0, lam=1.0, whiten_advantages=False, dual_beta=0.3)
+    r, g, m = torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0, 0, 0]), torch.ones(3, 2)
+    kl = torch.tensor([[-0.1, -0.1], [0.0, 0.0], [-0.3, -0.1]])
+    adv, _ = ADVANTAGES.get("grpo")(AdvantageInputs(r, g, m, kl_reward=kl), algo)
+    assert adv[:, 0].tolist() == pytest.approx([1.091088, -0.218218, -0.872870], abs=1e-5)
+    assert adv[:, 1].tolist() == adv[:, 0].tolist()  # one advantage per sequence
+    # group_norm and reinforce_pp take it per token (OpenRLHF); gae adds it to the token rewards.
+    x = AdvantageInputs(r, g, m, values=torch.zeros(3, 2), kl_reward=kl)
+    assert torch.equal(ADVANTAGES.get("group_norm")(x, algo)[0], group_norm(r, g, m, token_penalty=kl))
+    assert torch.equal(ADVANTAGES.get("reinforce_pp")(x, algo)[0], reinforce_pp(r, g, m, token_penalty=kl))
+    adv, _ = ADVANTAGES.get("gae")(x, algo)  # γ = λ = 1, V = 0: A_t = Σ_{t' ≥ t} r_t'
+    assert adv[0].tolist() == pytest.approx([1 - 0.2, 1 - 0.1])
+    assert adv[2].tolist() == pytest.approx([-0.4, -0.1])
+    assert [n for n in ADVANTAGES.names() if not ADVANTAGES.info(n).get("kl_in_reward")] == ["dual_granularity"]
+    with pytest.raises(ValueError, match="no KL in the reward"):
+        ADVANTAGES.get("dual_granularity")(AdvantageInputs(r, g, m, kl_reward=kl, step_scores=m), algo)

@@ -46,14 +46,33 @@ def test_ds_config_accumulates_to_one_step_per_batch_and_warms_up():
     assert c["gradient_clipping"] == 0.5 and c["zero_optimization"]["stage"] == 2 and c["bf16"]["enabled"]
     assert ds_config(OptimConfig(micro_batch_size=4), batch_size=6, lr=1.0)["gradient_accumulation_steps"] == 2
     assert warmup_schedule(0) is None
+
+
+def lrs_at_each_optimizer_step(warmup_steps: int, updates_per_step: int, n: int) -> list[float]:
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
-    sched = warmup_schedule(4)(opt)
+    sched = warmup_schedule(warmup_steps, updates_per_step)(opt)
     lrs = []
-    for _ in range(6):
+    for _ in range(n):  # DeepSpeed steps the scheduler after every optimizer step
         lrs.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
-    assert lrs == [0.5, 1.0, 1.5, 2.0, 2.0, 2.0]  # the first step already learns; full LR from step 4
+    return lrs
+
+
+def test_warmup_counts_training_steps_as_verl():
+    # verl's get_constant_schedule_with_warmup: training step t (0-based) at lr · t / W, then lr.
+    # W = 4, one optimizer step per training step (SFT, PRM): 2 × [0, 1/4, 2/4, 3/4, 1, 1].
+    assert lrs_at_each_optimizer_step(4, 1, 6) == [0.0, 0.5, 1.0, 1.5, 2.0, 2.0]
+    # W = 3, 2 optimizer steps per training step (e.g. 2 mini-batches, 1 epoch): both optimizer
+    # steps of training step t run at 2 × t/3, so the warmup lasts 3 training steps = 6 optimizer steps
+    # (counting optimizer steps, as before, would have reached the full LR after 3).
+    assert lrs_at_each_optimizer_step(3, 2, 8) == pytest.approx([0, 0, 2 / 3, 2 / 3, 4 / 3, 4 / 3, 2, 2])
+    # Search-R1 (v0.2): 512 prompts, mini-batches of 256 → 2 optimizer steps per training step,
+    # warmup int(0.285 × 1005) = 286 training steps; the LR of training step 143 is half the peak.
+    lrs = lrs_at_each_optimizer_step(286, 2, 2 * 287)
+    assert lrs[2 * 143] == lrs[2 * 143 + 1] == pytest.approx(1.0) and lrs[2 * 286] == 2.0
+    with pytest.raises(ValueError, match="updates_per_step"):
+        warmup_schedule(3, 0)
 
 
 @pytest.mark.slow
@@ -87,12 +106,13 @@ def test_accumulation_clipping_warmup_reference_and_critic():
     assert torch.equal(engine.module.lm_head.weight, w0)
     norm, _ = micro_step(engine, batch(2))
     assert norm is not None and norm > 1e-3  # reported before clipping to 1e-3
-    assert not torch.equal(engine.module.lm_head.weight, w0)
+    assert torch.equal(engine.module.lm_head.weight, w0)  # the first warmup step runs at LR 0 (verl)
     lrs = [engine.get_lr()[0]]  # after 1 optimizer step
     for i in range(6):  # 3 more optimizer steps
         micro_step(engine, batch(3 + i))
         lrs.append(engine.get_lr()[0])
-    assert lrs[0] < lrs[2] < lrs[4] == lrs[6] == pytest.approx(1e-2)  # linear warmup over 4 steps
+    assert not torch.equal(engine.module.lm_head.weight, w0)
+    assert lrs[::2] == pytest.approx([0.25e-2, 0.5e-2, 0.75e-2, 1e-2])  # linear warmup over 4 steps
     # The reference is frozen and untouched by the policy's updates.
     assert not any(p.requires_grad for p in ref.parameters())
     assert torch.equal(ref.lm_head.weight, w0)

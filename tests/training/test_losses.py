@@ -7,15 +7,16 @@ import math
 import pytest
 import torch
 
+from harness.registry import RegistryError
 from harness.types import Segment, Trajectory
 from training.batch import collate, shift_for_next_token, token_logprobs
 from training.losses import (
     aggregate,
     entropy_bonus,
     entropy_from_logits,
-    kl_in_reward,
     kl_loss,
     kl_penalty,
+    kl_reward,
     policy_loss,
     value_loss,
 )
@@ -32,7 +33,7 @@ def test_aggregations_by_hand():
     assert aggregate(LOSS, MASK, "dapo").item() == pytest.approx(10 / 4)
     assert aggregate(LOSS, MASK, "dr_grpo", max_len=5).item() == pytest.approx(10 / (3 * 5))
     assert aggregate(LOSS, MASK, "dr_grpo").item() == pytest.approx(10 / (3 * 3))  # max_len defaults to T
-    with pytest.raises(ValueError, match="unknown loss aggregation"):
+    with pytest.raises(RegistryError, match="unknown loss aggregation 'sum'"):
         aggregate(LOSS, MASK, "sum")
 
 
@@ -77,15 +78,32 @@ def test_kl_estimators_by_hand():
     assert kl_penalty(logp, ref, "k2")[0].tolist() == pytest.approx([0.5, 0.5])  # ½ (logp - ref)²
     # k3 = e^d - d - 1: d = -1 -> .367879 + 1 - 1 = .367879; d = 1 -> 2.718282 - 1 - 1 = .718282.
     assert kl_penalty(logp, ref, "k3")[0].tolist() == pytest.approx([0.367879, 0.718282], abs=1e-6)
+    assert kl_penalty(logp, ref, "k3_unclamped")[0].tolist() == pytest.approx([0.367879, 0.718282], abs=1e-6)
     assert kl_penalty(ref, ref, "k3").abs().sum() == 0.0
-    with pytest.raises(ValueError, match="unknown KL estimator"):
+    with pytest.raises(RegistryError, match="unknown KL estimator 'k4'"):
         kl_penalty(logp, ref, "k4")
     # As a loss term: token_mean of k3 = (.367879 + .718282) / 2 = .543081; with t1 masked, .367879.
     assert kl_loss(logp, ref, torch.ones(1, 2), "k3").item() == pytest.approx(0.543081, abs=1e-6)
     assert kl_loss(logp, ref, torch.tensor([[1.0, 0.0]]), "k3").item() == pytest.approx(0.367879, abs=1e-6)
-    # In the reward (PPO, k1, β = .1): r - .1 × (1, -1) = [0 - .1, 1 + .1].
-    r = kl_in_reward(torch.tensor([[0.0, 1.0]]), logp, ref, beta=0.1, kind="k1")
-    assert r[0].tolist() == pytest.approx([-0.1, 1.1])
+    # In the reward (PPO, OpenRLHF: k1, β = .1): -.1 × (1, -1) on model tokens, 0 on the masked one.
+    r = kl_reward(logp, ref, torch.tensor([[1.0, 0.0]]), beta=0.1)
+    assert r[0].tolist() == pytest.approx([-0.1, 0.0])
+
+
+def test_k3_is_clamped_as_verls_low_var_kl():
+    # d = ref - logp. d = 2: e² - 3 = 4.389056 (inside the clamp, unchanged).
+    # d = 3: e³ - 4 = 16.085537 -> clamped to 10; unclamped stays 16.085537.
+    # d = 100: verl first clamps d to 20 (e^20 - 21, then 10); the gradient is 0 and finite, while
+    # the unclamped e^100 overflows float32 to inf.
+    logp = torch.tensor([[0.0, 0.0, -100.0]], requires_grad=True)
+    ref = torch.tensor([[2.0, 3.0, 0.0]])
+    kl = kl_penalty(logp, ref, "k3")
+    assert kl[0].tolist() == pytest.approx([4.389056, 10.0, 10.0], abs=1e-5)
+    kl.sum().backward()
+    # d/dlogp (e^d - d - 1) = 1 - e^d = 1 - e² = -6.389056 inside; 0 where clamped.
+    assert logp.grad[0].tolist() == pytest.approx([-6.389056, 0.0, 0.0], abs=1e-5)
+    assert kl_penalty(logp.detach(), ref, "k3_unclamped")[0, 1].item() == pytest.approx(16.085537, abs=1e-5)
+    assert kl_penalty(logp.detach(), ref, "k3_unclamped")[0, 2].item() == float("inf")
 
 
 def test_entropy_by_hand():
@@ -166,8 +184,40 @@ def test_rl_loss_composes_policy_kl_and_entropy_by_hand():
     assert loss.item() == pytest.approx(policy + 0.1 * math.exp(-1) - 0.01 * math.log(4), rel=1e-5)
     assert st["kl"] == pytest.approx(math.exp(-1)) and st["entropy"] == pytest.approx(math.log(4))
     assert st["clip_frac"] == pytest.approx(2 / 3)
-    # KL folded into the rewards (PPO): no KL term; DAPO: rescaled by the accumulation steps.
+    # KL folded into the rewards (PPO): no KL term.
     no_kl, st = RLLoss(kl_coef=0.1, kl_in_reward=True)(logp, old, adv, mask, logits, ref)
     assert no_kl.item() == pytest.approx(policy) and "kl" not in st
-    dapo, _ = RLLoss(agg="dapo")(logp, old, adv, mask, logits, None, global_tokens=6, grad_accum=2)
-    assert dapo.item() == pytest.approx(2 * (-1.2 + 0.8 - 2.0) / 6)
+
+
+def test_rl_loss_aggregates_kl_and_entropy_like_the_policy_loss():
+    """verl's actor: agg_loss(kld, mask, loss_agg_mode) and agg_loss(entropy, ...), with the policy's mode.
+
+    Row 0: 3 tokens, A = 1, ref = logp - 1 (k3 = e^-1 = .367879); row 1: 1 token (2 masked), A = 2,
+    ref = logp + 1 (k3 = e - 2 = .718282). logp = old: ratio 1, per-token policy loss -A.
+    Entropy ln 4 = 1.386294 on every token (uniform logits over 4)."""
+    from training.losses import RLLoss
+
+    logp = torch.zeros(2, 3)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    adv = torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]])
+    ref = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]])
+    logits = torch.zeros(2, 3, 4)
+    e1, e2, ln4 = math.exp(-1), math.e - 2, math.log(4)
+    # seq_mean_token_mean: policy (-1 + -2) / 2 = -1.5; KL (e1 + e2) / 2 = .543081 (token_mean would
+    # give (3·e1 + e2) / 4 = .455480, the old, mis-weighted value); entropy ln 4.
+    f = RLLoss(agg="seq_mean_token_mean", kl_coef=0.1, entropy_coef=0.01)
+    loss, st = f(logp, logp, adv, mask, logits, ref)
+    assert loss.item() == pytest.approx(-1.5 + 0.1 * (e1 + e2) / 2 - 0.01 * ln4, rel=1e-6)
+    assert st["kl"] == pytest.approx((3 * e1 + e2) / 4, rel=1e-6)  # logged as the token mean
+    # dapo over a step of 10 tokens, 2 accumulation steps: every term is Σ/10, and the whole sum × 2.
+    # Σ policy = -(3·1 + 2) = -5; Σ KL = 3·e1 + e2 = 1.821920; Σ entropy = 4·ln 4 = 5.545177.
+    # 2 × (-.5 + .1 × .182192 - .01 × .554518) = -.974652 (before, KL and entropy escaped the × 2:
+    # 2 × -.5 + .1 × .455480 - .01 × 1.386294 = -.968315).
+    f = RLLoss(agg="dapo", kl_coef=0.1, entropy_coef=0.01)
+    loss, _ = f(logp, logp, adv, mask, logits, ref, global_tokens=10, grad_accum=2)
+    assert loss.item() == pytest.approx(2 * (-5 / 10 + 0.1 * (3 * e1 + e2) / 10 - 0.01 * 4 * ln4 / 10), rel=1e-6)
+    assert loss.item() == pytest.approx(-0.974652, abs=1e-6)
+    # dr_grpo: a constant denominator rows × W = 2 × 3 for every term.
+    f = RLLoss(agg="dr_grpo", kl_coef=0.1, entropy_coef=0.01)
+    loss, _ = f(logp, logp, adv, mask, logits, ref)
+    assert loss.item() == pytest.approx((-5 + 0.1 * (3 * e1 + e2) - 0.01 * 4 * ln4) / 6, rel=1e-6)

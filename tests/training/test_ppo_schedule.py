@@ -119,3 +119,36 @@ def test_cpu_recipe_schedule_makes_four_updates_and_clips(tmp_path):
     assert trainer.policy.gradient_accumulation_steps() == 2  # 8 rows / micro-batches of 4
     m = trainer.step()
     assert m["policy_updates"] == 4.0 and m["clip_frac"] > 0.0
+
+
+@pytest.mark.slow
+def test_warmup_moves_once_per_training_step(tmp_path):
+    """2 mini-batches × 2 epochs = 4 optimizer steps per training step; warmup 2 training steps.
+    verl's schedule: training step t runs at lr · t / 2 → 0, 5e-3, 1e-2 (lr 1e-2); every optimizer
+    step of a training step at the same LR. Counting optimizer steps (the old way) would have
+    reached the full LR inside the first training step. The critic warms up on its own (1 step:
+    0, then 1e-5); the policy does not move at all in training step 0 (LR 0, no weight decay)."""
+    trainer = make(
+        tmp_path,
+        "algo.advantage=gae",
+        "algo.ppo_mini_batch_size=2",
+        "algo.ppo_epochs=2",
+        "optim.micro_batch_size=1",
+        "optim.warmup_steps=2",
+        "optim.critic_warmup_steps=1",
+        "algo.reward=test_length",
+        "trainer.save_every=0",
+    )
+    assert trainer.updates_per_step == 4
+    p0 = _lm_head(trainer)
+    lrs, critic_lrs = [], []
+    for _ in range(3):
+        m = trainer.step()
+        assert m["policy_updates"] == 4.0
+        lrs.append(m["lr"])
+        critic_lrs.append(m["critic_lr"])
+        if len(lrs) == 1:
+            assert torch.equal(p0, _lm_head(trainer))
+    assert lrs == pytest.approx([0.0, 5e-3, 1e-2])
+    assert critic_lrs == pytest.approx([0.0, 1e-5, 1e-5])
+    assert trainer.policy.global_steps == 12  # DeepSpeed's count: 3 training steps × 4

@@ -18,9 +18,10 @@ from training.retriever_rl import (
     RetrieverRL,
     evaluate,
     filter_examples,
+    per_call_loss,
     retrieval_loss,
     reward_of,
-    trajectory_logprobs,
+    step_layout,
 )
 
 # Questions that share no words with their documents: the tower has to learn where each answer is.
@@ -54,10 +55,40 @@ def test_rollouts_group_and_ratio_is_one_before_update(tmp_path):
         gold_doc = f"d{t.answers[0][1:]}"
         assert reward_of(t, "em") == float(gold_doc in t.searches[0].doc_ids)
     retriever.tower.freeze_reference()
-    new, old, has = trajectory_logprobs(retriever, trajs)
-    assert has.all() and torch.allclose(new, old, atol=1e-3)
+    layout = step_layout(trajs)
+    new = layout.grid(retriever.recompute_logprobs(layout.samples))  # [B, 1]: one call each
+    assert layout.mask.all() and torch.allclose(new, layout.old_logp, atol=1e-3)
     loss, stats = retrieval_loss(retriever, trajs, torch.ones(len(trajs)), RetrieverRLConfig(kl_coef=0.1))
     assert stats["kl"] == pytest.approx(0.0, abs=1e-5) and loss.requires_grad
+
+
+def test_per_call_ratio_clip_and_k3_by_hand():
+    """HARR's _compute_loss with two calls. Trajectory A (advantage +1): calls with ratios 1.5 and
+    0.5 (old log-probs 0); B (advantage −1): one call with ratio 2. Clip ε = 0.2.
+
+    A: call 0 −min(1.5, 1.2) = −1.2 (clipped), call 1 −min(0.5, 0.8) = −0.5; mean over A's calls
+    −0.85. (The summed log-prob clips the product 0.75 instead: −min(0.75, 0.8) = −0.75.)
+    B: −min(−2, −1.2) = 2. Mean over trajectories: (−0.85 + 2) / 2 = 0.575.
+    k3 to a reference at log-prob 0, d = ref − logp: A: d = −ln 1.5 → 2/3 + .405465 − 1 = .072132,
+    d = ln 2 → 2 − .693147 − 1 = .306853, mean .189492; B: d = −ln 2 → .5 + .693147 − 1 = .193147.
+    Mean over trajectories .191320 (k3 of A's summed log-ratio would give .045652 instead).
+    β = 0.1: 0.575 + 0.019132 = 0.594132."""
+    import math
+
+    new = torch.tensor([[math.log(1.5), math.log(0.5)], [math.log(2.0), 0.0]], requires_grad=True)  # [B, T]
+    old, ref = torch.zeros(2, 2), torch.zeros(2, 2)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    adv = torch.tensor([1.0, -1.0])
+    loss, stats = per_call_loss(new, old, adv, mask, ref, clip_eps=0.2, kl_coef=0.1)
+    assert loss.item() == pytest.approx(0.594132, abs=1e-5)
+    assert stats["clip_frac"] == pytest.approx(1 / 3)  # A's first call only
+    assert stats["kl"] == pytest.approx((0.072132 + 0.306853 + 0.193147) / 3, abs=1e-5)  # mean over calls
+    policy, _ = per_call_loss(new, old, adv, mask, clip_eps=0.2)
+    assert policy.item() == pytest.approx(0.575, abs=1e-6)
+    # Gradient of the policy term: 0 on the clipped call; −ρA × ½ (A's 2 calls) × ½ (2 trajectories)
+    # = −0.5/4 = −0.125 on A's second; −ρA × 1 × ½ = 2/2 = 1 on B's call; 0 on the padding.
+    policy.backward()
+    assert new.grad.tolist() == [pytest.approx([0.0, -0.125]), pytest.approx([1.0, 0.0])]
 
 
 def test_samples_do_not_depend_on_concurrency(tmp_path):

@@ -158,18 +158,34 @@ def test_cli_trains_resumes_and_validates_into_the_run_folder(tmp_path):
         ["algo.kl_coef=0.01", "algo.kl_estimator=k3", "algo.update_epochs=2"],  # GRPO + KL loss, 2 epochs
         ["algo.advantage=reinforce_pp", "algo.loss_agg=seq_mean_token_mean"],
         ["algo.advantage=dual_granularity", "algo.loss_agg=dapo", "optim.micro_batch_size=1"],
+        ["algo.advantage=group_norm", "algo.kl_coef=0.01", "algo.kl_in_reward=true"],  # R1-Searcher stage 1
+        ["algo.kl_coef=0.01", "algo.kl_in_reward=true"],  # GRPO with the KL in the reward (verl)
     ],
-    ids=["ppo", "grpo_kl", "reinforce_pp", "dual_granularity"],
+    ids=["ppo", "grpo_kl", "reinforce_pp", "dual_granularity", "group_norm_kl_reward", "grpo_kl_reward"],
 )
 def test_every_estimator_trains_a_step(tmp_path, overrides):
     trainer = make(tmp_path, "trainer.save_every=0", "trainer.tensorboard=false", *overrides)
+    seen = []
+    estimator = trainer.advantage_fn
+    trainer.advantage_fn = lambda x, algo: seen.append(x) or estimator(x, algo)
     m = trainer.step()
+    kl_in_reward = "algo.kl_in_reward=true" in overrides
+    # The KL reaches the estimator as −β·k1 per model token, and then not as a loss term too.
+    kl_loss_term = "algo.kl_coef=0.01" in overrides and not kl_in_reward
+    assert (seen[0].kl_reward is not None) == kl_in_reward and ("kl" in m) == kl_loss_term
+    if kl_in_reward:
+        assert torch.all(seen[0].kl_reward[seen[0].mask == 0] == 0)
     assert all(v == v for v in m.values()), m  # no NaN
     assert m["grad_norm"] > 0
     if "algo.advantage=gae" in overrides:
         assert "value_loss" in m and trainer.critic is not None and trainer.ref is not None
     if "algo.update_epochs=2" in overrides:
         assert m["clip_frac"] >= 0 and "kl" in m
+
+
+def test_kl_in_reward_is_refused_where_it_would_be_dropped(tmp_path):
+    with pytest.raises(ValueError, match="algo.kl_in_reward=true does not apply to algo.advantage=dual_granularity"):
+        make(tmp_path, "algo.advantage=dual_granularity", "algo.kl_coef=0.01", "algo.kl_in_reward=true")
 
 
 @pytest.mark.slow
