@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from harness.eval_config import BackendConfig, RetrieverConfig
+from training.retriever_config import RetrieverTrainConfig
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class DataConfig:
     dataset: str | list[str] = "hotpotqa"
     split: str = "train100"
     data_dir: str | None = None
+    # A FlashRAG-format question file instead of the dataset's split (e.g. ``harness data
+    # harr-filter`` output); the retriever still searches ``dataset``'s corpus.
+    file: str | None = None
     limit: int | None = None
     shuffle: bool = True
     val_split: str | None = None  # periodic validation through the eval path
@@ -73,9 +77,10 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    # sft: supervised fine-tuning on ``sft.sources`` (training.sft); prm: a process reward model
-    # on MCTS records ``prm.data`` (training.prm)
-    kind: Literal["rl", "sft", "prm"] = "rl"
+    # The trainer (training.build.TRAINERS): rl; sft: supervised fine-tuning on ``sft.sources``
+    # (training.sft); prm: a process reward model on MCTS records ``prm.data`` (training.prm);
+    # retriever: RL on the retriever's query tower, generator frozen (``retriever_rl``).
+    kind: Literal["rl", "sft", "prm", "retriever"] = "rl"
     advantage: Literal["grpo", "reinforce_pp", "gae", "dual_granularity"] = "grpo"
     reward: Any = "r1_searcher_stage1"  # a name, {name: ..., params}, or a list to compose
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "dapo", "dr_grpo"] = "token_mean"
@@ -198,4 +203,5 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     prm: PRMConfig = field(default_factory=PRMConfig)
+    retriever_rl: RetrieverTrainConfig = field(default_factory=RetrieverTrainConfig)  # algo.kind: retriever
     papers: str = ""  # which published settings the recipe follows

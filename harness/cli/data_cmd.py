@@ -9,6 +9,10 @@ dialect, kept only when retrieval surfaced each hop's gold. Prints how many it k
 RFT's filter (:mod:`training.rft`): of the sampled trajectories of ``harness eval --n-samples K``
 runs, keep those with a right outcome and step scores that pass a threshold, as a run directory
 that ``algo.kind: sft`` reads (``{kind: run, path: DIR}``), with a summary of what it kept and why.
+
+``harness data harr-filter -c RECIPE --out FILE``: HARR's training-set filter, the questions where
+some sampled retrievals succeed and some fail under the frozen generator (a ``data.file`` for an
+``algo.kind: retriever`` recipe).
 """
 
 from __future__ import annotations
@@ -161,3 +165,26 @@ def rft_filter_command(
     console.print(f"rft-filter: {summary.line()} → {out} ({SUMMARY})", highlight=False)
     if not summary.n_kept:
         fail("nothing passed the filter: no SFT data (see decisions.jsonl for why)")
+
+
+@app.command("harr-filter")
+def harr_filter_command(
+    config: list[str] = typer.Option(None, "-c", "--config", help="A retriever-RL recipe (algo.kind: retriever)."),
+    out: str = typer.Option(..., "--out", help="Where to write the kept questions (FlashRAG JSONL)."),
+    samples: int = typer.Option(8, "--samples", help="Sampled retrievals per question."),
+    metric: str = typer.Option("em", "--metric", help="em | f1: the success measure."),
+    threshold: float = typer.Option(1.0, "--threshold", help="A sample succeeds when metric >= this."),
+    data_dir: str = typer.Option(None, "--data-dir", help="FlashRAG-layout data dir."),
+    overrides: list[str] = typer.Argument(None, help="key.path=value overrides of the recipe."),
+) -> None:
+    """HARR: keep the training questions where sampled retrievals change the outcome (training.retriever_rl)."""
+    from harness.config import ConfigError
+    from training.build import train_config
+    from training.retriever_rl import harr_filter
+
+    try:
+        cfg = train_config(list(config or []), list(overrides or []), data_dir)
+        path, stats, kept, total = harr_filter(cfg, out, samples, metric, threshold)
+    except (ConfigError, ValueError, FileNotFoundError, RuntimeError, KeyError) as e:
+        fail(f"{type(e).__name__}: {e}")
+    console.print(f"kept {kept}/{total} questions → {path} (per-question counts: {stats})")

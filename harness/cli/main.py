@@ -15,7 +15,6 @@ from harness.cli import (
     datasets_cmd,
     demo_cmd,
     eval_cmd,
-    harr_cmd,
     index_cmd,
     prompt_cmd,
     replicate_cmd,
@@ -44,15 +43,12 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
 
 
 app.command("eval", help="Run methods on datasets; one run directory per (method, dataset).")(eval_cmd.eval_command)
-app.command("train", help="Train the search agent with GRPO / PPO / Reinforce++ or SFT (algo.kind=sft) on DeepSpeed.")(
-    train_cmd.train_command
-)
+app.command(
+    "train", help="Train with a recipe: RL (GRPO / PPO / Reinforce++) on DeepSpeed, or algo.kind sft, prm or retriever."
+)(train_cmd.train_command)
 app.command("report", help="Leaderboards with confidence intervals, plots and a trajectory browser.")(
     report_cmd.report_command
 )
-data_cmd.app.command(
-    "harr-filter", help="HARR: keep the training questions where sampled retrievals change the outcome."
-)(harr_cmd.harr_filter_command)
 app.add_typer(
     data_cmd.app, name="data", help="Data tools: synthesize SFT trajectories, RFT's filter, HARR's question filter."
 )

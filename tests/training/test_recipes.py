@@ -49,8 +49,8 @@ def test_recipe_dry_run_on_tiny_stand_ins(path):
     from harness.types import Trajectory
     from pipelines.dialects import get_dialect
     from training.advantages import ADVANTAGES
-    from training.build import merged_corpus_dataset
     from training.engine import ValueHead, build_model
+    from training.examples import merged_corpus_dataset
     from training.lora import apply_lora, lora_critic, merged_state_dict
 
     cfg = compose(TrainConfig, [path])
