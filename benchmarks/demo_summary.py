@@ -12,15 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.fmt import pct
 from benchmarks.perf.agent_behaviour import figures
 from benchmarks.report import load_run
 from benchmarks.stats import bootstrap_ci, paired_bootstrap
 
 METRICS = ("em", "f1")
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}"
 
 
 def summarize(untrained: str | Path, trained: str | Path) -> str:
@@ -36,9 +33,9 @@ def summarize(untrained: str | Path, trained: str | Path) -> str:
     for r in (a, b):
         cis = {m: bootstrap_ci(list(r.item_values(m).values())) for m in METRICS}
         f = figures(str(r.path))
-        cells = [f"{_pct(c.mean)} [{_pct(c.low)}, {_pct(c.high)}]" for c in cis.values()]
+        cells = [f"{pct(c.mean)} [{pct(c.low)}, {pct(c.high)}]" for c in cis.values()]
         lines.append(
-            f"| {r.method} | {r.model} | {' | '.join(cells)} | {_pct(f['format_valid'])} | {f['searches_per_q']:.2f} |"
+            f"| {r.method} | {r.model} | {' | '.join(cells)} | {pct(f['format_valid'])} | {f['searches_per_q']:.2f} |"
         )
     lines += ["", f"Paired bootstrap, {b.method} minus {a.method}, on the items both answered:", ""]
     verdict = []
@@ -47,8 +44,8 @@ def summarize(untrained: str | Path, trained: str | Path) -> str:
         shared = sorted(set(mine) & set(theirs))
         d = paired_bootstrap([mine[k] for k in shared], [theirs[k] for k in shared])
         lines.append(
-            f"- {m.upper()}: {'+' if d.diff >= 0 else ''}{_pct(d.diff)} points "
-            f"[{_pct(d.low)}, {_pct(d.high)}], p={d.p:.3f}, n={d.n}" + (" (significant)" if d.significant else "")
+            f"- {m.upper()}: {pct(d.diff, signed=True)} points "
+            f"[{pct(d.low)}, {pct(d.high)}], p={d.p:.3f}, n={d.n}" + (" (significant)" if d.significant else "")
         )
         verdict.append((m, d))
     em = verdict[0][1]

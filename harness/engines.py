@@ -336,6 +336,19 @@ def start_engine(
     return proc
 
 
+def serve_engine(engine: Engine, model: str, cfg: EngineConfig, ready: Callable[[EngineProcess], None]) -> None:
+    """``harness serve model``: run ``engine`` for ``model`` until Ctrl-C or SIGTERM (which stop it
+    and all its workers); ``ready`` is called once it is healthy. Raises :class:`EngineError` with
+    the end of its log when the engine exits by itself."""
+    with sigterm_as_exit(), launched(engine, model, cfg) as proc:
+        ready(proc)
+        while proc.alive():
+            time.sleep(1.0)
+        raise EngineError(
+            f"{engine} exited with code {proc.proc.returncode}; last lines of {proc.log_path}:\n{proc.log_tail()}"
+        )
+
+
 @contextlib.contextmanager
 def sigterm_as_exit() -> Iterator[None]:
     """Within the block, SIGTERM raises ``SystemExit(143)`` so ``finally`` clauses (which stop

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from harness.textfiles import read_jsonl
 from training.checkpoint import resume_checkpoint, save_checkpoint
 from training.config import TrainConfig
 from training.engine import ValueHead, build_model, initialize, optimizer_step, rank_and_world, unwrap
@@ -67,12 +68,7 @@ def _records(paths: list[str], name: str) -> list[tuple[str, dict[str, Any]]]:
         path = Path(p) / name if Path(p).is_dir() else Path(p)
         if not path.exists():
             raise FileNotFoundError(f"prm.data: {path} does not exist (an MCTS output folder or its {name})")
-        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                try:
-                    out.append((f"{path}:{i}", json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{i}: not JSON ({e})") from None
+        out += [(f"{path}:{i}", record) for i, record in read_jsonl(path)]
     return out
 
 

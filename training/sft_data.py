@@ -26,15 +26,15 @@ A malformed record raises :class:`SFTDataError` naming ``file:line``.
 from __future__ import annotations
 
 import ast
-import json
 import logging
 import operator
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.textfiles import read_jsonl
 from harness.types import Segment, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -140,24 +140,6 @@ def split_observations(text: str, blocks: tuple[tuple[str, str], ...] = OBSERVAT
     return [(r, t) for r, t in out if t]
 
 
-# ---- JSONL reading ------------------------------------------------------------------------------
-def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, record) for each non-blank line; a line that is not a JSON object raises."""
-    if not path.is_file():
-        raise SFTDataError(f"{path}: no such file")
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SFTDataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise SFTDataError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
-            yield n, rec
-
-
 # ---- (b) chat-messages JSONL --------------------------------------------------------------------
 _ROLE_ALIASES = {
     "human": "user",
@@ -231,7 +213,7 @@ def load_chat(path: str | Path, tokenizer: Any, limit: int | None = None, chat: 
     path = Path(path)
     use_template = chat and bool(getattr(tokenizer, "chat_template", None))
     out: list[Trajectory] = []
-    for n, rec in read_jsonl(path):
+    for n, rec in read_jsonl(path, SFTDataError):
         where = f"{path}:{n}"
         if "history" in rec or "completion" in rec:  # ProRAG's SFT layout
             h, c = rec.get("history"), rec.get("completion")
@@ -262,7 +244,7 @@ def load_synth(path: str | Path, tokenizer: Any, limit: int | None = None, chat:
 
     path = Path(path)
     out: list[Trajectory] = []
-    for n, rec in read_jsonl(path):
+    for n, rec in read_jsonl(path, SFTDataError):
         where = f"{path}:{n}"
         try:
             dialect = resolve_dialect(rec["dialect"])

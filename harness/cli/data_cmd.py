@@ -48,29 +48,17 @@ def synthesize_command(
     max_doc_tokens: int = typer.Option(128, "--max-doc-tokens"),
 ) -> None:
     """Write synthesized trajectories; see the module docstring."""
-    from benchmarks.build import dataset_retriever
-    from benchmarks.datasets import corpus_path, load_examples
     from harness.eval_config import RetrieverConfig
-    from pipelines.dialects import resolve_dialect
-    from training.synthesize import corpus_titles, synthesize
+    from training.synthesize import synthesize_split
 
     try:
-        d = resolve_dialect(dialect, variant)
-        examples = load_examples(dataset, split, data_dir=data_dir)[offset:]
-        examples = examples[:limit] if limit is not None else examples
-        rcfg = RetrieverConfig(kind=retriever, index=index, url=url, topk=topk)
-        ret = dataset_retriever(rcfg, dataset, split, data_dir)
-        needs_titles = any("supporting_doc_ids" in (e.metadata or {}) for e in examples)
-        titles = corpus_titles(corpus_path(dataset, split, data_dir)) if needs_titles else {}
-        tok = None
-        if tokenizer:
-            from harness.models import load_tokenizer
-
-            tok = load_tokenizer(tokenizer)
-        stats = synthesize(examples, d, ret, out, topk, tok, max_doc_tokens, titles)
+        rcfg = RetrieverConfig(kind=retriever, index=index, url=url, topk=topk)  # type: ignore[arg-type]
+        name, stats = synthesize_split(
+            dataset, dialect, out, split, variant, limit, offset, data_dir, rcfg, tokenizer, max_doc_tokens
+        )
     except (ValueError, FileNotFoundError, KeyError) as e:
         fail(f"{type(e).__name__}: {e}")
-    console.print(f"{d.name}: {stats.summary()} → {out}")
+    console.print(f"{name}: {stats.summary()} → {out}")
 
 
 @app.command("mcts")
@@ -86,30 +74,18 @@ def mcts_command(
 
     Appends per question to OUT/steps.jsonl, OUT/pairs.jsonl and OUT/done.jsonl; a rerun skips the
     finished questions (resume after an interrupt)."""
-    from benchmarks.build import build_eval
-    from harness.config import ConfigError, compose, from_dict, to_dict
-    from harness.eval_config import EvalConfig
-    from training.mcts import MCTSRunConfig, run_mcts
+    from harness.config import ConfigError
+    from training.mcts import run_mcts_recipe
 
     extra = list(overrides or [])
     extra += [f"dataset.data_dir={data_dir}"] if data_dir else []
     extra += [f"backend.model={model}"] if model else []
     extra += [f"dataset.limit={limit}"] if limit else []
     try:
-        cfg = compose(MCTSRunConfig, list(config or []), extra)
-        ecfg = from_dict(
-            EvalConfig,
-            {k: to_dict(getattr(cfg, k)) for k in ("method", "dataset", "backend", "retriever", "agent")},
-            where="mcts",
-        )
-        run = build_eval(ecfg)
-        if not hasattr(run.method, "arun"):
-            raise ValueError(f"method {cfg.method!r} is not the search agent: MCTS resumes the agent loop")
-        examples = run.examples[cfg.offset :]
-        stats = run_mcts(run.method, examples, cfg.mcts, out or cfg.out)
+        stats, folder = run_mcts_recipe(list(config or []), extra, out)
     except (ConfigError, ValueError, FileNotFoundError, KeyError) as e:
         fail(f"{type(e).__name__}: {e}")
-    console.print(f"MCTS: {stats.summary()} → {out or cfg.out}")
+    console.print(f"MCTS: {stats.summary()} → {folder}")
 
 
 def _scorer_args(pairs: list[str]) -> dict:
