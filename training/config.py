@@ -97,7 +97,6 @@ class AlgoConfig:
     # More than one update per batch moves the ratio away from 1, so clipping can act.
     ppo_epochs: int = 1
     ppo_mini_batch_size: int | None = None
-    update_epochs: int | None = None  # older name of ppo_epochs (an alias; both set must agree)
     whiten_advantages: bool = True  # GAE: whiten advantages over the batch (verl, Search-R1)
     critic_warmup: int = 0  # PPO: the first N steps update only the critic (verl's trainer.critic_warmup)
     gamma: float = 1.0
@@ -113,22 +112,12 @@ class AlgoConfig:
     max_len: int | None = None  # truncate collated sequences (Dr. GRPO's constant denominator too)
 
     def __post_init__(self) -> None:
-        if self.update_epochs is not None and self.ppo_epochs not in (1, self.update_epochs):
-            raise ValueError(
-                f"algo.update_epochs={self.update_epochs} and algo.ppo_epochs={self.ppo_epochs} disagree; "
-                "set only ppo_epochs"
-            )
-        if self.epochs < 1:
-            raise ValueError(f"algo.ppo_epochs must be >= 1, got {self.epochs}")
+        if self.ppo_epochs < 1:
+            raise ValueError(f"algo.ppo_epochs must be >= 1, got {self.ppo_epochs}")
         if self.ppo_mini_batch_size is not None and self.ppo_mini_batch_size < 1:
             raise ValueError(f"algo.ppo_mini_batch_size must be >= 1, got {self.ppo_mini_batch_size}")
         if self.critic_warmup < 0:
             raise ValueError(f"algo.critic_warmup must be >= 0, got {self.critic_warmup}")
-
-    @property
-    def epochs(self) -> int:
-        """Passes over each rollout batch (``ppo_epochs``, or its alias ``update_epochs``)."""
-        return self.update_epochs if self.update_epochs is not None else self.ppo_epochs
 
 
 @dataclass(frozen=True)
@@ -165,7 +154,8 @@ class TrainerConfig:
 class SFTConfig:
     """``algo.kind: sft``: where the trajectories come from (see :mod:`training.sft`).
 
-    Each source is ``{kind: run | chat | synth, path: ..., where: "em >= 1", limit: N}``.
+    Each source is ``{kind: run | chat | synth, path: ..., where: "em >= 1", limit: N}`` (``kind``: a
+    ``training.sft_data.SFT_SOURCES`` name).
     """
 
     sources: list[dict[str, Any]] = field(default_factory=list)

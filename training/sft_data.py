@@ -34,12 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.registry import Registry
 from harness.textfiles import read_jsonl
 from harness.types import Segment, Trajectory
 
 logger = logging.getLogger(__name__)
-
-SOURCE_KINDS = ("run", "chat", "synth")
 
 # Retrieval results pasted into assistant text by the published SFT sets: these spans are
 # observations (mask 0), never trained.
@@ -67,8 +66,8 @@ class SFTSource:
         unknown = set(d) - {"kind", "path", "where", "limit"}
         if unknown or "kind" not in d or "path" not in d:
             raise SFTDataError(f"{where}: a source needs kind and path (and optionally where, limit); got {sorted(d)}")
-        if d["kind"] not in SOURCE_KINDS:
-            raise SFTDataError(f"{where}: kind must be one of {', '.join(SOURCE_KINDS)}, not {d['kind']!r}")
+        if d["kind"] not in SFT_SOURCES:
+            raise SFTDataError(f"{where}: kind must be one of {', '.join(SFT_SOURCES.names())}, not {d['kind']!r}")
         return cls(kind=d["kind"], path=str(d["path"]), where=d.get("where"), limit=d.get("limit"))
 
 
@@ -408,16 +407,18 @@ def load_sources(sources: list[dict[str, Any]], tokenizer: Any, chat: bool = Tru
     out: list[Trajectory] = []
     for i, d in enumerate(sources):
         src = SFTSource.from_dict(d, f"sft.sources[{i}]")
-        if src.where and src.kind != "run":
+        if src.where and not SFT_SOURCES.info(src.kind).get("filters"):
             raise SFTDataError(f"sft.sources[{i}]: 'where' filters run directories only")
-        if src.kind == "run":
-            got = load_run(src.path, tokenizer, src.where, src.limit)
-        elif src.kind == "chat":
-            got = load_chat(src.path, tokenizer, src.limit, chat)
-        else:
-            got = load_synth(src.path, tokenizer, src.limit, chat)
+        got = SFT_SOURCES.get(src.kind)(src, tokenizer, chat)
         logger.info("sft source %s %s: %d trajectories", src.kind, src.path, len(got))
         out += got
     if not out:
         raise SFTDataError("the SFT sources hold no trajectories (check the paths and the 'where' filters)")
     return out
+
+
+# sft.sources[].kind → loader(source, tokenizer, chat) -> trajectories; info ``filters``: takes ``where``.
+SFT_SOURCES: Registry[Callable[[SFTSource, Any, bool], list[Trajectory]]] = Registry("SFT source kind")
+SFT_SOURCES.register("run", lambda src, tok, chat: load_run(src.path, tok, src.where, src.limit), filters=True)
+SFT_SOURCES.register("chat", lambda src, tok, chat: load_chat(src.path, tok, src.limit, chat))
+SFT_SOURCES.register("synth", lambda src, tok, chat: load_synth(src.path, tok, src.limit, chat))

@@ -274,7 +274,7 @@ class Trainer:
 
     def updates_per_batch(self, batch: Batch) -> int:
         """Policy optimizer steps one rollout batch makes: epochs × mini-batches."""
-        return self.cfg.algo.epochs * len(self._mini_batches(batch))
+        return self.cfg.algo.ppo_epochs * len(self._mini_batches(batch))
 
     def _mini_batches(self, batch: Batch) -> list[list[slice]]:
         """The batch's mini-batches (``mini_rows`` rows each), each a list of micro-batch slices.
@@ -317,7 +317,7 @@ class Trainer:
         gas = self.policy.gradient_accumulation_steps()
         acc: dict[str, list[float]] = {}
         policy_steps = 0
-        for epoch in range(a.epochs):
+        for epoch in range(a.ppo_epochs):
             for mini in self._mini_batches(batch):
                 rows = slice(mini[0].start, mini[-1].stop)
                 mini_tokens = float(mask[rows].sum())  # DAPO's denominator: the optimizer step's tokens
@@ -326,7 +326,7 @@ class Trainer:
                     if train_policy:
                         st = self._policy_micro_step(batch, s, fwd, adv, old, have_old, mask, mini_tokens, gas)
                         policy_steps += int("grad_norm" in st)
-                        if a.epochs > 1:
+                        if a.ppo_epochs > 1:
                             st[f"clip_frac/epoch_{epoch + 1}"] = st["clip_frac"]
                     if self.critic is not None:
                         st.update(self._critic_step(batch, s, fwd, returns, mask))

@@ -120,7 +120,7 @@ def test_papers_settings_in_the_recipes():
     assert pro.model.lora is not None and (pro.model.lora.r, pro.model.lora.alpha) == (16, 32)
     cpu = compose(TrainConfig, [root / "smollm2_cpu_grpo.yaml"])
     rows = cpu.rollout.prompts_per_step * cpu.rollout.n_samples
-    assert cpu.algo.epochs * rows // (cpu.algo.ppo_mini_batch_size or rows) >= 2  # ≥ 2 updates per batch
+    assert cpu.algo.ppo_epochs * rows // (cpu.algo.ppo_mini_batch_size or rows) >= 2  # ≥ 2 updates per batch
 
 
 def test_merged_dataset_loads_both_with_prefixed_ids():
