@@ -2,10 +2,10 @@
 warm-up, on the same questions (``harness demo`` writes it as ``demo.md``).
 
 Per run: EM and F1 with their 95% bootstrap intervals (:func:`benchmarks.stats.bootstrap_ci`),
-the fraction of format-valid responses and searches per question
-(:mod:`benchmarks.perf.agent_behaviour`); then the paired bootstrap of trained minus untrained
-on the shared items (:func:`benchmarks.stats.paired_bootstrap`) and a plain verdict that says
-when the trained agent does not beat the untrained one.
+the fraction of format-valid responses and searches per question (:func:`behaviour`, which
+``benchmarks/perf/agent_behaviour.py`` prints for any run directories); then the paired
+bootstrap of trained minus untrained on the shared items (:func:`benchmarks.stats.paired_bootstrap`)
+and a plain verdict that says when the trained agent does not beat the untrained one.
 """
 
 from __future__ import annotations
@@ -13,11 +13,36 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.fmt import pct
-from benchmarks.perf.agent_behaviour import figures
 from benchmarks.report import load_run
 from benchmarks.stats import bootstrap_ci, paired_bootstrap
+from harness.runlog import RunDir
+from pipelines.dialects import resolve_dialect
 
 METRICS = ("em", "f1")
+
+
+def behaviour(run_dir: str | Path) -> dict[str, float]:
+    """What an agent's run did: items, the fraction of format-valid responses (the run dialect's
+    own check, ``Dialect.validate_format``), searches per question, and EM."""
+    run = RunDir(run_dir)
+    trajs = run.trajectories()
+    scores = {s.key: s for s in run.scores()}
+    n = max(1, len(trajs))
+    valid = 0
+    for t in trajs:
+        d = resolve_dialect(t.metadata.get("dialect", "research"))
+        valid += bool(d.validate_format(t.response_text)[0])
+    em = [
+        scores[(t.example_id, t.sample_index)].metric("em") or 0.0
+        for t in trajs
+        if (t.example_id, t.sample_index) in scores
+    ]
+    return {
+        "n": float(len(trajs)),
+        "format_valid": valid / n,
+        "searches_per_q": sum(len(t.searches) for t in trajs) / n,
+        "em": sum(em) / max(1, len(em)),
+    }
 
 
 def summarize(untrained: str | Path, trained: str | Path) -> str:
@@ -32,7 +57,7 @@ def summarize(untrained: str | Path, trained: str | Path) -> str:
     ]
     for r in (a, b):
         cis = {m: bootstrap_ci(list(r.item_values(m).values())) for m in METRICS}
-        f = figures(str(r.path))
+        f = behaviour(r.path)
         cells = [f"{pct(c.mean)} [{pct(c.low)}, {pct(c.high)}]" for c in cis.values()]
         lines.append(
             f"| {r.method} | {r.model} | {' | '.join(cells)} | {pct(f['format_valid'])} | {f['searches_per_q']:.2f} |"
