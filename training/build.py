@@ -98,12 +98,13 @@ def build_validation(cfg: TrainConfig, backend: Any, out: Path) -> Validation | 
 def _rl_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
     """``algo.kind: rl``: the search agent's rollouts (through ``build_method``) on the policy."""
     from benchmarks.build import dataset_retriever
-    from pipelines.methods import build_method, method_kind
+    from pipelines.methods import build_method, method_kind, validate_options
     from training.trainer import Trainer
 
     d = cfg.data
     if method_kind(cfg.rollout.method) != "agent":
         raise ValueError(f"rollout.method {cfg.rollout.method!r} is a baseline; RL rolls out an agent dialect")
+    validate_options(cfg.rollout.method, dict(cfg.rollout.agent), where="rollout.agent")  # errors name the key
     examples = train_examples(cfg)
     retriever = dataset_retriever(cfg.retriever, merged_corpus_dataset(cfg), d.split, d.data_dir)
     backend = backend or rollout_backend(cfg)

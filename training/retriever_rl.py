@@ -400,10 +400,14 @@ def build_from_config(cfg: TrainConfig, backend: Any = None) -> tuple[Stochastic
     from harness.retrieval.factory import ensure_index
     from harness.retrieval.index import load_index
     from harness.retrieval.stochastic import QueryTower, StateFormat
-    from pipelines.methods import build_method, method_kind
+    from pipelines.methods import build_method, method_kind, validate_options
 
     r = cfg.retriever_rl
     e, s = r.encoder, r.sampling
+    agent = method_kind(r.method) == "agent"
+    options = {"topk": s.topk, **(r.agent if agent else r.baseline)}
+    # before anything slow is built: errors name the recipe key
+    validate_options(r.method, options, where=f"retriever_rl.{'agent' if agent else 'baseline'}")
     tower = QueryTower(
         e.name,
         lora_r=e.lora_r,
@@ -419,9 +423,9 @@ def build_from_config(cfg: TrainConfig, backend: Any = None) -> tuple[Stochastic
     fmt = StateFormat(s.stateful, s.template, s.max_history, s.max_titles, s.max_chars)
     retriever = StochasticDenseRetriever(index, tower, s.n_candidates, s.tau, state_format=fmt, seed=r.rl.seed)
     backend = backend or build_backend(r.backend)
-    if method_kind(r.method) == "agent":
-        return retriever, AgentRunner(build_method(r.method, backend, retriever, {"topk": s.topk, **r.agent}))
-    return retriever, BaselineRunner(r.method, backend, retriever, {"topk": s.topk, **r.baseline})
+    if agent:
+        return retriever, AgentRunner(build_method(r.method, backend, retriever, options))
+    return retriever, BaselineRunner(r.method, backend, retriever, options)
 
 
 def _corpus(cfg: TrainConfig) -> Path:
