@@ -194,9 +194,12 @@ def dataset_retriever(
     return build_retriever(rcfg, str(corpus) if corpus else None)
 
 
-def build_eval(cfg: EvalConfig, backend: Any = None, retriever: Any = None) -> EvalRun:
+def build_eval(
+    cfg: EvalConfig, backend: Any = None, retriever: Any = None, examples: list[Example] | None = None
+) -> EvalRun:
     """Validate ``cfg`` and build its evaluation. ``backend`` / ``retriever``: already built ones
-    to use instead (a shared backend, training's current policy)."""
+    to use instead (a shared backend, training's current policy); ``examples``: questions already
+    loaded (held-out questions of a training run), evaluated instead of ``cfg.dataset``'s."""
     from pipelines.methods import build_method, method_kind, needs_retriever, validate_options
 
     kind = method_kind(cfg.method)
@@ -205,7 +208,7 @@ def build_eval(cfg: EvalConfig, backend: Any = None, retriever: Any = None) -> E
     typed = validate_options(cfg.method, options)  # before anything slow is built or anything is written
     validate_n_samples(cfg, kind, typed)
     validate_metrics(cfg)
-    examples = load_eval_examples(cfg)
+    examples = load_eval_examples(cfg) if examples is None else list(examples)
     uses_retriever = needs_retriever(cfg.method)
     corpus = None
     if uses_retriever and retriever is None:
@@ -253,11 +256,13 @@ def simple_evaluate(
     retriever: Any = None,
     on_item: Callable[[ItemScore], None] | None = None,
     run: EvalRun | None = None,
+    examples: list[Example] | None = None,
 ) -> RunResults:
-    """Build (unless ``run`` is given) and run one evaluation; returns its results."""
+    """Build (unless ``run`` is given) and run one evaluation; returns its results. ``backend``,
+    ``retriever``, ``examples``: as :func:`build_eval` takes them."""
     from benchmarks.evaluate import evaluate
 
-    run = run or build_eval(cfg, backend, retriever)
+    run = run or build_eval(cfg, backend, retriever, examples)
     preflight(run.backend, run.retriever if run.manifest.retriever else None)
     judge = build_judge(cfg, run.run_dir)
     try:

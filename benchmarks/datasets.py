@@ -30,7 +30,7 @@ from pathlib import Path
 
 from harness.hub import hub_problem
 from harness.registry import Registry
-from harness.textfiles import text_lines
+from harness.textfiles import read_jsonl
 from harness.types import Example
 
 logger = logging.getLogger(__name__)
@@ -211,10 +211,8 @@ def read_examples(path: str | Path) -> list[Example]:
     if not path.is_file():
         raise DatasetError(f"{path}: cannot read (no such file)")
     try:
-        for lineno, line in text_lines(path, DatasetError):
-            if not line.strip():
-                continue
-            d = _parse_line(line, f"{path}:{lineno}")
+        for lineno, record in read_jsonl(path, DatasetError):
+            d = _check_record(record, f"{path}:{lineno}")
             ex_id = str(d["id"]) if d.get("id") is not None else str(lineno - 1)
             if ex_id in seen:
                 raise DatasetError(f"{path}:{lineno}: duplicate id {ex_id!r} (first on line {seen[ex_id]})")
@@ -230,14 +228,8 @@ def read_examples(path: str | Path) -> list[Example]:
     return examples
 
 
-def _parse_line(line: str, where: str) -> dict:
+def _check_record(d: dict, where: str) -> dict:
     """One question record, checked; ``golden_answers`` is returned as a list."""
-    try:
-        d = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{where}: malformed JSON ({e.msg})") from None
-    if not isinstance(d, dict):
-        raise DatasetError(f"{where}: expected a JSON object, got {type(d).__name__}")
     q = d.get("question")
     if not isinstance(q, str) or not q.strip():
         raise DatasetError(f"{where}: missing or empty 'question'")

@@ -2,25 +2,47 @@
 warm-up, on the same questions (``harness demo`` writes it as ``demo.md``).
 
 Per run: EM and F1 with their 95% bootstrap intervals (:func:`benchmarks.stats.bootstrap_ci`),
-the fraction of format-valid responses and searches per question
-(:mod:`benchmarks.perf.agent_behaviour`); then the paired bootstrap of trained minus untrained
-on the shared items (:func:`benchmarks.stats.paired_bootstrap`) and a plain verdict that says
-when the trained agent does not beat the untrained one.
+the fraction of format-valid responses and searches per question (:func:`behaviour`, which
+``benchmarks/perf/agent_behaviour.py`` prints for any run directories); then the paired
+bootstrap of trained minus untrained on the shared items (:func:`benchmarks.stats.paired_bootstrap`)
+and a plain verdict that says when the trained agent does not beat the untrained one.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.perf.agent_behaviour import figures
+from benchmarks.fmt import pct
 from benchmarks.report import load_run
 from benchmarks.stats import bootstrap_ci, paired_bootstrap
+from harness.runlog import RunDir
+from pipelines.dialects import resolve_dialect
 
 METRICS = ("em", "f1")
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}"
+def behaviour(run_dir: str | Path) -> dict[str, float]:
+    """What an agent's run did: items, the fraction of format-valid responses (the run dialect's
+    own check, ``Dialect.validate_format``), searches per question, and EM."""
+    run = RunDir(run_dir)
+    trajs = run.trajectories()
+    scores = {s.key: s for s in run.scores()}
+    n = max(1, len(trajs))
+    valid = 0
+    for t in trajs:
+        d = resolve_dialect(t.metadata.get("dialect", "research"))
+        valid += bool(d.validate_format(t.response_text)[0])
+    em = [
+        scores[(t.example_id, t.sample_index)].metric("em") or 0.0
+        for t in trajs
+        if (t.example_id, t.sample_index) in scores
+    ]
+    return {
+        "n": float(len(trajs)),
+        "format_valid": valid / n,
+        "searches_per_q": sum(len(t.searches) for t in trajs) / n,
+        "em": sum(em) / max(1, len(em)),
+    }
 
 
 def summarize(untrained: str | Path, trained: str | Path) -> str:
@@ -35,10 +57,10 @@ def summarize(untrained: str | Path, trained: str | Path) -> str:
     ]
     for r in (a, b):
         cis = {m: bootstrap_ci(list(r.item_values(m).values())) for m in METRICS}
-        f = figures(str(r.path))
-        cells = [f"{_pct(c.mean)} [{_pct(c.low)}, {_pct(c.high)}]" for c in cis.values()]
+        f = behaviour(r.path)
+        cells = [f"{pct(c.mean)} [{pct(c.low)}, {pct(c.high)}]" for c in cis.values()]
         lines.append(
-            f"| {r.method} | {r.model} | {' | '.join(cells)} | {_pct(f['format_valid'])} | {f['searches_per_q']:.2f} |"
+            f"| {r.method} | {r.model} | {' | '.join(cells)} | {pct(f['format_valid'])} | {f['searches_per_q']:.2f} |"
         )
     lines += ["", f"Paired bootstrap, {b.method} minus {a.method}, on the items both answered:", ""]
     verdict = []
@@ -47,8 +69,8 @@ def summarize(untrained: str | Path, trained: str | Path) -> str:
         shared = sorted(set(mine) & set(theirs))
         d = paired_bootstrap([mine[k] for k in shared], [theirs[k] for k in shared])
         lines.append(
-            f"- {m.upper()}: {'+' if d.diff >= 0 else ''}{_pct(d.diff)} points "
-            f"[{_pct(d.low)}, {_pct(d.high)}], p={d.p:.3f}, n={d.n}" + (" (significant)" if d.significant else "")
+            f"- {m.upper()}: {pct(d.diff, signed=True)} points "
+            f"[{pct(d.low)}, {pct(d.high)}], p={d.p:.3f}, n={d.n}" + (" (significant)" if d.significant else "")
         )
         verdict.append((m, d))
     em = verdict[0][1]

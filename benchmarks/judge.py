@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.textfiles import read_jsonl
+
 logger = logging.getLogger(__name__)
 
 JUDGES_DIR = Path(__file__).resolve().parents[1] / "configs" / "judges"
@@ -218,12 +220,12 @@ class LLMJudge:
         if self._cache_path is None or not self._cache_path.is_file():
             return {}
         out: dict[str, float] = {}
-        for line in self._cache_path.read_text(encoding="utf-8").splitlines():
+        # tolerant: a torn last line from an interrupted run; that verdict is asked again
+        for lineno, d in read_jsonl(self._cache_path, tolerant=True):
             try:
-                d = json.loads(line)
                 out[str(d["key"])] = float(d["verdict"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                continue  # a torn last line from an interrupted run: that verdict is asked again
+            except (KeyError, TypeError, ValueError):
+                raise ValueError(f"{self._cache_path}:{lineno}: not a judge verdict record") from None
         return out
 
     def messages(self, question: str, golds: list[str], prediction: str) -> list[dict[str, str]]:

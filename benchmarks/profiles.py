@@ -105,3 +105,11 @@ def apply_profile(data: dict, profile: str | None) -> dict:
     elif not judge_on and p.uses_judge:
         out["metrics"] = [m for m in out["metrics"] if m != JUDGE]
     return out
+
+
+def judge_note(profile: str, metrics: set[str]) -> str | None:
+    """A line for the user when the profile's paper also reports an LLM judge and the run has
+    none (None otherwise)."""
+    if get_profile(profile).uses_judge and JUDGE not in metrics:
+        return f"LLM judge: not configured (the {profile} profile's paper also reports one; pass --judge-url)"
+    return None

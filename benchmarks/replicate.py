@@ -7,14 +7,20 @@ into one :class:`~harness.eval_config.EvalConfig` per dataset (``benchmarks.buil
 and runs them as any ``harness eval`` run); :func:`compare` puts the paper's numbers beside ours
 with 95% bootstrap intervals; :func:`setting_differences` says, in words, where a run's setting
 is not the paper's (model, corpus, index, top-k, subset), so a CPU smoke run is never mistaken
-for a replication.
+for a replication. :func:`replicate` is ``harness replicate``: the card's configs (a local BM25
+run unless the paper's index is given), run through :func:`benchmarks.eval_runs.run_configs`,
+compared row by row; :func:`replication_table` and :func:`replication_notes` render the result.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 CARDS_DIR = Path(__file__).resolve().parents[1] / "configs" / "replicate"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -119,7 +125,7 @@ def load_card(name_or_path: str) -> Card:
 
 def card_reference_entries() -> list[dict[str, Any]]:
     """The cards' paper numbers as ``harness report --reference`` entries (values in percent)."""
-    from benchmarks.report_render import NAMES
+    from benchmarks.fmt import NAMES
 
     out = []
     for name in card_names():
@@ -264,7 +270,7 @@ def compare(
 def replication_rows(lb: Any) -> list[list[str]]:
     """Paper vs ours for every leaderboard cell that runs a card's method on a card's dataset:
     ``[system, dataset, metric, paper, ours [CI], n, run]``, the rows ``harness replicate`` prints."""
-    from benchmarks.report_render import NAMES, pct
+    from benchmarks.fmt import NAMES, pct
 
     cards = [load_card(n) for n in card_names()]
     out = []
@@ -285,4 +291,186 @@ def replication_rows(lb: Any) -> list[list[str]]:
                         ours = f"{pct(ci.mean)} [{pct(ci.low)}, {pct(ci.high)}]"
                         n = f"{run.n}/{run.n_total}"
                         out.append([card.system, d.key, NAMES.get(m, m), f"{paper:g}", ours, n, row.label])
+    return out
+
+
+# ---- harness replicate ---------------------------------------------------------------------------
+@dataclass
+class Replication:
+    """What ``harness replicate`` ran and found: paper-vs-ours rows, the datasets it could not run
+    (with why), whether it was a local run (no paper index), and the metric profile."""
+
+    card: Card
+    rows: list[ComparisonRow]
+    skipped: list[tuple[str, str]]
+    local: bool
+    profile: str
+
+
+def local_config(cfg: Any, corpus: str | None) -> tuple[Any, str | None]:
+    """(config to run or None, why it was skipped): the config adjusted for a local run (BM25
+    over the split's own corpus, else ``corpus``), or why it cannot run here."""
+    from benchmarks.build import load_eval_examples
+    from benchmarks.datasets import corpus_path
+
+    try:
+        load_eval_examples(cfg)
+    except (ValueError, OSError, KeyError, RuntimeError) as e:
+        return None, f"questions not available locally ({e})"
+    if cfg.retriever.corpus or cfg.retriever.index:
+        return cfg, None
+    own = corpus_path(cfg.dataset.name, cfg.dataset.split, cfg.dataset.data_dir, warn=False)
+    if own is not None:
+        return cfg, None
+    if corpus is None:
+        return None, "no local corpus for this split (pass --corpus FILE)"
+    return replace(cfg, retriever=replace(cfg.retriever, corpus=corpus)), None
+
+
+def full_size(cfg: Any) -> int | None:
+    """How many questions the config's split has without its ``limit`` / ``sample`` (None when
+    it has neither, or the split cannot be read)."""
+    from benchmarks.build import load_eval_examples
+
+    if cfg.dataset.limit is None and cfg.dataset.sample is None:
+        return None
+    try:
+        return len(load_eval_examples(replace(cfg, dataset=replace(cfg.dataset, limit=None, sample=None))))
+    except (ValueError, OSError, KeyError, RuntimeError):
+        return None
+
+
+def replicate(
+    system: str,
+    model_path: str | None = None,
+    limit: int | None = None,
+    launch: bool = False,
+    data_dir: str | None = None,
+    index: str | None = None,
+    corpus: str | None = None,
+    backend: str | None = None,
+    datasets: list[str] | None = None,
+    out: str | None = None,
+    judge_url: str | None = None,
+    config_files: list[str] | None = None,
+    overrides: list[str] | None = None,
+    say: Callable[[str], None] = logger.info,
+) -> Replication:
+    """Run card ``system`` (a name or path) as ``harness replicate`` does; see the module docstring.
+
+    Without ``index`` it is a local run: BM25 over each dataset's local corpus (or ``corpus``;
+    HotpotQA's distractor corpus under ``data_dir`` when present). ``data_dir`` defaults to
+    ``$HARNESS_DATA_DIR``. Raises ``ValueError`` (a bad card, nothing to run) or
+    :class:`benchmarks.eval_runs.RunError`.
+    """
+    import os
+
+    from benchmarks.build import run_dir_for
+    from benchmarks.eval_runs import run_configs
+    from harness.config import ConfigError, deep_merge, load_yaml, parse_overrides
+    from harness.runlog import RunDir
+
+    card = load_card(system)
+    data_dir = data_dir or os.environ.get("HARNESS_DATA_DIR")
+    data: dict[str, Any] = {"out": out or str(Path("runs") / "replicate" / card.name)}
+    if data_dir:
+        data["dataset"] = {"data_dir": data_dir}
+    bcfg: dict[str, Any] = {}
+    if model_path:
+        bcfg["model"] = model_path
+    if backend:
+        bcfg["kind"] = backend
+    if launch:
+        bcfg.update(launch=True, kind=backend or "sglang")
+    if bcfg:
+        data["backend"] = bcfg
+    local = index is None
+    data["retriever"] = {"kind": "bm25"} if local else {"kind": card.retriever.get("kind", "dense"), "index": index}
+    if judge_url:
+        data["judge"] = {"url": judge_url}
+    try:
+        for f in config_files or []:
+            data = deep_merge(data, load_yaml(f))
+        data = deep_merge(data, parse_overrides(overrides or []))
+        configs = card_configs(card, data, limit=limit, only=datasets)
+    except (ConfigError, ValueError, KeyError) as e:
+        raise ValueError(f"card {card.name}: {e}") from e
+    if not configs:
+        raise ValueError(
+            f"card {card.name}: no dataset selected (card datasets: {', '.join(d.key for d in card.datasets)})"
+        )
+    distractor = Path(data_dir) / "hotpotqa" / "corpus_distractor1352.jsonl" if data_dir else None
+    if corpus is None and local and distractor is not None and distractor.exists():
+        corpus = str(distractor)
+    runnable, skipped = [], []
+    labels = {(d.name, d.split): d.key for d in card.datasets}
+    for cfg in configs:
+        label = labels[(cfg.dataset.name, cfg.dataset.split)]
+        ready, why = local_config(cfg, corpus) if local else (cfg, None)
+        if ready is None:
+            skipped.append((label, str(why)))
+        else:
+            runnable.append((label, ready))
+    if not runnable:
+        raise ValueError(f"card {card.name}: nothing to run: " + "; ".join(f"{lb}: {why}" for lb, why in skipped))
+    results = run_configs([cfg for _, cfg in runnable], say=say)
+    rows: list[ComparisonRow] = []
+    for (label, cfg), res in zip(runnable, results, strict=True):
+        run_dir = run_dir_for(cfg)
+        diffs = setting_differences(card, cfg, RunDir(run_dir).manifest, res.n_total, full_size(cfg))
+        rows.extend(compare(card, label, run_dir, tuple(cfg.metrics), diffs))
+    return Replication(card, rows, skipped, local, runnable[0][1].metric_profile)
+
+
+def replication_table(rep: Replication) -> Any:
+    """The paper-vs-ours table (a rich ``Table``; values in percent)."""
+    from rich.table import Table
+
+    from benchmarks.fmt import NAMES, pct
+
+    card = rep.card
+    table = Table(title=f"harness replicate {card.name}: {card.system} (metric profile: {rep.profile}; percent)")
+    for col in ("dataset", "metric", "paper", "ours", "95% CI", "n", "missing"):
+        table.add_column(col, justify="left" if col in ("dataset", "metric") else "right", no_wrap=True)
+    for r in rep.rows:
+        table.add_row(
+            r.dataset,
+            NAMES.get(r.metric, r.metric),
+            "–" if r.paper is None else f"{r.paper:g}",
+            pct(r.ours),
+            f"[{pct(r.low)}, {pct(r.high)}]",
+            str(r.n),
+            str(r.missing) if r.missing else "",
+        )
+    return table
+
+
+def replication_notes(rep: Replication) -> list[str]:
+    """What to read beside the table (rich markup lines): the papers' sources, per dataset how
+    its setting differs from the paper's, what was not run and why, and whether it was local."""
+    from rich.markup import escape
+
+    from benchmarks.profiles import judge_note
+
+    out = [f"paper: {escape(s)}" for s in sorted({r.source for r in rep.rows if r.source})]
+    seen = set()
+    for r in rep.rows:
+        if r.dataset in seen:
+            continue
+        seen.add(r.dataset)
+        if r.differences:
+            out.append(
+                f"[bold yellow]{escape(r.dataset)}: NOT the paper's setting:[/] {escape('; '.join(r.differences))}"
+            )
+        else:
+            out.append(f"{escape(r.dataset)}: the paper's setting (model, retrieval, top-k, all questions)")
+    out += [f"[yellow]{escape(label)}: not run[/]: {escape(why)}" for label, why in rep.skipped]
+    note = judge_note(rep.profile, {r.metric for r in rep.rows})
+    if note:
+        out.append(escape(note))
+    if rep.local:
+        out.append(
+            "Local run (no --index): this checks the card's machinery, not the paper's number. A real "
+            "replication needs the released checkpoint and the paper's index on a GPU."
+        )
     return out

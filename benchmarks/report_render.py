@@ -12,19 +12,9 @@ import csv
 import io
 from typing import Any
 
+from benchmarks.fmt import NAMES, pct
 from benchmarks.report import Cell, Leaderboard, reference_datasets, reference_setting
 
-NAMES = {
-    "em": "EM",
-    "f1": "F1",
-    "acc": "Acc",
-    "cover_em": "Cover-EM",
-    "em_last_answer": "EM (last answer)",
-    "em_r1_searcher": "EM (R1-Searcher)",
-    "f1_r1_searcher": "F1 (R1-Searcher)",
-    "f1_prorag": "F1 (ProRAG)",
-    "judge": "LLM judge",
-}
 PUBLISHED_TITLE = "Published numbers (not directly comparable: corpora, retrievers, models, k and subsets differ)"
 
 
@@ -33,11 +23,6 @@ def profile_source(name: str) -> str:
     from benchmarks.profiles import PROFILES
 
     return PROFILES.get(name).source if name in PROFILES else "unknown profile"
-
-
-def pct(x: float | None) -> str:
-    """A 0..1 value as a percentage with one decimal; ``–`` for missing or NaN."""
-    return "–" if x is None or x != x else f"{100 * x:.1f}"
 
 
 def _num(x: float | None, fmt: str) -> str:
@@ -139,8 +124,8 @@ def paired_markdown(lb: Leaderboard) -> list[str]:
                         row.label,
                         ds,
                         NAMES.get(m, m),
-                        _num(None if d.diff != d.diff else 100 * d.diff, "+.1f"),
-                        f"[{_num(100 * d.low, '+.1f')}, {_num(100 * d.high, '+.1f')}]",
+                        pct(d.diff, signed=True),
+                        f"[{pct(d.low, signed=True)}, {pct(d.high, signed=True)}]",
                         f"{d.p:.3f}",
                         str(d.n),
                         "yes" if d.significant else "no",

@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -318,6 +318,35 @@ def launched(engine: Engine, model: str, cfg: EngineConfig | None = None, log_di
         yield proc
     finally:
         proc.stop()
+
+
+def start_engine(
+    stack: contextlib.ExitStack,
+    engine: Engine,
+    model: str,
+    cfg: EngineConfig,
+    log_dir: str | Path,
+    say: Callable[[str], None] = logger.info,
+) -> EngineProcess:
+    """Launch ``engine`` for a run inside ``stack`` (leaving the stack stops the engine, however the
+    run ends) and tell the user through ``say``; returns the running :class:`EngineProcess`."""
+    say(f"launching {engine} for {model} ...")
+    proc = stack.enter_context(launched(engine, model, cfg, log_dir=log_dir))
+    say(f"{engine} up at {proc.url} (log {proc.log_path})")
+    return proc
+
+
+def serve_engine(engine: Engine, model: str, cfg: EngineConfig, ready: Callable[[EngineProcess], None]) -> None:
+    """``harness serve model``: run ``engine`` for ``model`` until Ctrl-C or SIGTERM (which stop it
+    and all its workers); ``ready`` is called once it is healthy. Raises :class:`EngineError` with
+    the end of its log when the engine exits by itself."""
+    with sigterm_as_exit(), launched(engine, model, cfg) as proc:
+        ready(proc)
+        while proc.alive():
+            time.sleep(1.0)
+        raise EngineError(
+            f"{engine} exited with code {proc.proc.returncode}; last lines of {proc.log_path}:\n{proc.log_tail()}"
+        )
 
 
 @contextlib.contextmanager

@@ -36,6 +36,7 @@ from typing import Any
 
 from harness.fsutil import write_json_atomic
 from harness.run_records import ItemScore, RecordError, RunManifest, RunResults
+from harness.textfiles import read_jsonl
 from harness.types import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -97,26 +98,12 @@ def git_revision() -> str | None:
         return None
 
 
-def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Yield records; a torn final line (interrupted write) is skipped with a warning."""
-    if not path.exists():
-        return
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        line = path.read_bytes()[: e.start].count(b"\n") + 1
-        raise RunDirError(f"{path}:{line}: not UTF-8 text ({e.reason})") from None
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            yield json.loads(line)
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                logger.warning("%s: dropping a torn last line (interrupted write)", path)
-                continue
-            raise RunDirError(f"{path}:{i + 1}: not valid JSON") from None
+def _records(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of a run file the harness appends to (none when it does not exist yet); a
+    torn final line (interrupted write) is skipped with a warning."""
+    if path.exists():
+        for _, record in read_jsonl(path, RunDirError, tolerant=True):
+            yield record
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -167,14 +154,14 @@ class RunDir:
 
     def trajectories(self, attempts: bool = False) -> list[Trajectory]:
         """The trajectory of each item (its latest attempt; every attempt with ``attempts``)."""
-        out = [Trajectory.from_dict(d) for d in read_jsonl(self.path / TRAJECTORIES)]
+        out = [Trajectory.from_dict(d) for d in _records(self.path / TRAJECTORIES)]
         return out if attempts else _last_by_key(out, lambda t: (t.example_id, t.sample_index))
 
     def scores(self, attempts: bool = False) -> list[ItemScore]:
         """The score of each item (its latest attempt; every attempt with ``attempts``)."""
         path = self.path / SCORES
         try:
-            out = [ItemScore.from_dict(d, where=str(path)) for d in read_jsonl(path)]
+            out = [ItemScore.from_dict(d, where=str(path)) for d in _records(path)]
         except RecordError as e:
             raise RunDirError(str(e)) from None
         return out if attempts else _last_by_key(out, lambda s: s.key)
@@ -191,7 +178,7 @@ class RunDir:
     def finished_keys(self) -> set[tuple[str, int]]:
         """(example id, sample index) of every item that is done: its trajectory and its score are
         on disk, and its latest attempt did not fail for an infrastructure reason (those are retried)."""
-        done = {(t["example_id"], t.get("sample_index", 0)) for t in read_jsonl(self.path / TRAJECTORIES)}
+        done = {(t["example_id"], t.get("sample_index", 0)) for t in _records(self.path / TRAJECTORIES)}
         return {s.key for s in self.scores() if s.key in done and s.error_kind not in RETRIABLE_ERROR_KINDS}
 
     # ---- writing -------------------------------------------------------------------------

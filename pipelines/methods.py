@@ -74,16 +74,17 @@ for _b in BASELINES:
     METHODS.register(_b, _baseline_builder(_b), kind="baseline", needs_retriever=_b not in WITHOUT_RETRIEVAL)
 
 
-def validate_options(name: str, options: dict[str, Any]) -> Any:
+def validate_options(name: str, options: dict[str, Any], where: str | None = None) -> Any:
     """The method's typed options (``AgentConfig`` or ``BaselineConfig``); raises ``ConfigError``
-    naming a wrong key or value. Cheap: nothing is built."""
+    naming a wrong key or value under ``where`` (default ``agent`` / ``baseline``). Cheap:
+    nothing is built."""
     if method_kind(name) == "agent":
         from pipelines.search_agent import AgentConfig
 
-        return from_dict(AgentConfig, options, where="agent")
+        return from_dict(AgentConfig, options, where=where or "agent")
     from pipelines.baselines.flashrag_methods import BaselineConfig
 
-    return from_dict(BaselineConfig, options, where="baseline")
+    return from_dict(BaselineConfig, options, where=where or "baseline")
 
 
 def build_method(name: str, backend: Any, retriever: Any, options: dict[str, Any] | None = None) -> Method:

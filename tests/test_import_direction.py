@@ -3,9 +3,11 @@
 harness (core) ← pipelines ← benchmarks ← training ← harness.cli
 
 ``benchmarks`` builds methods by name (``benchmarks.build``), so it may import ``pipelines``;
-``pipelines`` never imports ``benchmarks``. The scripts under ``benchmarks/perf`` sit on top of
-the library, as the CLI does. Nothing outside ``harness/cli`` imports ``harness.cli``.
-Imports inside functions count too: a lazy import is still a dependency.
+``pipelines`` never imports ``benchmarks``. Only the programs on top import upward: the CLI
+(``harness.cli``) and the scripts under ``benchmarks/perf``; nothing else imports either of
+them. Imports inside functions count too: a lazy import is still a dependency. No module
+imports itself back through others (no circles, between rooms or within one), and every
+module under ``harness/cli`` stays short: option declarations and one library call each.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+CLI_MAX_LINES = 200
 
 # What each room may import from the project (besides itself).
 ALLOWED = {
@@ -23,34 +26,108 @@ ALLOWED = {
     "training": {"harness", "pipelines", "benchmarks", "training"},
     "harness.cli": {"harness", "harness.cli", "pipelines", "benchmarks", "training"},
     # Performance scripts are programs on top of the library, like the CLI (but not through it).
-    "benchmarks.perf": {"harness", "pipelines", "benchmarks", "training"},
+    "benchmarks.perf": {"harness", "pipelines", "benchmarks", "benchmarks.perf", "training"},
 }
 PACKAGES = ("harness", "pipelines", "benchmarks", "training")
+TOPS = ("harness.cli", "benchmarks.perf")  # rooms that are programs on top, not library
 
 
 def room_of(path: Path) -> str:
     rel = path.relative_to(REPO)
-    if rel.parts[:2] == ("harness", "cli"):
-        return "harness.cli"
-    if rel.parts[:2] == ("benchmarks", "perf"):
-        return "benchmarks.perf"
+    for top in TOPS:
+        if rel.parts[:2] == tuple(top.split(".")):
+            return top
     return rel.parts[0]
+
+
+def imported_names(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, dotted name) of every absolute import, ``from X import Y`` giving both X and X.Y."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return out
 
 
 def imported_rooms(tree: ast.AST) -> list[tuple[int, str]]:
     out = []
-    for node in ast.walk(tree):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
-        for name in names:
-            top = name.split(".")[0]
-            if top not in PACKAGES:
-                continue
-            out.append((node.lineno, "harness.cli" if name.startswith("harness.cli") else top))
+    for line, name in imported_names(tree):
+        if name.split(".")[0] not in PACKAGES:
+            continue
+        top = next((t for t in TOPS if name == t or name.startswith(t + ".")), name.split(".")[0])
+        if (line, top) not in out:
+            out.append((line, top))
     return out
+
+
+def modules() -> dict[str, Path]:
+    """Every project module by dotted name (a package by its ``__init__``)."""
+    out = {}
+    for pkg in PACKAGES:
+        for path in (REPO / pkg).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """module → the project modules it imports (the longest dotted prefix that is a module)."""
+
+    def resolve(name: str) -> str | None:
+        parts = name.split(".")
+        while parts and ".".join(parts) not in mods:
+            parts.pop()
+        return ".".join(parts) or None
+
+    graph = {}
+    for name, path in mods.items():
+        targets = {resolve(n) for _, n in imported_names(ast.parse(path.read_text(encoding="utf-8"), str(path)))}
+        graph[name] = {t for t in targets if t and t != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    component.append(m)
+                    if m == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
 
 
 def test_imports_flow_one_way():
@@ -62,6 +139,22 @@ def test_imports_flow_one_way():
                 if target not in ALLOWED[room]:
                     bad.append(f"{path.relative_to(REPO)}:{line}: {room} imports {target}")
     assert not bad, "imports against the house plan:\n" + "\n".join(bad)
+
+
+def test_no_import_circles():
+    found = circles(import_graph(modules()))
+    assert not found, "modules that import each other (in-function imports count):\n" + "\n".join(
+        " ↔ ".join(c) for c in found
+    )
+
+
+def test_cli_modules_are_short():
+    long = []
+    for path in sorted((REPO / "harness" / "cli").glob("*.py")):
+        n = len(path.read_text(encoding="utf-8").splitlines())
+        if n > CLI_MAX_LINES:
+            long.append(f"{path.relative_to(REPO)}: {n} lines")
+    assert not long, f"CLI modules over {CLI_MAX_LINES} lines (move the logic into the library):\n" + "\n".join(long)
 
 
 def test_only_cli_tests_import_the_cli():
@@ -76,7 +169,12 @@ def test_only_cli_tests_import_the_cli():
     assert not bad, "tests reaching into CLI internals:\n" + "\n".join(bad)
 
 
-def test_the_checker_sees_a_violation():
+def test_the_checkers_see_a_violation():
     tree = ast.parse("def f():\n    from training.trainer import Trainer\n")
     assert imported_rooms(tree) == [(2, "training")]
     assert "training" not in ALLOWED["pipelines"]
+    assert imported_rooms(ast.parse("from benchmarks.perf.x import y\n")) == [(1, "benchmarks.perf")]
+    assert "benchmarks.perf" not in ALLOWED["benchmarks"]
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []

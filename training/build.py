@@ -1,26 +1,34 @@
-"""From a :class:`~training.config.TrainConfig` to a ready :class:`~training.trainer.Trainer`.
+"""From a :class:`~training.config.TrainConfig` to a trained run: the one training entry.
 
-The rollout backend and the retriever are built through the same registries ``harness eval``
-uses (``BackendConfig`` / ``RetrieverConfig``), the agent is THE search agent, and validation
-is the eval path itself: :func:`benchmarks.evaluate.evaluate` on the validation split, greedy,
-with the trainer's own backend (the current policy), into ``RUN/validation/step-N/``.
+:data:`TRAINERS` maps ``algo.kind`` to the trainer that runs it (``rl``, ``sft``, ``prm``,
+``retriever``); :func:`build_trainer` builds it and :func:`train` runs it (``harness train`` calls
+nothing else). For RL the rollout backend and the retriever are built through the same
+registries ``harness eval`` uses (``BackendConfig`` / ``RetrieverConfig``), the agent through
+``build_method`` (THE search agent), and validation is the eval path itself:
+:func:`benchmarks.evaluate.evaluate` on the validation split, greedy, with the trainer's own
+backend (the current policy), into ``RUN/validation/step-N/``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks.evaluate import evaluate
 from harness.backends import build_backend
-from harness.config import from_dict, to_dict
-from harness.engines import engine_for_backend
+from harness.config import compose, from_dict, to_dict
+from harness.engines import engine_for_backend, sigterm_as_exit, start_engine
+from harness.registry import Registry
 from harness.run_records import RunManifest, RunResults
 from training.config import TrainConfig
+from training.examples import first_dataset, merged_corpus_dataset, train_examples
 
 logger = logging.getLogger(__name__)
 
@@ -87,55 +95,115 @@ def build_validation(cfg: TrainConfig, backend: Any, out: Path) -> Validation | 
     return Validation(run.method, run.examples, run.manifest, tuple(ecfg.metrics), out / "validation")
 
 
-def first_dataset(cfg: TrainConfig) -> str:
-    """The dataset named first in ``data.dataset`` (validation runs on it)."""
-    d = cfg.data.dataset
-    return d if isinstance(d, str) else d[0]
-
-
-def merged_corpus_dataset(cfg: TrainConfig) -> str:
-    """The dataset whose corpus the retriever uses. A merged training set has no single dataset
-    corpus: it needs a shared one (an http retriever, or ``retriever.corpus`` / ``index``)."""
-    d, r = cfg.data.dataset, cfg.retriever
-    if isinstance(d, str) or len(d) == 1:
-        return first_dataset(cfg)
-    if r.kind in ("http", "memory") or r.corpus or r.index:
-        return d[0]
-    raise ValueError(
-        f"data.dataset={list(d)} merges datasets with different local corpora: give the retriever a "
-        "shared corpus (retriever.kind=http, or retriever.corpus / retriever.index)"
-    )
-
-
-def build_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
-    """The :class:`~training.trainer.Trainer` for ``cfg``, writing into ``out``. ``backend``: an
-    already built rollout backend (e.g. one pointing at a launched engine). ``algo.kind: sft``
-    builds a :class:`~training.sft.SFTTrainer` instead (no backend, retriever or agent), and
-    ``algo.kind: prm`` a :class:`~training.prm.PRMTrainer`."""
-    if cfg.algo.kind == "sft":
-        from training.sft import SFTTrainer
-
-        return SFTTrainer(cfg, Path(out))
-    if cfg.algo.kind == "prm":
-        from training.prm import PRMTrainer
-
-        return PRMTrainer(cfg, Path(out))
+def _rl_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
+    """``algo.kind: rl``: the search agent's rollouts (through ``build_method``) on the policy."""
     from benchmarks.build import dataset_retriever
-    from benchmarks.datasets import load_examples, load_merged_examples
-    from pipelines.search_agent import AgentConfig, SearchAgent
+    from pipelines.methods import build_method, method_kind, validate_options
     from training.trainer import Trainer
 
     d = cfg.data
-    if isinstance(d.dataset, str):
-        examples = load_examples(d.dataset, d.split, data_dir=d.data_dir, limit=d.limit)
-    else:
-        examples = load_merged_examples(d.dataset, d.split, data_dir=d.data_dir, limit=d.limit)
+    if method_kind(cfg.rollout.method) != "agent":
+        raise ValueError(f"rollout.method {cfg.rollout.method!r} is a baseline; RL rolls out an agent dialect")
+    validate_options(cfg.rollout.method, dict(cfg.rollout.agent), where="rollout.agent")  # errors name the key
+    examples = train_examples(cfg)
     retriever = dataset_retriever(cfg.retriever, merged_corpus_dataset(cfg), d.split, d.data_dir)
     backend = backend or rollout_backend(cfg)
-    agent_cfg = from_dict(AgentConfig, dict(cfg.rollout.agent), where="rollout.agent")
-    agent = SearchAgent(backend, retriever, cfg.rollout.method, agent_cfg, method=cfg.rollout.method)
+    agent = build_method(cfg.rollout.method, backend, retriever, dict(cfg.rollout.agent))
     validation = build_validation(cfg, backend, Path(out))
     return Trainer(cfg, agent, examples, out, validate=validation)
+
+
+def _sft_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
+    from training.sft import SFTTrainer
+
+    return SFTTrainer(cfg, out)
+
+
+def _prm_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
+    from training.prm import PRMTrainer
+
+    return PRMTrainer(cfg, out)
+
+
+def _retriever_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
+    from training.retriever_rl import RetrieverTrainer
+
+    return RetrieverTrainer(cfg, out, backend)
+
+
+# algo.kind → ``build(cfg, out, backend) -> trainer`` (``train() -> final path``, ``step_no``,
+# ``resume(run)``). Info: ``rollout_engine``: rolls out through ``rollout.backend`` (which
+# ``launch: true`` starts for the run); ``next``: what to do with the final output.
+TRAINERS: Registry = Registry("trainer (algo.kind)")
+TRAINERS.register("rl", _rl_trainer, rollout_engine=True, next="eval it with harness eval --model {final}")
+TRAINERS.register("sft", _sft_trainer, next="eval it with harness eval --model {final}")
+TRAINERS.register(
+    "prm",
+    _prm_trainer,
+    # a reward model, not a policy: it scores steps, it is not evaluated
+    next="score steps with algo.step_scorer_path={final} (step_scorer: prm) or harness serve prm --path {final}",
+)
+TRAINERS.register(
+    "retriever",
+    _retriever_trainer,
+    next="evaluate: harness eval --retriever harr --index INDEX --encoder {final} (or --retriever dense)",
+)
+
+
+def build_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
+    """The trainer of ``cfg.algo.kind`` (:data:`TRAINERS`), writing into ``out``. ``backend``: an
+    already built rollout backend (e.g. one pointing at a launched engine)."""
+    return TRAINERS.get(cfg.algo.kind)(cfg, Path(out), backend)
+
+
+def train_config(
+    files: list[str], overrides: list[str], data_dir: str | None = None, resume: str | None = None
+) -> TrainConfig:
+    """A recipe composed from YAML ``files`` and ``key.path=value`` overrides (``data_dir`` sets
+    ``data.data_dir``); with no files, the ``resume`` run's own recorded ``config.json``."""
+    extra = list(overrides) + ([f"data.data_dir={data_dir}"] if data_dir else [])
+    files = list(files) or ([str(Path(resume) / "config.json")] if resume else [])
+    return compose(TrainConfig, files, extra)
+
+
+def run_folder(cfg: TrainConfig, out: str | None = None, resume: str | None = None) -> Path:
+    """Where a run writes: the resumed run, ``out``, else ``trainer.out/name``."""
+    return Path(resume or out or Path(cfg.trainer.out) / cfg.name)
+
+
+def train(
+    cfg: TrainConfig, run: Path, resume: bool = False, say: Callable[[str], None] = logger.info
+) -> tuple[Any, Path]:
+    """Train ``cfg`` into ``run`` with its :data:`TRAINERS` entry, continuing from the run's last
+    checkpoint when ``resume``; returns (the trainer, its final output). When the trainer rolls
+    out through ``rollout.backend`` and that says ``launch: true``, the engine is started for the
+    run and stopped however it ends (SIGTERM included); ``say`` tells the user about it."""
+    from training.trainer import mini_batch_rows
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(sigterm_as_exit())
+        b = cfg.rollout.backend
+        if b.launch and TRAINERS.info(cfg.algo.kind).get("rollout_engine"):
+            world = int(os.environ.get("WORLD_SIZE", "1"))
+            mini_batch_rows(cfg, world)  # the update schedule is checked before an engine takes a minute to start
+            if world > 1:
+                # Every rank would start its own engine; one shared server is what RL needs.
+                raise ValueError(
+                    "rollout.backend.launch=true starts one engine from a single-process run; with several "
+                    "ranks start it once with `harness serve model --engine sglang` and set rollout.backend.url"
+                )
+            engine, engine_cfg = rollout_engine(cfg)
+            proc = start_engine(stack, engine, cfg.model.path, engine_cfg, run, say=say)
+            cfg = replace(cfg, rollout=replace(cfg.rollout, backend=replace(b, url=[proc.url])))
+        trainer = build_trainer(cfg, run)
+        if resume:
+            trainer.resume(run)
+        return trainer, Path(trainer.train())
+
+
+def next_step(cfg: TrainConfig, final: Path) -> str:
+    """What to do with a run's final output (its trainer's ``next`` hint)."""
+    return TRAINERS.info(cfg.algo.kind)["next"].format(final=final)
 
 
 def train_cached(cfg: TrainConfig, run: str | Path) -> tuple[Path, bool]:

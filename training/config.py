@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from harness.eval_config import BackendConfig, RetrieverConfig
+from training.retriever_config import RetrieverTrainConfig
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class DataConfig:
     dataset: str | list[str] = "hotpotqa"
     split: str = "train100"
     data_dir: str | None = None
+    # A FlashRAG-format question file instead of the dataset's split (e.g. ``harness data
+    # harr-filter`` output); the retriever still searches ``dataset``'s corpus.
+    file: str | None = None
     limit: int | None = None
     shuffle: bool = True
     val_split: str | None = None  # periodic validation through the eval path
@@ -73,11 +77,12 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    # sft: supervised fine-tuning on ``sft.sources`` (training.sft); prm: a process reward model
-    # on MCTS records ``prm.data`` (training.prm)
-    kind: Literal["rl", "sft", "prm"] = "rl"
+    # The trainer (training.build.TRAINERS): rl; sft: supervised fine-tuning on ``sft.sources``
+    # (training.sft); prm: a process reward model on MCTS records ``prm.data`` (training.prm);
+    # retriever: RL on the retriever's query tower, generator frozen (``retriever_rl``).
+    kind: Literal["rl", "sft", "prm", "retriever"] = "rl"
     # The Literals below name registered functions (training.advantages.ADVANTAGES,
-    # training.losses.AGGREGATIONS, KL_ESTIMATORS); tests/training/test_config.py keeps them equal.
+    # training.losses.AGGREGATIONS, KL_ESTIMATORS); tests keep them equal.
     advantage: Literal["grpo", "group_norm", "reinforce_pp", "gae", "dual_granularity"] = "grpo"
     reward: Any = "r1_searcher_stage1"  # a name, {name: ..., params}, or a list to compose
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "dapo", "dr_grpo"] = "token_mean"
@@ -98,7 +103,6 @@ class AlgoConfig:
     # More than one update per batch moves the ratio away from 1, so clipping can act.
     ppo_epochs: int = 1
     ppo_mini_batch_size: int | None = None
-    update_epochs: int | None = None  # older name of ppo_epochs (an alias; both set must agree)
     whiten_advantages: bool = True  # GAE: whiten advantages over the batch (verl, Search-R1)
     critic_warmup: int = 0  # PPO: the first N steps update only the critic (verl's trainer.critic_warmup)
     gamma: float = 1.0
@@ -114,22 +118,12 @@ class AlgoConfig:
     max_len: int | None = None  # truncate collated sequences (Dr. GRPO's constant denominator too)
 
     def __post_init__(self) -> None:
-        if self.update_epochs is not None and self.ppo_epochs not in (1, self.update_epochs):
-            raise ValueError(
-                f"algo.update_epochs={self.update_epochs} and algo.ppo_epochs={self.ppo_epochs} disagree; "
-                "set only ppo_epochs"
-            )
-        if self.epochs < 1:
-            raise ValueError(f"algo.ppo_epochs must be >= 1, got {self.epochs}")
+        if self.ppo_epochs < 1:
+            raise ValueError(f"algo.ppo_epochs must be >= 1, got {self.ppo_epochs}")
         if self.ppo_mini_batch_size is not None and self.ppo_mini_batch_size < 1:
             raise ValueError(f"algo.ppo_mini_batch_size must be >= 1, got {self.ppo_mini_batch_size}")
         if self.critic_warmup < 0:
             raise ValueError(f"algo.critic_warmup must be >= 0, got {self.critic_warmup}")
-
-    @property
-    def epochs(self) -> int:
-        """Passes over each rollout batch (``ppo_epochs``, or its alias ``update_epochs``)."""
-        return self.update_epochs if self.update_epochs is not None else self.ppo_epochs
 
 
 @dataclass(frozen=True)
@@ -180,7 +174,8 @@ class TrainerConfig:
 class SFTConfig:
     """``algo.kind: sft``: where the trajectories come from (see :mod:`training.sft`).
 
-    Each source is ``{kind: run | chat | synth, path: ..., where: "em >= 1", limit: N}``.
+    Each source is ``{kind: run | chat | synth, path: ..., where: "em >= 1", limit: N}`` (``kind``: a
+    ``training.sft_data.SFT_SOURCES`` name).
     """
 
     sources: list[dict[str, Any]] = field(default_factory=list)
@@ -218,4 +213,5 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     prm: PRMConfig = field(default_factory=PRMConfig)
+    retriever_rl: RetrieverTrainConfig = field(default_factory=RetrieverTrainConfig)  # algo.kind: retriever
     papers: str = ""  # which published settings the recipe follows

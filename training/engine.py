@@ -119,15 +119,32 @@ def autocast(device: torch.device, bf16: bool) -> Any:
 
 
 class ValueHead(torch.nn.Module):
-    """A critic (PPO): the same LM architecture's body with a scalar head instead of the vocabulary."""
+    """A scalar value on top of features: the project's one value head.
 
-    def __init__(self, lm: Any) -> None:
+    ``ValueHead(lm)``: the PPO critic and the PRM: the same LM architecture's body with a linear
+    scalar head instead of the vocabulary; ``forward(input_ids, attention_mask)`` [B, L] → [B, L].
+
+    ``ValueHead(dim=H, hidden=N)``: no body; an MLP (Linear, Tanh, Linear) on features it is given,
+    read detached: retriever RL's V(s_t) on the query tower's embedding of the retrieval state,
+    where the value loss trains the head only and the tower moves by the policy gradient alone;
+    ``forward(features)`` [N, H] → [N].
+    """
+
+    def __init__(self, lm: Any = None, *, dim: int | None = None, hidden: int = 256) -> None:
         super().__init__()
-        self.config = lm.config
-        self.body = lm.model if hasattr(lm, "model") else lm
-        self.head = torch.nn.Linear(lm.config.hidden_size, 1)
+        if lm is not None:
+            self.config = lm.config
+            self.body = lm.model if hasattr(lm, "model") else lm
+            self.head: torch.nn.Module = torch.nn.Linear(lm.config.hidden_size, 1)
+            return
+        if dim is None:
+            raise ValueError("ValueHead needs an LM (its body) or the size `dim` of the features it reads")
+        self.body = None
+        self.head = torch.nn.Sequential(torch.nn.Linear(dim, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1))
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.body is None:  # input_ids are features [N, H]
+            return self.head(input_ids.detach().float()).squeeze(-1)  # [N]
         h = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, L, H]
         return self.head(h.to(self.head.weight.dtype)).squeeze(-1)  # [B, L]
 

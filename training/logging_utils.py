@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.textfiles import parse_json_line
+
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
@@ -98,10 +100,10 @@ def _truncate_jsonl(path: Path, step: int) -> int:
         return 0
     kept: list[str] = []
     dropped = 0
-    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
+    for i, line in enumerate(path.read_bytes().decode("utf-8", errors="replace").splitlines(), 1):
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a torn line from a kill mid-write
+            record = parse_json_line(line, f"{path}:{i}", objects=False)
+        except ValueError:  # a torn line from a kill mid-write
             dropped += 1
             continue
         if isinstance(record, dict) and record.get("step", 0) > step:

@@ -47,6 +47,7 @@ from typing import Any
 
 from harness.config import require_at_least
 from harness.eval_config import BackendConfig, DatasetConfig, RetrieverConfig
+from harness.textfiles import parse_json_line, read_jsonl
 from harness.types import Example, Segment, Trajectory
 from pipelines.concurrency import run_bounded
 
@@ -313,24 +314,25 @@ class MCTSWriter:
             self._drop_unfinished(self.out / name)
 
     def _read_done(self) -> set[str]:
-        path, done = self.out / DONE_FILE, set()
+        path = self.out / DONE_FILE
         if not path.exists():
-            return done
+            return set()
         raw = path.read_bytes()
         keep = raw[: raw.rfind(b"\n") + 1]  # a torn last line is not a finished question
         if keep != raw:
             path.write_bytes(keep)
-        for line in keep.decode("utf-8").splitlines():
-            if line.strip():
-                done.add(json.loads(line)["question_id"])
-        return done
+        return {r["question_id"] for _, r in read_jsonl(path)}
 
     def _drop_unfinished(self, path: Path) -> None:
         if not path.exists():
             return
         raw = path.read_bytes()
         lines = raw[: raw.rfind(b"\n") + 1].decode("utf-8").splitlines(keepends=True)
-        keep = [ln for ln in lines if ln.strip() and json.loads(ln)["question_id"] in self.done]
+        keep = [
+            ln
+            for i, ln in enumerate(lines, 1)
+            if ln.strip() and parse_json_line(ln, f"{path}:{i}")["question_id"] in self.done
+        ]
         if len(keep) != len(lines) or len(raw) != sum(len(x.encode()) for x in lines):
             tmp = path.with_suffix(".tmp")
             tmp.write_text("".join(keep), encoding="utf-8")
@@ -409,14 +411,30 @@ def read_pairs(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     path = path / PAIRS_FILE if path.is_dir() else path
     out = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-            for k in ("prefix", "chosen", "rejected"):
-                r[k]
-            out.append(r)
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}:{i}: not an MCTS pair record ({type(e).__name__}: {e})") from None
+    for i, r in read_jsonl(path):
+        missing = [k for k in ("prefix", "chosen", "rejected") if k not in r]
+        if missing:
+            raise ValueError(f"{path}:{i}: not an MCTS pair record (no {', '.join(missing)})")
+        out.append(r)
     return out
+
+
+def run_mcts_recipe(files: list[str], overrides: list[str], out: str | None = None) -> tuple[MCTSStats, str]:
+    """``harness data mcts``: compose an :class:`MCTSRunConfig` from YAML ``files`` and
+    ``key.path=value`` overrides, build its agent and questions as ``harness eval`` builds a run,
+    and :func:`run_mcts` into ``out`` (default: the config's). Returns the stats and the folder."""
+    from benchmarks.build import build_eval
+    from harness.config import compose, from_dict, to_dict
+    from harness.eval_config import EvalConfig
+
+    cfg = compose(MCTSRunConfig, files, overrides)
+    ecfg = from_dict(
+        EvalConfig,
+        {k: to_dict(getattr(cfg, k)) for k in ("method", "dataset", "backend", "retriever", "agent")},
+        where="mcts",
+    )
+    run = build_eval(ecfg)
+    if not hasattr(run.method, "arun"):
+        raise ValueError(f"method {cfg.method!r} is not the search agent: MCTS resumes the agent loop")
+    folder = out or cfg.out
+    return run_mcts(run.method, run.examples[cfg.offset :], cfg.mcts, folder), folder

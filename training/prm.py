@@ -25,6 +25,7 @@ import logging
 import random
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from harness.registry import Registry
+from harness.textfiles import read_jsonl
 from training.checkpoint import resume_checkpoint, save_checkpoint
 from training.config import TrainConfig
 from training.engine import ValueHead, build_model, initialize, optimizer_step, rank_and_world, unwrap
@@ -67,12 +70,7 @@ def _records(paths: list[str], name: str) -> list[tuple[str, dict[str, Any]]]:
         path = Path(p) / name if Path(p).is_dir() else Path(p)
         if not path.exists():
             raise FileNotFoundError(f"prm.data: {path} does not exist (an MCTS output folder or its {name})")
-        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                try:
-                    out.append((f"{path}:{i}", json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{i}: not JSON ({e})") from None
+        out += [(f"{path}:{i}", record) for i, record in read_jsonl(path)]
     return out
 
 
@@ -147,6 +145,37 @@ def pointwise_loss(scores: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(scores, values)
 
 
+@dataclass(frozen=True)
+class PRMLoss:
+    """A ``prm.loss``: what it trains on, and its loss on one micro-batch of those items.
+
+    ``items(trainer, eos)``: the training items (eos: appended token id or None);
+    ``batch(trainer, items)``: (mean loss [], pairs ranked right or None when it ranks none)."""
+
+    what: str
+    items: Callable[[Any, int | None], list]
+    batch: Callable[[Any, list], tuple[torch.Tensor, float | None]]
+
+
+def _pairwise_batch(trainer: Any, pairs: list[PairExample]) -> tuple[torch.Tensor, float | None]:
+    s = trainer._scores([x.chosen for x in pairs] + [x.rejected for x in pairs])  # [2b]
+    sc, sr = s[: len(pairs)], s[len(pairs) :]  # [b], [b]
+    return pairwise_loss(sc, sr), float((sc > sr).sum())
+
+
+def _pointwise_batch(trainer: Any, points: list[PointExample]) -> tuple[torch.Tensor, float | None]:
+    s = trainer._scores([x.ids for x in points])  # [b]
+    return pointwise_loss(s, torch.tensor([x.value for x in points], device=s.device)), None
+
+
+# prm.loss → PRMLoss (ProRAG: pairwise, as TRL's RewardTrainer).
+PRM_LOSSES: Registry[PRMLoss] = Registry("PRM loss")
+PRM_LOSSES.register("pairwise", PRMLoss("training pairs", lambda t, eos: t.train_pairs, _pairwise_batch))
+PRM_LOSSES.register(
+    "pointwise", PRMLoss("step records", lambda t, eos: load_points(list(t.cfg.prm.data), eos), _pointwise_batch)
+)
+
+
 def prm_tokenizer(cfg: TrainConfig) -> Any:
     from training.sft import sft_tokenizer
 
@@ -168,11 +197,10 @@ class PRMTrainer:
         eos = self.tokenizer.eos_token_id if p.append_eos else None
         pairs = load_pairs(list(p.data), eos)
         self.train_pairs, self.val_pairs = split_held_out(pairs, p.val_fraction, cfg.trainer.seed)
-        self.points = load_points(list(p.data), eos) if p.loss == "pointwise" else []
-        items = self.points if p.loss == "pointwise" else self.train_pairs
+        self.loss = PRM_LOSSES.get(p.loss)
+        self.items = items = self.loss.items(self, eos)
         if not items:
-            what = "step records" if p.loss == "pointwise" else "training pairs"
-            raise ValueError(f"prm.data {list(p.data)}: no {what}")
+            raise ValueError(f"prm.data {list(p.data)}: no {self.loss.what}")
         if p.batch_size % self.world:
             raise ValueError(f"prm.batch_size={p.batch_size} must divide by {self.world} ranks")
         model = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))
@@ -191,13 +219,7 @@ class PRMTrainer:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
             self.log = MetricsLog(self.out, cfg.trainer.tensorboard, cfg.trainer.wandb_project, to_dict(cfg))
-        logger.info(
-            "PRM (%s) on %d training pairs, %d held out, %d step records",
-            p.loss,
-            len(self.train_pairs),
-            len(self.val_pairs),
-            len(self.points),
-        )
+        logger.info("PRM (%s) on %d %s; %d pairs held out", p.loss, len(items), self.loss.what, len(self.val_pairs))
 
     @property
     def pad_id(self) -> int:
@@ -235,25 +257,18 @@ class PRMTrainer:
         slices = [idx[i : i + mb] for i in range(0, len(idx), mb)]
         if len(slices) != gas:
             raise RuntimeError(f"{len(slices)} micro-batches but DeepSpeed accumulates {gas}")
-        loss_sum, correct, grad_norm = 0.0, 0.0, None
+        loss_sum, correct, grad_norm = 0.0, None, None
         for part in slices:
-            if p.loss == "pairwise":
-                pairs = [self.train_pairs[i] for i in part]
-                s = self._scores([x.chosen for x in pairs] + [x.rejected for x in pairs])  # [2b]
-                sc, sr = s[: len(pairs)], s[len(pairs) :]  # [b], [b]
-                loss = pairwise_loss(sc, sr) * len(part) / len(idx)
-                correct += float((sc > sr).sum())
-            else:
-                pts = [self.points[i] for i in part]
-                s = self._scores([x.ids for x in pts])  # [b]
-                loss = pointwise_loss(s, torch.tensor([x.value for x in pts], device=s.device)) * len(part) / len(idx)
+            loss, hits = self.loss.batch(self, [self.items[i] for i in part])
+            loss = loss * len(part) / len(idx)
+            correct = None if hits is None else (correct or 0.0) + hits
             loss_sum += float(loss.detach())
             self.engine.backward(loss * gas)  # DeepSpeed divides each backward by gas
             gn = optimizer_step(self.engine)
             grad_norm = gn if gn is not None else grad_norm
         self.step_no += 1
         metrics = {"loss": loss_sum, "time/step_s": time.perf_counter() - t0, "epoch": float(self.sampler.epoch)}
-        if p.loss == "pairwise":
+        if correct is not None:
             metrics["prm/train_pair_acc"] = correct / len(idx)
         if grad_norm is not None:
             metrics["grad_norm"] = grad_norm

@@ -1,4 +1,5 @@
-"""Typed configuration of HARR-style retriever RL (``harness train`` with ``policy: retriever``).
+"""Typed configuration of HARR-style retriever RL: the ``retriever_rl`` section of a training
+recipe with ``algo.kind: retriever`` (its questions come from the recipe's ``data`` section).
 
 The generator is frozen (any harness backend); the policy is the dense retriever's query tower.
 See :mod:`training.retriever_rl` for what each part does.
@@ -11,7 +12,7 @@ from typing import Any, Literal
 
 from harness.config import require_at_least
 from harness.eval_config import BackendConfig
-from harness.retrieval.stochastic import DEFAULT_STATE_TEMPLATE
+from harness.retrieval.state import DEFAULT_STATE_TEMPLATE
 
 
 @dataclass(frozen=True)
@@ -86,19 +87,8 @@ class RetrieverRLConfig:
 
 
 @dataclass(frozen=True)
-class HarrDataConfig:
-    """Training questions: a registered dataset split, or ``file`` (e.g. ``harness data harr-filter`` output)."""
-
-    dataset: str = "hotpotqa"
-    split: str = "train100"
-    data_dir: str | None = None
-    file: str | None = None
-    limit: int | None = None
-
-
-@dataclass(frozen=True)
 class RetrieverTrainConfig:
-    """Everything one retriever-RL run needs.
+    """The ``retriever_rl`` section: everything a retriever-RL run needs besides its questions.
 
     ``index`` is a built dense index (its document vectors stay fixed); without it one is built
     (and cached) over ``corpus`` or the dataset's own corpus with ``doc_encoder`` (default: the
@@ -106,9 +96,6 @@ class RetrieverTrainConfig:
     FlashRAG baseline (``standard``, ``iter_retgen``, ``ircot``, ...).
     """
 
-    policy: Literal["retriever"] = "retriever"
-    name: str = "harr"
-    papers: str = ""  # the published settings a recipe follows
     method: str = "search_r1"
     index: str | None = None
     corpus: str | None = None
@@ -116,21 +103,6 @@ class RetrieverTrainConfig:
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     rl: RetrieverRLConfig = field(default_factory=RetrieverRLConfig)
-    data: HarrDataConfig = field(default_factory=HarrDataConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)  # the frozen generator
     agent: dict[str, Any] = field(default_factory=dict)  # pipelines.search_agent.AgentConfig options
     baseline: dict[str, Any] = field(default_factory=dict)  # FlashRAG baseline options
-    out: str = "runs/train"
-
-
-def is_retriever_policy(files: list[str] | None, overrides: list[str] | None) -> bool:
-    """Whether a train recipe (YAML files + overrides) asks for ``policy: retriever``."""
-    from pathlib import Path
-
-    from harness.config import load_yaml, parse_overrides
-
-    policy = None
-    for f in files or []:
-        if Path(f).suffix in (".yaml", ".yml", ".json") and Path(f).is_file():
-            policy = load_yaml(f).get("policy", policy)
-    return parse_overrides(overrides or []).get("policy", policy) == "retriever"

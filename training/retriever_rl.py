@@ -15,7 +15,8 @@ One step:
    over a trajectory's calls, then over trajectories. Trajectories without a retrieval carry no
    gradient.
 
-``rl.algo: ppo`` instead treats each retrieval call as an action: a :class:`ValueHead` on the
+``rl.algo: ppo`` instead treats each retrieval call as an action: a value head
+(:class:`~training.engine.ValueHead` without a body, on detached features) on the
 query embedding of the state gives V(s_t), the reward sits on the last call, GAE over the calls,
 whitened advantages, PPO-clip per call plus the clipped value loss (HARR's PPO trainer does the
 same with a separate critic model; the KL here stays a loss term, as in the GRPO path, not a
@@ -24,7 +25,9 @@ per-call reward as HARR has it).
 The trained tower saves as a plain HF model dir (:meth:`QueryTower.save`, LoRA merged) that a
 dense :class:`~harness.retrieval.encoders.Encoder` loads as the query encoder of the same index.
 :func:`filter_examples` is HARR's data filter: keep questions where some sampled retrievals
-succeed and some fail under the frozen generator.
+succeed and some fail under the frozen generator. :class:`RetrieverTrainer` is ``algo.kind:
+retriever`` in ``training.build.TRAINERS``. Evaluation is the eval path (``simple_evaluate``)
+with the retriever set to ``greedy`` (top-k), as ``harness eval --retriever harr`` runs it.
 """
 
 from __future__ import annotations
@@ -45,8 +48,10 @@ from harness.retrieval.state import RetrievalState
 from harness.retrieval.stochastic import StochasticDenseRetriever
 from harness.types import Example, SearchRecord, Trajectory
 from training.advantages import gae, grpo, outcome_to_tokens
+from training.config import TrainConfig
+from training.engine import ValueHead
 from training.losses import aggregate, kl_loss, kl_penalty, policy_loss, value_loss
-from training.retriever_config import RetrieverRLConfig, RetrieverTrainConfig
+from training.retriever_config import RetrieverRLConfig
 
 logger = logging.getLogger(__name__)
 
@@ -129,22 +134,6 @@ def answer_recall(traj: Trajectory) -> float:
     return 0.0
 
 
-def evaluate(runner: Any, retriever: StochasticDenseRetriever, examples: Sequence[Example]) -> dict[str, float]:
-    """Greedy (top-k) retrieval through the pipeline: EM, F1 and answer-recall over ``examples``."""
-    greedy, retriever.greedy = retriever.greedy, True
-    try:
-        trajs = runner.run(examples, 1)
-    finally:
-        retriever.greedy = greedy
-    n = max(len(trajs), 1)
-    return {
-        "em": sum(reward_of(t, "em") for t in trajs) / n,
-        "f1": sum(reward_of(t, "f1") for t in trajs) / n,
-        "answer_recall": sum(answer_recall(t) for t in trajs) / n,
-        "n": float(len(trajs)),
-    }
-
-
 # ---- the loss ----------------------------------------------------------------------------------
 def per_call_loss(
     new: torch.Tensor,
@@ -191,21 +180,6 @@ def retrieval_loss(
 
 
 # ---- PPO: one action per retrieval call, a value head on the query embedding -------------------
-class ValueHead(torch.nn.Module):
-    """V(s_t) from the query tower's embedding of the retrieval state: a small MLP.  [N, H] → [N]
-
-    It reads the embedding detached (the value loss trains the head only; the tower moves by the
-    policy gradient alone), so PPO and GRPO change the encoder through the same kind of signal.
-    """
-
-    def __init__(self, dim: int, hidden: int = 256) -> None:
-        super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(dim, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1))
-
-    def forward(self, q: torch.Tensor) -> torch.Tensor:
-        return self.net(q.detach().float()).squeeze(-1)  # [N]
-
-
 @dataclass
 class StepLayout:
     """A batch's retrieval calls as a [B, T] grid (T: the most calls in a trajectory)."""
@@ -294,7 +268,7 @@ class RetrieverRL:
         if cfg.algo == "ppo":
             with torch.random.fork_rng():  # the head's initial weights from cfg.seed, global RNG untouched
                 torch.manual_seed(cfg.seed)
-                self.value_head = ValueHead(self.tower.dim, cfg.value_hidden)
+                self.value_head = ValueHead(dim=self.tower.dim, hidden=cfg.value_hidden)
             groups.append({"params": list(self.value_head.parameters()), "lr": cfg.value_lr})
         self.opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self._params = params
@@ -428,15 +402,21 @@ def filter_examples(
 
 
 # ---- wiring from a config ----------------------------------------------------------------------
-def build_from_config(cfg: RetrieverTrainConfig, backend: Any = None) -> tuple[StochasticDenseRetriever, Any]:
-    """The stochastic retriever (tower + fixed index) and the rollout runner of a config."""
+def build_from_config(cfg: TrainConfig, backend: Any = None) -> tuple[StochasticDenseRetriever, Any]:
+    """The stochastic retriever (tower + fixed index) and the rollout runner of an
+    ``algo.kind: retriever`` recipe (its ``retriever_rl`` section; the corpus of ``data``)."""
     from harness.backends import build_backend
-    from harness.config import from_dict
+    from harness.retrieval.factory import ensure_index
     from harness.retrieval.index import load_index
     from harness.retrieval.stochastic import QueryTower, StateFormat
-    from pipelines.methods import method_kind
+    from pipelines.methods import build_method, method_kind, validate_options
 
-    e, s = cfg.encoder, cfg.sampling
+    r = cfg.retriever_rl
+    e, s = r.encoder, r.sampling
+    agent = method_kind(r.method) == "agent"
+    options = {"topk": s.topk, **(r.agent if agent else r.baseline)}
+    # before anything slow is built: errors name the recipe key
+    validate_options(r.method, options, where=f"retriever_rl.{'agent' if agent else 'baseline'}")
     tower = QueryTower(
         e.name,
         lora_r=e.lora_r,
@@ -445,43 +425,78 @@ def build_from_config(cfg: RetrieverTrainConfig, backend: Any = None) -> tuple[S
         lora_targets=list(e.lora_targets) or None,
         max_length=e.max_length,
     )
-    index_dir = cfg.index or _ensure_index(cfg)
+    if r.index:
+        index = load_index(r.index, encoder=tower)
+    else:  # built once with the document encoder, in the cache eval's retrievers use
+        index = ensure_index(str(_corpus(cfg)), "dense", r.doc_encoder or e.name, encoder=tower)
     fmt = StateFormat(s.stateful, s.template, s.max_history, s.max_titles, s.max_chars)
-    retriever = StochasticDenseRetriever(
-        load_index(index_dir, encoder=tower), tower, s.n_candidates, s.tau, state_format=fmt, seed=cfg.rl.seed
-    )
-    backend = backend or build_backend(cfg.backend)
-    if method_kind(cfg.method) == "agent":
-        from pipelines.search_agent import AgentConfig, SearchAgent
-
-        agent_cfg = from_dict(AgentConfig, {"topk": s.topk, **cfg.agent}, where="agent")
-        return retriever, AgentRunner(SearchAgent(backend, retriever, cfg.method, agent_cfg, method=cfg.method))
-    return retriever, BaselineRunner(cfg.method, backend, retriever, {"topk": s.topk, **cfg.baseline})
+    retriever = StochasticDenseRetriever(index, tower, s.n_candidates, s.tau, state_format=fmt, seed=r.rl.seed)
+    backend = backend or build_backend(r.backend)
+    if agent:
+        return retriever, AgentRunner(build_method(r.method, backend, retriever, options))
+    return retriever, BaselineRunner(r.method, backend, retriever, options)
 
 
-def _ensure_index(cfg: RetrieverTrainConfig) -> str:
-    """The dense index over the corpus, built once with the document encoder (same cache as eval's)."""
+def _corpus(cfg: TrainConfig) -> Path:
     from benchmarks.datasets import corpus_path
-    from harness.retrieval.factory import cache_dir
-    from harness.retrieval.index import build_index
-    from harness.runlog import file_hash
-
-    corpus = cfg.corpus or corpus_path(cfg.data.dataset, cfg.data.split, data_dir=cfg.data.data_dir)
-    if corpus is None:
-        raise ValueError(f"no corpus for {cfg.data.dataset}/{cfg.data.split}: set index=DIR or corpus=FILE")
-    model = cfg.doc_encoder or cfg.encoder.name
-    # The tag harness.retrieval.factory.ensure_index uses, so eval and training share the index.
-    out = cache_dir() / "indexes" / f"dense-{(model or 'default').replace('/', '_')}-{file_hash(str(corpus))[:16]}"
-    if not (out / "manifest.json").exists():
-        logger.info("building a dense index over %s into %s (once; cached)", corpus, out)
-        build_index(corpus, "dense", out, model=model)
-    return str(out)
-
-
-def load_train_examples(cfg: RetrieverTrainConfig) -> list[Example]:
-    from benchmarks.datasets import load_examples, read_examples
+    from training.examples import first_dataset
 
     d = cfg.data
-    if d.file:
-        return read_examples(d.file)[: d.limit] if d.limit else read_examples(d.file)
-    return load_examples(d.dataset, d.split, data_dir=d.data_dir, limit=d.limit)
+    corpus = cfg.retriever_rl.corpus or corpus_path(first_dataset(cfg), d.split, data_dir=d.data_dir)
+    if corpus is None:
+        raise ValueError(
+            f"no corpus for {first_dataset(cfg)}/{d.split}: set retriever_rl.index=DIR or retriever_rl.corpus=FILE"
+        )
+    return Path(corpus)
+
+
+class RetrieverTrainer:
+    """``algo.kind: retriever``: GRPO (or PPO) on the query tower, generator frozen; the trained
+    encoder lands in ``RUN/encoder`` (what :meth:`train` returns)."""
+
+    def __init__(self, cfg: TrainConfig, out: Path, backend: Any = None) -> None:
+        self.cfg, self.out, self.backend = cfg, Path(out), backend
+        self.step_no = 0
+
+    def resume(self, run_dir: Path) -> None:
+        raise ValueError("algo.kind: retriever does not resume from checkpoints (not implemented); start a new run")
+
+    def train(self) -> Path:
+        from harness.config import to_dict
+        from training.examples import train_examples
+
+        retriever, runner = build_from_config(self.cfg, self.backend)
+        examples = train_examples(self.cfg)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.json").write_text(json.dumps(to_dict(self.cfg), indent=2) + "\n", encoding="utf-8")
+        rl = RetrieverRL(retriever, runner, self.cfg.retriever_rl.rl, self.out)
+        encoder = rl.train(examples)
+        self.step_no = rl.step_no
+        return encoder
+
+
+def harr_filter(
+    cfg: TrainConfig, out: str | Path, samples: int = 8, metric: str = "em", threshold: float = 1.0
+) -> tuple[Path, Path, int, int]:
+    """``harness data harr-filter``: run :func:`filter_examples` over the recipe's training
+    questions and write the kept ones to ``out`` (FlashRAG JSONL, a ``data.file`` for training)
+    and one count row per question to ``out``'s ``.stats.jsonl``. Returns (out, stats, kept, of)."""
+    from training.examples import train_examples
+
+    if cfg.algo.kind != "retriever":
+        raise ValueError(
+            f"harr-filter reads a retriever-RL recipe (algo.kind: retriever), not algo.kind {cfg.algo.kind}"
+        )
+    if metric not in ("em", "f1"):
+        raise ValueError(f"--metric must be em or f1, got {metric!r}")
+    _, runner = build_from_config(cfg)
+    examples = train_examples(cfg)
+    kept, rows = filter_examples(runner, examples, samples, metric, threshold)
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for ex in kept:
+            f.write(json.dumps(ex.to_dict(), ensure_ascii=False) + "\n")
+    stats = path.with_suffix(".stats.jsonl")
+    stats.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path, stats, len(kept), len(examples)

@@ -26,20 +26,19 @@ A malformed record raises :class:`SFTDataError` naming ``file:line``.
 from __future__ import annotations
 
 import ast
-import json
 import logging
 import operator
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.registry import Registry
+from harness.textfiles import read_jsonl
 from harness.types import Segment, Trajectory
 
 logger = logging.getLogger(__name__)
-
-SOURCE_KINDS = ("run", "chat", "synth")
 
 # Retrieval results pasted into assistant text by the published SFT sets: these spans are
 # observations (mask 0), never trained.
@@ -67,8 +66,8 @@ class SFTSource:
         unknown = set(d) - {"kind", "path", "where", "limit"}
         if unknown or "kind" not in d or "path" not in d:
             raise SFTDataError(f"{where}: a source needs kind and path (and optionally where, limit); got {sorted(d)}")
-        if d["kind"] not in SOURCE_KINDS:
-            raise SFTDataError(f"{where}: kind must be one of {', '.join(SOURCE_KINDS)}, not {d['kind']!r}")
+        if d["kind"] not in SFT_SOURCES:
+            raise SFTDataError(f"{where}: kind must be one of {', '.join(SFT_SOURCES.names())}, not {d['kind']!r}")
         return cls(kind=d["kind"], path=str(d["path"]), where=d.get("where"), limit=d.get("limit"))
 
 
@@ -138,24 +137,6 @@ def split_observations(text: str, blocks: tuple[tuple[str, str], ...] = OBSERVAT
         out.append(("observation", text[start:end]))
         pos = end
     return [(r, t) for r, t in out if t]
-
-
-# ---- JSONL reading ------------------------------------------------------------------------------
-def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, record) for each non-blank line; a line that is not a JSON object raises."""
-    if not path.is_file():
-        raise SFTDataError(f"{path}: no such file")
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SFTDataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise SFTDataError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
-            yield n, rec
 
 
 # ---- (b) chat-messages JSONL --------------------------------------------------------------------
@@ -231,7 +212,7 @@ def load_chat(path: str | Path, tokenizer: Any, limit: int | None = None, chat: 
     path = Path(path)
     use_template = chat and bool(getattr(tokenizer, "chat_template", None))
     out: list[Trajectory] = []
-    for n, rec in read_jsonl(path):
+    for n, rec in read_jsonl(path, SFTDataError):
         where = f"{path}:{n}"
         if "history" in rec or "completion" in rec:  # ProRAG's SFT layout
             h, c = rec.get("history"), rec.get("completion")
@@ -262,7 +243,7 @@ def load_synth(path: str | Path, tokenizer: Any, limit: int | None = None, chat:
 
     path = Path(path)
     out: list[Trajectory] = []
-    for n, rec in read_jsonl(path):
+    for n, rec in read_jsonl(path, SFTDataError):
         where = f"{path}:{n}"
         try:
             dialect = resolve_dialect(rec["dialect"])
@@ -426,16 +407,18 @@ def load_sources(sources: list[dict[str, Any]], tokenizer: Any, chat: bool = Tru
     out: list[Trajectory] = []
     for i, d in enumerate(sources):
         src = SFTSource.from_dict(d, f"sft.sources[{i}]")
-        if src.where and src.kind != "run":
+        if src.where and not SFT_SOURCES.info(src.kind).get("filters"):
             raise SFTDataError(f"sft.sources[{i}]: 'where' filters run directories only")
-        if src.kind == "run":
-            got = load_run(src.path, tokenizer, src.where, src.limit)
-        elif src.kind == "chat":
-            got = load_chat(src.path, tokenizer, src.limit, chat)
-        else:
-            got = load_synth(src.path, tokenizer, src.limit, chat)
+        got = SFT_SOURCES.get(src.kind)(src, tokenizer, chat)
         logger.info("sft source %s %s: %d trajectories", src.kind, src.path, len(got))
         out += got
     if not out:
         raise SFTDataError("the SFT sources hold no trajectories (check the paths and the 'where' filters)")
     return out
+
+
+# sft.sources[].kind → loader(source, tokenizer, chat) -> trajectories; info ``filters``: takes ``where``.
+SFT_SOURCES: Registry[Callable[[SFTSource, Any, bool], list[Trajectory]]] = Registry("SFT source kind")
+SFT_SOURCES.register("run", lambda src, tok, chat: load_run(src.path, tok, src.where, src.limit), filters=True)
+SFT_SOURCES.register("chat", lambda src, tok, chat: load_chat(src.path, tok, src.limit, chat))
+SFT_SOURCES.register("synth", lambda src, tok, chat: load_synth(src.path, tok, src.limit, chat))

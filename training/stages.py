@@ -14,10 +14,11 @@ A chain file (``configs/train/prorag/chain.yaml``)::
         run: [eval, --model, "{stage.sft.output}/final", --out, "{self.output}", --n-samples, "4"]
         output: "{workdir}/samples"
 
-``run`` is the argument list after ``harness`` (its first word must be one of
-:data:`COMMANDS`); placeholders are ``{workdir}``, ``{vars.NAME}``, ``{self.output}`` and
-``{stage.NAME.output}`` of an EARLIER stage. Anything else in braces that looks like a
-placeholder is an error; braces with other text (``[{kind: run, path: X}]``) are left alone.
+``run`` is the argument list after ``harness`` (its first word must be a command that
+:data:`harness.commands.COMMANDS` registers as a stage); placeholders are ``{workdir}``,
+``{vars.NAME}``, ``{self.output}`` and ``{stage.NAME.output}`` of an EARLIER stage. Anything
+else in braces that looks like a placeholder is an error; braces with other text
+(``[{kind: run, path: X}]``) are left alone.
 
 State, per stage, from its marker ``WORKDIR/.stages/NAME.json`` (written atomically):
 
@@ -49,10 +50,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.commands import stage_commands
+
 logger = logging.getLogger(__name__)
 
-# harness subcommands a stage may run (long-running servers are not stages).
-COMMANDS = ("train", "eval", "data", "report", "score", "index", "datasets", "prompt", "replicate")
 STATE_DIR = ".stages"
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w-]*(?:\.[\w-]+)*)\}")
 _NAME = re.compile(r"^[A-Za-z0-9_][\w-]*$")
@@ -160,8 +161,9 @@ def _read_stage(raw: Any, where: str, values: dict[str, str], earlier: set[str])
     run, rerun = raw["run"], raw.get("rerun_args") or []
     if not isinstance(run, list) or not run or not isinstance(rerun, list):
         raise StageError(f"{where}: 'run' (and 'rerun_args') must be lists of arguments")
-    if str(run[0]) not in COMMANDS:
-        raise StageError(f"{where}: run must start with a harness command ({', '.join(COMMANDS)}), not {run[0]!r}")
+    commands = stage_commands()
+    if str(run[0]) not in commands:
+        raise StageError(f"{where}: run must start with a harness command ({', '.join(commands)}), not {run[0]!r}")
     output = _substitute(str(raw["output"]), values, f"{where}: output")
     if not output.strip():
         raise StageError(f"{where}: empty output")

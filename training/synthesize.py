@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.retrieval.corpus import iter_corpus
 from harness.types import Doc, Example
 from pipelines.dialects import Dialect
 from pipelines.search_agent import cap_doc
@@ -259,13 +260,7 @@ def corpus_titles(path: str | Path | None) -> dict[str, str]:
     """id → title of a FlashRAG corpus (first line of ``contents``)."""
     if path is None:
         return {}
-    out = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                out[str(r["id"])] = Doc.from_contents(str(r["id"]), r.get("contents", "")).title
-    return out
+    return {doc.id: doc.title for doc in iter_corpus(path)}
 
 
 def synthesize(
@@ -288,3 +283,41 @@ def synthesize(
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
     logger.info("synthesize %s: %s", dialect.name, s.stats.summary())
     return s.stats
+
+
+def synthesize_split(
+    dataset: str,
+    dialect: str,
+    out: str | Path,
+    split: str | None = None,
+    variant: str = "exact",
+    limit: int | None = None,
+    offset: int = 0,
+    data_dir: str | None = None,
+    retriever: Any = None,
+    tokenizer: str | None = None,
+    max_doc_tokens: int = 128,
+) -> tuple[str, SynthStats]:
+    """``harness data synthesize``: :func:`synthesize` over a registered dataset's split (questions
+    ``offset`` to ``offset + limit``), searched through ``retriever`` (a
+    :class:`~harness.eval_config.RetrieverConfig`, default BM25 over the split's corpus); documents
+    are capped to ``max_doc_tokens`` of ``tokenizer``'s model as the agent caps them. Returns the
+    dialect's name and what was kept."""
+    from benchmarks.build import dataset_retriever
+    from benchmarks.datasets import corpus_path, load_examples
+    from harness.eval_config import RetrieverConfig
+    from pipelines.dialects import resolve_dialect
+
+    rcfg = retriever or RetrieverConfig()
+    d = resolve_dialect(dialect, variant)
+    examples = load_examples(dataset, split, data_dir=data_dir)[offset:]
+    examples = examples[:limit] if limit is not None else examples
+    ret = dataset_retriever(rcfg, dataset, split, data_dir)
+    needs_titles = any("supporting_doc_ids" in (e.metadata or {}) for e in examples)
+    titles = corpus_titles(corpus_path(dataset, split, data_dir)) if needs_titles else {}
+    tok = None
+    if tokenizer:
+        from harness.models import load_tokenizer
+
+        tok = load_tokenizer(tokenizer)
+    return d.name, synthesize(examples, d, ret, out, rcfg.topk, tok, max_doc_tokens, titles)

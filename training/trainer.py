@@ -321,7 +321,7 @@ class Trainer:
             lrs["critic_lr"] = float(self.critic.get_lr()[0])
         acc: dict[str, list[float]] = {}
         policy_steps = 0
-        for epoch in range(a.epochs):
+        for epoch in range(a.ppo_epochs):
             for mini in self._mini_batches(batch):
                 rows = slice(mini[0].start, mini[-1].stop)
                 mini_tokens = float(mask[rows].sum())  # DAPO's denominator: the optimizer step's tokens
@@ -330,7 +330,7 @@ class Trainer:
                     if train_policy:
                         st = self._policy_micro_step(batch, s, fwd, adv, old, have_old, mask, mini_tokens, gas)
                         policy_steps += int("grad_norm" in st)
-                        if a.epochs > 1:
+                        if a.ppo_epochs > 1:
                             st[f"clip_frac/epoch_{epoch + 1}"] = st["clip_frac"]
                     if self.critic is not None:
                         st.update(self._critic_step(batch, s, fwd, returns, mask))
@@ -514,7 +514,7 @@ def mini_batch_rows(cfg: TrainConfig, world: int) -> int:
 def updates_per_training_step(cfg: TrainConfig, world: int) -> int:
     """Optimizer steps one training step (one rollout batch) makes: ``ppo_epochs`` × mini-batches."""
     batch = cfg.rollout.prompts_per_step * cfg.rollout.n_samples  # rows per step, all ranks
-    return cfg.algo.epochs * (batch // (mini_batch_rows(cfg, world) * world))
+    return cfg.algo.ppo_epochs * (batch // (mini_batch_rows(cfg, world) * world))
 
 
 def seed_everything(seed: int) -> None:

@@ -26,7 +26,7 @@ from benchmarks.datasets import load_examples
 from harness.engines import EngineConfig, engine_ready, launched
 from harness.eval_config import RetrieverConfig
 from harness.models import resolve_model
-from pipelines.search_agent import AgentConfig, SearchAgent
+from pipelines.methods import build_method
 
 
 def make_backends(name: str, model: str, dtype: str, concurrency: int, stack: contextlib.ExitStack, logs: str):
@@ -75,12 +75,13 @@ def main() -> None:
             base = None
             for c in levels:
                 backend = factory(c)
-                agent = SearchAgent(
-                    backend,
-                    retriever,
-                    "research",
-                    AgentConfig(max_turns=2, max_new_tokens=args.max_new_tokens, few_shot=True, max_concurrency=c),
-                )
+                options = {
+                    "max_turns": 2,
+                    "max_new_tokens": args.max_new_tokens,
+                    "few_shot": True,
+                    "max_concurrency": c,
+                }
+                agent = build_method("research", backend, retriever, options)
                 agent.run_examples(examples[:1])  # warm-up
                 t0 = time.perf_counter()
                 trajs = agent.run_examples(examples)

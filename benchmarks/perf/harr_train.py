@@ -38,6 +38,11 @@ a short run: ``--methods standard --generator hf --heldout 16 --train 16 --steps
 → 0.500 (one question of 16: noise, not a gain). 4-5 min per step (16 generations one at a
 time: the baseline runner is sequential), 19 min of training. The 135M reader rarely answers
 right even with the gold paragraph, so there is little reward signal to learn from.
+
+Both sets of figures were taken when this script evaluated through the training runner; it now
+evaluates through ``simple_evaluate`` (the eval path), where FlashRAG's ``standard`` searches
+with the bare query (as ``harness eval --retriever harr`` runs a baseline) instead of the
+history-aware state the runner gave it, so its held-out figures may differ when re-measured.
 """
 
 from __future__ import annotations
@@ -108,7 +113,7 @@ def load_questions(path: str, n_heldout: int, n_train: int) -> tuple[list[Exampl
 AGENT_OPTIONS = {
     # max_doc_tokens: the oracle's byte tokenizer counts characters; show whole paragraphs.
     "oracle": {"max_turns": 2, "temperature": 0.0, "max_doc_tokens": 4096, "max_total_tokens": 16384},
-    # A real frozen model: the shipped recipe's settings (configs/train_retriever/harr_minilm_search_r1.yaml).
+    # A real frozen model: the shipped recipe's settings (configs/train/harr/minilm_search_r1.yaml).
     "hf": {
         "max_turns": 2,
         "temperature": 0.0,
@@ -125,33 +130,68 @@ BASELINE_OPTIONS = {
 }
 
 
+def heldout_eval(method: str, backend: Any, retriever: Any, heldout: list[Example], args: Any, out: Path) -> dict:
+    """Greedy (top-k) retrieval through the eval path (``simple_evaluate``, as ``harness eval
+    --retriever harr`` runs it): EM, F1 and answer-recall over the held-out questions."""
+    import shutil
+
+    from benchmarks.build import run_dir_for, simple_evaluate
+    from harness.config import from_dict
+    from harness.eval_config import EvalConfig
+    from harness.runlog import RunDir
+    from training.retriever_rl import answer_recall
+
+    shutil.rmtree(out, ignore_errors=True)  # a run of an older tower must not be resumed
+    retriever.greedy = True  # the trainer's next step samples again
+    cfg = from_dict(
+        EvalConfig,
+        {
+            "method": method,
+            "dataset": {"name": "hotpotqa"},  # names the run; the questions are ``heldout``
+            "retriever": {"kind": "harr", "topk": args.topk},
+            "agent": AGENT_OPTIONS[args.generator],
+            "baseline": BASELINE_OPTIONS[args.generator],
+            "metrics": ["em", "f1"],
+            "out": str(out),
+        },
+    )
+    res = simple_evaluate(cfg, backend=backend, retriever=retriever, examples=heldout)
+    trajs = RunDir(run_dir_for(cfg)).trajectories()
+    recall = sum(answer_recall(t) for t in trajs) / max(len(trajs), 1)
+    return {"em": res.metrics["em"], "f1": res.metrics["f1"], "answer_recall": recall, "n": float(res.n)}
+
+
 def run_pipeline(method: str, args: argparse.Namespace, heldout: list[Example], train: list[Example]) -> dict:
     from harness.config import from_dict
-    from training.retriever_config import RetrieverTrainConfig
-    from training.retriever_rl import RetrieverRL, build_from_config, evaluate, filter_examples
+    from pipelines.methods import method_kind
+    from training.config import TrainConfig
+    from training.retriever_rl import RetrieverRL, build_from_config, filter_examples
 
     out = Path(args.out) / method
     cfg = from_dict(
-        RetrieverTrainConfig,
+        TrainConfig,
         {
-            "method": method,
-            "corpus": args.corpus,
-            "sampling": {"n_candidates": args.n_candidates, "tau": args.tau, "topk": args.topk},
-            "rl": {
-                "algo": args.algo,
-                "group_size": args.group_size,
-                "questions_per_step": args.questions_per_step,
-                "steps": args.steps,
-                "lr": args.lr,
-                "epochs": args.epochs,
-                "kl_coef": args.kl_coef,
-                "reward": "f1",
+            "algo": {"kind": "retriever"},
+            "retriever_rl": {
+                "method": method,
+                "corpus": args.corpus,
+                "sampling": {"n_candidates": args.n_candidates, "tau": args.tau, "topk": args.topk},
+                "rl": {
+                    "algo": args.algo,
+                    "group_size": args.group_size,
+                    "questions_per_step": args.questions_per_step,
+                    "steps": args.steps,
+                    "lr": args.lr,
+                    "epochs": args.epochs,
+                    "kl_coef": args.kl_coef,
+                    "reward": "f1",
+                },
+                "agent": AGENT_OPTIONS[args.generator],
+                "baseline": BASELINE_OPTIONS[args.generator],
             },
-            "agent": AGENT_OPTIONS[args.generator],
-            "baseline": BASELINE_OPTIONS[args.generator],
         },
     )
-    agent = method != "standard"
+    agent = method_kind(method) == "agent"
     golds = {e.question: list(e.answers) for e in heldout + train}
     if args.generator == "oracle":
         backend: Any = OracleReader(golds, agent, model_path=None if agent else tiny_model_dir(Path(args.out)))
@@ -162,7 +202,7 @@ def run_pipeline(method: str, args: argparse.Namespace, heldout: list[Example], 
         backend = build_backend(BackendConfig(kind="hf", model=args.model))
     retriever, runner = build_from_config(cfg, backend=backend)
     t0 = time.perf_counter()
-    before = evaluate(runner, retriever, heldout)
+    before = heldout_eval(method, backend, retriever, heldout, args, out / "eval-before")
     logger.info("%s before: %s (%.0f s)", method, before, time.perf_counter() - t0)
     if args.filter:
         kept, rows = filter_examples(runner, train, args.group_size, metric="f1", threshold=0.5)
@@ -170,9 +210,9 @@ def run_pipeline(method: str, args: argparse.Namespace, heldout: list[Example], 
         train = kept or train
     steps: list[dict] = []
     t1 = time.perf_counter()
-    RetrieverRL(retriever, runner, cfg.rl, out).train(train, on_step=lambda r: steps.append(r.metrics))
+    RetrieverRL(retriever, runner, cfg.retriever_rl.rl, out).train(train, on_step=lambda r: steps.append(r.metrics))
     train_s = time.perf_counter() - t1
-    after = evaluate(runner, retriever, heldout)
+    after = heldout_eval(method, backend, retriever, heldout, args, out / "eval-after")
     logger.info("%s after: %s", method, after)
     return {
         "method": method,

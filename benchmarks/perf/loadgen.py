@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from harness.textfiles import read_jsonl
+
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"  # ../shared/data from the repo root
 DEV = DATA / "hotpotqa" / "dev_distractor1352.jsonl"
 CORPUS = DATA / "hotpotqa" / "corpus_distractor1352.jsonl"
@@ -44,7 +46,7 @@ end
 def questions(limit: int | None = None) -> list[str]:
     if not DEV.is_file():
         raise SystemExit(f"needs the shared benchmark data: {DEV} is missing")
-    rows = [json.loads(line)["question"] for line in DEV.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [r["question"] for _, r in read_jsonl(DEV)]
     return rows[:limit] if limit else rows
 
 

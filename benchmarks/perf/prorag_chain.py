@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness.textfiles import read_jsonl
+
 CHAIN = "configs/train/prorag/cpu_chain.yaml"
 EVALS = ("eval_base", "eval_sft", "eval_rft", "eval_rl")
 
@@ -56,7 +58,7 @@ def summary(workdir: Path) -> None:
         print(f"mcts       {steps} step records, {pairs} contrastive pairs")
     metrics = workdir / "prm" / "metrics.jsonl"
     if metrics.is_file():
-        rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+        rows = [r for _, r in read_jsonl(metrics, tolerant=True)]  # a run may still be appending
         accs = [r[k] for r in rows for k in ("prm/val_pair_acc", "prm/train_pair_acc_all") if k in r]
         print(
             f"prm        {len(rows)} logged steps; last pair accuracy {accs[-1]:.3f}"

@@ -18,7 +18,6 @@ paragraphs) and asks the questions of ``dev_distractor1352.jsonl``. Prints, per 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import tempfile
 import time
@@ -26,14 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.metrics import normalize_answer
+from harness.retrieval.corpus import iter_corpus
 from harness.retrieval.index import build_index, load_index
+from harness.textfiles import read_jsonl
 from harness.types import Doc
 
 KS = (1, 5, 10)
 
 
 def read_questions(path: Path, limit: int | None) -> list[dict[str, Any]]:
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [r for _, r in read_jsonl(path)]
     return rows[:limit] if limit else rows
 
 
@@ -144,11 +145,7 @@ def main() -> None:
     data = Path(args.data_dir) / "hotpotqa"
     args.corpus = data / "corpus_distractor1352.jsonl"
     questions = read_questions(data / "dev_distractor1352.jsonl", args.limit)
-    titles_by_id = {}
-    with open(args.corpus, encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            titles_by_id[row["id"]] = Doc.from_contents(row["id"], row["contents"]).title
+    titles_by_id = {doc.id: doc.title for doc in iter_corpus(args.corpus)}
     kinds = ["bm25", "dense"] if args.kind == "all" else [args.kind]
     with tempfile.TemporaryDirectory() as tmp:
         for kind in kinds:

@@ -12,12 +12,13 @@ Or summarise a run that already happened (e.g. a long ``harness train``) from it
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from harness.textfiles import read_jsonl
 
 PHASES = ("rollout", "reward", "update", "sync", "step")
 
@@ -53,7 +54,7 @@ def main() -> None:
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.from_metrics:
-        rows = [json.loads(x) for x in Path(args.from_metrics).read_text().splitlines()]
+        rows = [r for _, r in read_jsonl(args.from_metrics, tolerant=True)]
         rows = [r for r in rows if "time/step_s" in r]
         for r in rows:
             print(f"step {r['step']}: {line(r)}")

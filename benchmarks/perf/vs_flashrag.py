@@ -55,7 +55,7 @@ from pipelines.flashrag_compat import (
     safe_config,
     to_flashrag_dataset,
 )
-from pipelines.search_agent import AgentConfig, SearchAgent
+from pipelines.methods import build_method
 
 NOT_LIKE_FOR_LIKE = (
     "NOT LIKE-FOR-LIKE: the two sides run different protocol ports of the same dialect (FlashRAG's "
@@ -154,17 +154,17 @@ def run_flashrag(pair: str, backend: Any, retriever: Any, examples: list[Example
 
 
 def run_harness(pair: str, backend: Any, retriever: Any, examples: list[Example], args: argparse.Namespace):
-    cfg = AgentConfig(
-        max_turns=args.max_turns,
-        final_turn=pair == "search_r1",
-        max_new_tokens=args.max_new_tokens,
-        max_total_tokens=args.max_total_tokens,
-        max_doc_tokens=args.max_doc_tokens,
-        topk=args.topk,
-        temperature=0.0,
-        max_concurrency=len(examples),
-    )
-    agent = SearchAgent(backend, retriever, pair, cfg)
+    options = {
+        "max_turns": args.max_turns,
+        "final_turn": pair == "search_r1",
+        "max_new_tokens": args.max_new_tokens,
+        "max_total_tokens": args.max_total_tokens,
+        "max_doc_tokens": args.max_doc_tokens,
+        "topk": args.topk,
+        "temperature": 0.0,
+        "max_concurrency": len(examples),
+    }
+    agent = build_method(pair, backend, retriever, options)
     t0 = time.perf_counter()
     trajs = agent.run_examples(examples)
     wall = time.perf_counter() - t0

@@ -11,12 +11,12 @@ at ``max_new_tokens`` (``length``); otherwise it ends with the EOS token (``stop
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.backends.base import BackendBase, Completion, SamplingParams, WeightUpdate, find_stop
+from harness.textfiles import read_jsonl
 from harness.tokenization import byte_tokenizer
 
 
@@ -31,17 +31,14 @@ def load_script(path: str | Path) -> list[ScriptEntry]:
     """Read a JSONL script file; errors name the file and line."""
     entries = []
     path = Path(path)
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
+    for lineno, d in read_jsonl(path):
         try:
-            d = json.loads(line)
             entries.append(
                 ScriptEntry(
                     match=str(d["match"]), turns=tuple(str(t) for t in d["turns"]), delay=float(d.get("delay", 0.0))
                 )
             )
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+        except (KeyError, TypeError) as e:
             raise ValueError(
                 f"{path}:{lineno}: bad script entry ({e}); want {{'match': str, 'turns': [str]}}"
             ) from None

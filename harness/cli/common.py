@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import typer
 from rich.console import Console
@@ -18,12 +18,7 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def start_engine(stack: Any, engine: str, model: str, cfg: Any, log_dir: Any) -> Any:
-    """Launch ``engine`` for a run inside ``stack`` (an ``ExitStack``: leaving it stops the engine,
-    however the run ends) and say so; returns the running :class:`~harness.engines.EngineProcess`."""
-    from harness.engines import launched
-
-    console.print(f"launching {engine} for {model} ...")
-    proc = stack.enter_context(launched(engine, model, cfg, log_dir=log_dir))  # type: ignore[arg-type]
-    console.print(f"{engine} up at {proc.url} (log {proc.log_path})")
-    return proc
+def say(message: str) -> None:
+    """Tell the user (stderr) what the library reports through its ``say`` callbacks: plain text,
+    printed as is (no rich markup, no highlighting)."""
+    console.print(escape(message), highlight=False, soft_wrap=True)

@@ -9,6 +9,10 @@ dialect, kept only when retrieval surfaced each hop's gold. Prints how many it k
 RFT's filter (:mod:`training.rft`): of the sampled trajectories of ``harness eval --n-samples K``
 runs, keep those with a right outcome and step scores that pass a threshold, as a run directory
 that ``algo.kind: sft`` reads (``{kind: run, path: DIR}``), with a summary of what it kept and why.
+
+``harness data harr-filter -c RECIPE --out FILE``: HARR's training-set filter, the questions where
+some sampled retrievals succeed and some fail under the frozen generator (a ``data.file`` for an
+``algo.kind: retriever`` recipe).
 """
 
 from __future__ import annotations
@@ -44,29 +48,17 @@ def synthesize_command(
     max_doc_tokens: int = typer.Option(128, "--max-doc-tokens"),
 ) -> None:
     """Write synthesized trajectories; see the module docstring."""
-    from benchmarks.build import dataset_retriever
-    from benchmarks.datasets import corpus_path, load_examples
     from harness.eval_config import RetrieverConfig
-    from pipelines.dialects import resolve_dialect
-    from training.synthesize import corpus_titles, synthesize
+    from training.synthesize import synthesize_split
 
     try:
-        d = resolve_dialect(dialect, variant)
-        examples = load_examples(dataset, split, data_dir=data_dir)[offset:]
-        examples = examples[:limit] if limit is not None else examples
-        rcfg = RetrieverConfig(kind=retriever, index=index, url=url, topk=topk)
-        ret = dataset_retriever(rcfg, dataset, split, data_dir)
-        needs_titles = any("supporting_doc_ids" in (e.metadata or {}) for e in examples)
-        titles = corpus_titles(corpus_path(dataset, split, data_dir)) if needs_titles else {}
-        tok = None
-        if tokenizer:
-            from harness.models import load_tokenizer
-
-            tok = load_tokenizer(tokenizer)
-        stats = synthesize(examples, d, ret, out, topk, tok, max_doc_tokens, titles)
+        rcfg = RetrieverConfig(kind=retriever, index=index, url=url, topk=topk)  # type: ignore[arg-type]
+        name, stats = synthesize_split(
+            dataset, dialect, out, split, variant, limit, offset, data_dir, rcfg, tokenizer, max_doc_tokens
+        )
     except (ValueError, FileNotFoundError, KeyError) as e:
         fail(f"{type(e).__name__}: {e}")
-    console.print(f"{d.name}: {stats.summary()} → {out}")
+    console.print(f"{name}: {stats.summary()} → {out}")
 
 
 @app.command("mcts")
@@ -82,30 +74,18 @@ def mcts_command(
 
     Appends per question to OUT/steps.jsonl, OUT/pairs.jsonl and OUT/done.jsonl; a rerun skips the
     finished questions (resume after an interrupt)."""
-    from benchmarks.build import build_eval
-    from harness.config import ConfigError, compose, from_dict, to_dict
-    from harness.eval_config import EvalConfig
-    from training.mcts import MCTSRunConfig, run_mcts
+    from harness.config import ConfigError
+    from training.mcts import run_mcts_recipe
 
     extra = list(overrides or [])
     extra += [f"dataset.data_dir={data_dir}"] if data_dir else []
     extra += [f"backend.model={model}"] if model else []
     extra += [f"dataset.limit={limit}"] if limit else []
     try:
-        cfg = compose(MCTSRunConfig, list(config or []), extra)
-        ecfg = from_dict(
-            EvalConfig,
-            {k: to_dict(getattr(cfg, k)) for k in ("method", "dataset", "backend", "retriever", "agent")},
-            where="mcts",
-        )
-        run = build_eval(ecfg)
-        if not hasattr(run.method, "arun"):
-            raise ValueError(f"method {cfg.method!r} is not the search agent: MCTS resumes the agent loop")
-        examples = run.examples[cfg.offset :]
-        stats = run_mcts(run.method, examples, cfg.mcts, out or cfg.out)
+        stats, folder = run_mcts_recipe(list(config or []), extra, out)
     except (ConfigError, ValueError, FileNotFoundError, KeyError) as e:
         fail(f"{type(e).__name__}: {e}")
-    console.print(f"MCTS: {stats.summary()} → {out or cfg.out}")
+    console.print(f"MCTS: {stats.summary()} → {folder}")
 
 
 def _scorer_args(pairs: list[str]) -> dict:
@@ -161,3 +141,26 @@ def rft_filter_command(
     console.print(f"rft-filter: {summary.line()} → {out} ({SUMMARY})", highlight=False)
     if not summary.n_kept:
         fail("nothing passed the filter: no SFT data (see decisions.jsonl for why)")
+
+
+@app.command("harr-filter")
+def harr_filter_command(
+    config: list[str] = typer.Option(None, "-c", "--config", help="A retriever-RL recipe (algo.kind: retriever)."),
+    out: str = typer.Option(..., "--out", help="Where to write the kept questions (FlashRAG JSONL)."),
+    samples: int = typer.Option(8, "--samples", help="Sampled retrievals per question."),
+    metric: str = typer.Option("em", "--metric", help="em | f1: the success measure."),
+    threshold: float = typer.Option(1.0, "--threshold", help="A sample succeeds when metric >= this."),
+    data_dir: str = typer.Option(None, "--data-dir", help="FlashRAG-layout data dir."),
+    overrides: list[str] = typer.Argument(None, help="key.path=value overrides of the recipe."),
+) -> None:
+    """HARR: keep the training questions where sampled retrievals change the outcome (training.retriever_rl)."""
+    from harness.config import ConfigError
+    from training.build import train_config
+    from training.retriever_rl import harr_filter
+
+    try:
+        cfg = train_config(list(config or []), list(overrides or []), data_dir)
+        path, stats, kept, total = harr_filter(cfg, out, samples, metric, threshold)
+    except (ConfigError, ValueError, FileNotFoundError, RuntimeError, KeyError) as e:
+        fail(f"{type(e).__name__}: {e}")
+    console.print(f"kept {kept}/{total} questions → {path} (per-question counts: {stats})")

@@ -2,53 +2,20 @@
 
 Precedence: ``-c`` YAML files, then flags, then ``key.path=value`` overrides. Comma-separated
 ``--method`` and ``--dataset`` run every pair in turn. Rerunning the same command resumes.
+The configs come from :func:`benchmarks.eval_runs.eval_configs` and run through
+:func:`benchmarks.eval_runs.run_configs`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import typer
 
-from harness.cli.common import console, fail, start_engine
+from harness.cli.common import console, fail, say
 
 logger = logging.getLogger(__name__)
-
-
-def _flags_dict(**flags: Any) -> dict[str, Any]:
-    """Map CLI flags onto config key paths (only flags the user gave)."""
-    mapping = {
-        "split": "dataset.split",
-        "limit": "dataset.limit",
-        "sample": "dataset.sample",
-        "seed": "dataset.seed",
-        "data_dir": "dataset.data_dir",
-        "backend": "backend.kind",
-        "model": "backend.model",
-        "url": "backend.url",
-        "script": "backend.script",
-        "retriever": "retriever.kind",
-        "index": "retriever.index",
-        "encoder": "retriever.encoder",
-        "topk": "retriever.topk",
-        "out": "out",
-        "launch": "backend.launch",
-        "n_samples": "n_samples",
-        "label": "label",
-    }
-    from harness.config import set_path
-
-    out: dict[str, Any] = {}
-    for flag, path in mapping.items():
-        value = flags.get(flag)
-        if value is None:
-            continue
-        if flag == "url":
-            value = [u.strip() for u in value.split(",") if u.strip()]
-        set_path(out, path, value)
-    return out
 
 
 def eval_command(
@@ -101,15 +68,12 @@ def eval_command(
     config_files: list[str] = typer.Option(None, "-c", "--config", help="YAML config file(s)."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. agent.max_turns=2"),
 ) -> None:
+    from benchmarks.eval_runs import RunError, eval_configs, judge_flags, run_configs
     from benchmarks.evaluate import error_summary
-    from benchmarks.profiles import apply_profile
-    from harness.config import ConfigError, deep_merge, load_yaml, parse_overrides
-    from harness.config import from_dict as build
-    from harness.eval_config import EvalConfig
+    from benchmarks.profiles import judge_note
+    from harness.config import ConfigError
 
-    if data_dir is None and os.environ.get("HARNESS_DATA_DIR"):
-        data_dir = os.environ["HARNESS_DATA_DIR"]
-    flag_values = dict(
+    flags = dict(
         split=split,
         limit=limit,
         sample=sample,
@@ -128,149 +92,23 @@ def eval_command(
         n_samples=n_samples,
         label=label,
     )
+    judge = judge_flags(judge_url, judge_model, judge_key_env)
     try:
-        data: dict[str, Any] = {}
-        for f in config_files or []:
-            data = deep_merge(data, load_yaml(f))
-        flags = _flags_dict(**flag_values)
-        if retriever == "http" and index:
-            # --url is the model server's; an HTTP retriever's URL comes with --index (or retriever.url).
-            flags["retriever"]["url"] = flags["retriever"].pop("index")
-        data = deep_merge(data, flags)
-        data = deep_merge(data, judge_flags(judge_url, judge_model, judge_key_env))
-        data = deep_merge(data, parse_overrides(overrides or []))
-        data = apply_profile(data, metric_profile)
-    except (ConfigError, KeyError) as e:  # RegistryError (an unknown profile) is a KeyError
+        configs = eval_configs(
+            list(config_files or []), flags, list(overrides or []), method, dataset, metric_profile, judge
+        )
+        results = run_configs(configs, say=say)
+    except (ConfigError, KeyError, ValueError, RunError) as e:  # RegistryError (an unknown profile) is a KeyError
         fail(str(e))
-
-    # A -c config's method and dataset count unless a flag names others (a flag's default would
-    # silently replace them).
-    method = method or str(data.get("method") or "research")
-    dataset = dataset or str((data.get("dataset") or {}).get("name") or "demo")
-    methods = [m.strip() for m in method.split(",") if m.strip()]
-    if data.get("label") and len(methods) > 1:
-        fail(f"--label names one run: give one --method, not {len(methods)} ({', '.join(methods)})")
-    datasets = [d.strip() for d in dataset.split(",") if d.strip()]
-    configs = []
-    for ds in datasets:
-        for m in methods:
-            try:
-                configs.append(build(EvalConfig, deep_merge(data, {"method": m, "dataset": {"name": ds}})))
-            except ConfigError as e:
-                fail(str(e))
-    results = run_configs(configs)
     print_results_table(results, profile=configs[0].metric_profile if configs else None)
-    if configs:
-        from harness.cli.replicate_cmd import judge_note
-
-        judge_note(configs[0].metric_profile, set(configs[0].metrics))
+    note = judge_note(configs[0].metric_profile, set(configs[0].metrics)) if configs else None
+    if note:
+        console.print(note, highlight=False)
     failed = [(r, error_summary(r)) for r in results if r.errors]
     for r, summary in failed:
         console.print(f"[bold red]{r.method} on {r.dataset}:[/] {summary}", highlight=False, soft_wrap=True)
     if failed:
         raise typer.Exit(1)
-
-
-def judge_flags(url: str | None, model: str | None, key_env: str | None) -> dict[str, Any]:
-    """The ``judge`` config section from the ``--judge-*`` flags (only those given)."""
-    values = {"url": url, "model": model, "api_key_env": key_env}
-    judge = {k: v for k, v in values.items() if v is not None}
-    return {"judge": judge} if judge else {}
-
-
-def launched_backend_config(stack: Any, bcfg: Any, out: str) -> Any:
-    """``bcfg`` itself, or (``launch: true``) a copy pointing at an engine started inside ``stack``.
-
-    The run's config (and its hash, for resuming) keeps ``launch: true``, not the ephemeral URL.
-    """
-    from dataclasses import replace
-    from pathlib import Path
-
-    from harness.engines import engine_for_backend
-
-    if not bcfg.launch:
-        return bcfg
-    proc = start_engine(stack, engine_for_backend(bcfg.kind), bcfg.model, bcfg.engine, Path(out) / "engines")
-    return replace(bcfg, url=[proc.url])
-
-
-def run_configs(configs: list[Any]) -> list[Any]:
-    """Run each config in turn with one shared backend (and one launched engine, if asked); the
-    engine is stopped and the backend closed however the runs end. Returns their results."""
-    import contextlib
-
-    from benchmarks.build import build_eval, simple_evaluate
-    from harness.backends import build_backend
-    from harness.engines import sigterm_as_exit
-
-    results = []
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(sigterm_as_exit())
-        bcfg = configs[0].backend
-        try:
-            bcfg = launched_backend_config(stack, bcfg, configs[0].out)
-            backend = build_backend(bcfg)
-        except (ValueError, OSError, RuntimeError) as e:  # EngineError, BackendError are RuntimeErrors
-            fail(f"backend {bcfg.kind}: {e}")
-        stack.callback(backend.close)
-        for cfg in configs:
-            label = f"{cfg.name} on {cfg.dataset.name}"
-            try:
-                run = build_eval(cfg, backend=backend)
-                console.print(f"[bold]{cfg.name}[/] on [bold]{cfg.dataset.name}[/] → {run.run_dir}", highlight=False)
-                headline = cfg.metrics[0] if cfg.metrics else "em"
-                total = len(run.examples) * cfg.n_samples
-                with Progress(total, run.run_dir, label, headline) as progress:
-                    results.append(simple_evaluate(cfg, run=run, on_item=progress.add))
-            except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
-                fail(f"{label}: {e}")
-    return results
-
-
-class Progress:
-    """A rich progress bar with the running headline metric (EM unless the profile's first metric
-    says otherwise; quiet when stderr is not a terminal)."""
-
-    def __init__(self, total: int, run_dir: Any, label: str, metric: str = "em") -> None:
-        from harness.runlog import RunDir
-
-        done = RunDir(run_dir).scores() if (run_dir / "scores.jsonl").exists() else []
-        self.total, self.label, self.metric = total, label, metric
-        self.n = len(done)
-        self.em_sum = sum(s.metric(metric) or 0.0 for s in done)
-        self._progress = None
-
-    def __enter__(self) -> Progress:
-        if console.is_terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-            from rich.progress import Progress as Bar
-
-            self._progress = Bar(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=console,
-            )
-            self._progress.start()
-            self._task = self._progress.add_task(self._desc(), total=self.total, completed=min(self.n, self.total))
-        return self
-
-    def _desc(self) -> str:
-        em = self.em_sum / self.n if self.n else 0.0
-        from benchmarks.report_render import NAMES
-
-        return f"{self.label}  {NAMES.get(self.metric, self.metric)} {em:.3f}"
-
-    def add(self, score: Any) -> None:
-        self.n += 1
-        self.em_sum += score.metric(self.metric) or 0.0
-        if self._progress is not None:
-            self._progress.update(self._task, advance=1, description=self._desc())
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._progress is not None:
-            self._progress.stop()
 
 
 def print_results_table(results: list[Any], profile: str | None = None) -> None:

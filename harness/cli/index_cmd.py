@@ -87,10 +87,6 @@ def download_cmd(
         return
     if name not in PREBUILT.names():
         fail(f"unknown published setting {name!r}; known: {', '.join(PREBUILT.names())}")
-    if dest is None:
-        from harness.retrieval.factory import cache_dir
-
-        dest = str(cache_dir() / "prebuilt" / name)
     try:
         got = download_prebuilt(name, dest, do_import=not no_import)
     except (HubError, IndexLoadError, OSError) as e:

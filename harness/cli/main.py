@@ -1,7 +1,8 @@
 """``harness``: the command-line entry point.
 
-Each command lives in its own module under ``harness.cli``; heavy imports happen inside the
-command functions so that ``harness --help`` stays fast.
+Each command lives in its own module under ``harness.cli`` and is attached under its name in
+:data:`harness.commands.COMMANDS` (with that registry's help text); heavy imports happen inside
+the command functions so that ``harness --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from harness.cli import (
     datasets_cmd,
     demo_cmd,
     eval_cmd,
-    harr_cmd,
     index_cmd,
     prompt_cmd,
     replicate_cmd,
@@ -25,6 +25,7 @@ from harness.cli import (
     stages_cmd,
     train_cmd,
 )
+from harness.commands import COMMANDS
 
 app = typer.Typer(
     name="harness",
@@ -33,6 +34,22 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+# What each registered command runs, in the order `harness --help` lists them.
+COMMAND_FUNCTIONS = {
+    "eval": eval_cmd.eval_command,
+    "train": train_cmd.train_command,
+    "report": report_cmd.report_command,
+    "data": data_cmd.app,
+    "stages": stages_cmd.app,
+    "index": index_cmd.app,
+    "serve": serve_cmd.app,
+    "datasets": datasets_cmd.datasets_command,
+    "prompt": prompt_cmd.prompt_command,
+    "replicate": replicate_cmd.replicate_command,
+    "demo": demo_cmd.demo_command,
+    "score": score_cmd.score_command,
+}
 
 
 @app.callback()
@@ -43,37 +60,14 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
         logging.getLogger(pkg).setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
-app.command("eval", help="Run methods on datasets; one run directory per (method, dataset).")(eval_cmd.eval_command)
-app.command("train", help="Train the search agent with GRPO / PPO / Reinforce++ or SFT (algo.kind=sft) on DeepSpeed.")(
-    train_cmd.train_command
-)
-app.command("report", help="Leaderboards with confidence intervals, plots and a trajectory browser.")(
-    report_cmd.report_command
-)
-data_cmd.app.command(
-    "harr-filter", help="HARR: keep the training questions where sampled retrievals change the outcome."
-)(harr_cmd.harr_filter_command)
-app.add_typer(
-    data_cmd.app, name="data", help="Data tools: synthesize SFT trajectories, RFT's filter, HARR's question filter."
-)
-app.add_typer(
-    stages_cmd.app,
-    name="stages",
-    help="Run a chain of harness stages (SFT → PRM → RFT → RL), resuming where it stopped.",
-)
-app.add_typer(index_cmd.app, name="index", help="Build and inspect retrieval indexes.")
-app.add_typer(serve_cmd.app, name="serve", help="Serve a retriever or a model over HTTP.")
-app.command("datasets", help="List the registered datasets, their splits and where each is read from.")(
-    datasets_cmd.datasets_command
-)
-app.command("prompt", help="Show exactly what a model sees under a method's dialect.")(prompt_cmd.prompt_command)
-app.command("replicate", help="Run a seed system's replication card; print the paper's numbers beside ours.")(
-    replicate_cmd.replicate_command
-)
-app.command(
-    "demo", help="The mission on the shipped demo: baselines, untrained agent, SFT warm-up, trained agent, report."
-)(demo_cmd.demo_command)
-app.command("score", help="Score any JSONL prediction file (EM, F1, acc, cover_em).")(score_cmd.score_command)
+if set(COMMAND_FUNCTIONS) != set(COMMANDS.names()):  # a command registered but not attached, or the reverse
+    raise RuntimeError(f"harness.commands and harness.cli.main disagree: {set(COMMAND_FUNCTIONS) ^ set(COMMANDS)}")
+for _name, _target in COMMAND_FUNCTIONS.items():
+    _command = COMMANDS.get(_name)
+    if _command.group:
+        app.add_typer(_target, name=_name, help=_command.help)
+    else:
+        app.command(_name, help=_command.help)(_target)
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+from typing import Any
 
 import typer
 
@@ -79,7 +79,7 @@ def model(
 
     Arguments after ``--`` go to the engine verbatim, e.g. ``-- --mem-fraction-static 0.5``.
     """
-    from harness.engines import EngineConfig, EngineError, launched, sigterm_as_exit
+    from harness.engines import EngineConfig, EngineError, serve_engine
 
     if engine not in ("sglang", "vllm"):
         fail(f"--engine must be sglang or vllm, got {engine!r}")
@@ -99,13 +99,13 @@ def model(
         log_dir=log_dir,
     )
     console.print(f"starting {engine} for {model} (log in {log_dir}/{engine}-{port}.log) ...")
+
+    def ready(proc: Any) -> None:
+        console.print(f"[bold]{engine}[/] serving {model} at [bold]{proc.url}[/] (Ctrl-C to stop)")
+        typer.echo(proc.url)  # stdout carries only the URL, for a script that reads it
+
     try:
-        with sigterm_as_exit(), launched(engine, model, cfg) as proc:  # type: ignore[arg-type]
-            console.print(f"[bold]{engine}[/] serving {model} at [bold]{proc.url}[/] (Ctrl-C to stop)")
-            typer.echo(proc.url)  # stdout carries only the URL, for a script that reads it
-            while proc.alive():
-                time.sleep(1.0)
-            fail(f"{engine} exited with code {proc.proc.returncode}; last lines of {proc.log_path}:\n{proc.log_tail()}")
+        serve_engine(engine, model, cfg, ready)  # type: ignore[arg-type]
     except (EngineError, OSError) as e:
         fail(str(e))
     except KeyboardInterrupt:

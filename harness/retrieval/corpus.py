@@ -10,12 +10,11 @@ demand and the texts are never all in memory.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.textfiles import text_lines
+from harness.textfiles import parse_json_line, read_jsonl
 from harness.types import Doc
 
 _NEEDS_CONTENTS = "missing 'contents' string: a corpus line needs 'contents' (or 'title' and 'text')"
@@ -38,13 +37,7 @@ def iter_corpus(path: str | Path) -> Iterator[Doc]:
     if not path.is_file():
         raise CorpusError(f"{path}: corpus file not found")
     seen: dict[str, int] = {}
-    for lineno, line in text_lines(path, CorpusError):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise CorpusError(f"{path}:{lineno}: malformed JSON ({e.msg})") from None
+    for lineno, d in read_jsonl(path, CorpusError, objects=False):
         if not isinstance(d, dict) or "id" not in d:
             raise CorpusError(f"{path}:{lineno}: expected an object with 'id' and 'contents'")
         contents = d.get("contents")
@@ -71,10 +64,7 @@ def read_corpus(path: str | Path) -> list[Doc]:
 
 def _parse_row(path: Path, where: str, line: bytes) -> Doc:
     """One corpus row as a :class:`Doc`, with the same rules (and messages) as :func:`read_corpus`."""
-    try:
-        d = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CorpusError(f"{path}:{where}: malformed JSON ({e})") from None
+    d = parse_json_line(line, f"{path}:{where}", CorpusError, objects=False)
     if not isinstance(d, dict) or "id" not in d:
         raise CorpusError(f"{path}:{where}: expected an object with 'id' and 'contents'")
     contents = d.get("contents")

@@ -148,13 +148,18 @@ def _fetch_index(p: Prebuilt, out: Path) -> Path | None:
     return dest
 
 
-def download_prebuilt(name: str, out_dir: str | Path, do_import: bool = True) -> dict[str, Any]:
-    """Fetch (or finish fetching) the files of ``name`` into ``out_dir``; import the index when there is one.
+def download_prebuilt(name: str, out_dir: str | Path | None = None, do_import: bool = True) -> dict[str, Any]:
+    """Fetch (or finish fetching) the files of ``name`` into ``out_dir`` (default:
+    ``$HARNESS_CACHE/prebuilt/NAME``); import the index when there is one.
 
     Returns ``{"corpus": path, "faiss": path or None, "index": index dir or None}``. Fails fast
     with one :class:`~harness.hub.HubError` offline.
     """
     p = PREBUILT.get(name)
+    if out_dir is None:
+        from harness.retrieval.factory import cache_dir
+
+        out_dir = cache_dir() / "prebuilt" / name
     out = Path(out_dir)
     problem = hub_problem()
     if problem is not None:

@@ -209,7 +209,7 @@ class RetrievalApp:
 
     ``max_batch``/``max_wait_s`` tune the micro-batcher (see :class:`MicroBatcher`);
     ``embed_cache`` bounds the query-embedding cache of a dense retriever (0: none).
-    ``pad_slack`` (off by default: no gain measured on CPU, see the README's performance notes)
+    ``pad_slack`` (off by default: no gain measured on CPU, see docs/performance.md)
     splits a batch into runs of similar-length queries for a padding encoder.
     """
 
@@ -424,7 +424,7 @@ def _encoder_threads(retriever: Any) -> None:
     """One torch intra-op thread for a dense retriever's CPU query encoder in the server process,
     unless ``HARNESS_TORCH_THREADS=N`` says otherwise.
 
-    Measured on the shared 2-core VM (README, performance): with two OpenMP threads an encoder
+    Measured on the shared 2-core VM (docs/performance.md): with two OpenMP threads an encoder
     call waits at every barrier for a sibling the scheduler has descheduled; batches of 32
     queries cost 349 ms/query against 108 ms with one thread, single queries 3.2 s against 0.3 s,
     and the server used 0.1-0.2 cores while requests waited 9 s. On a quiet many-core machine

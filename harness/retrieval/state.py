@@ -14,6 +14,10 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
+# How a history-aware state renders as the query tower's input text: HARR's stateful embedding
+# query (llama_index_hacked/tool.py, build_stateful_embedding_query).
+DEFAULT_STATE_TEMPLATE = "Original Question: {question}\nHistory: {history}\nQuery: {query}"
+
 
 @dataclass(frozen=True)
 class HistoryStep:

@@ -37,13 +37,10 @@ from typing import Any
 import torch
 
 from harness.retrieval.encoders import SIDECAR, EncoderSpec, load_hf_encoder, read_sidecar, resolve_encoder
-from harness.retrieval.state import RetrievalState
+from harness.retrieval.state import DEFAULT_STATE_TEMPLATE, RetrievalState
 from harness.types import Doc
 
 logger = logging.getLogger(__name__)
-
-# HARR's stateful embedding query (llama_index_hacked/tool.py, build_stateful_embedding_query).
-DEFAULT_STATE_TEMPLATE = "Original Question: {question}\nHistory: {history}\nQuery: {query}"
 
 
 # ---- Plackett–Luce -----------------------------------------------------------------------------

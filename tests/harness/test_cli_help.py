@@ -13,10 +13,15 @@ runner = CliRunner()
 
 
 def test_help_lists_every_command():
-    result = runner.invoke(app, ["--help"])
+    from harness.commands import COMMANDS, stage_commands
+
+    result = runner.invoke(app, ["--help"], terminal_width=200)
     assert result.exit_code == 0
     for cmd in ("eval", "train", "report", "index", "serve", "datasets", "score", "prompt"):
         assert cmd in result.output
+    for cmd in COMMANDS:  # the registry the CLI attaches by (and stage chains check against)
+        assert f" {cmd} " in result.output and COMMANDS.get(cmd).help[:40] in result.output
+    assert "serve" not in stage_commands() and "demo" not in stage_commands() and "train" in stage_commands()
 
 
 def test_serve_model_rejects_bad_flags_by_name():

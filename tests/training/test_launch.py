@@ -1,7 +1,7 @@
 """The multi-node launch paths on one machine: ``harness train`` under ``torchrun`` and under the
 DeepSpeed launcher with a hostfile, two CPU processes each, the same commands a 2-node run uses
-(``torchrun --nnodes 2 --node_rank N``; ``deepspeed --hostfile H --no_ssh --node_rank N``; README,
-"Multi-node"). Both ranks train; rank 0 alone writes the run folder."""
+(``torchrun --nnodes 2 --node_rank N``; ``deepspeed --hostfile H --no_ssh --node_rank N``;
+docs/scale-out.md). Both ranks train; rank 0 alone writes the run folder."""
 
 from __future__ import annotations
 

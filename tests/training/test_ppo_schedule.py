@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.config import compose
+from harness.config import ConfigError, compose, from_dict
 from tests.training.test_trainer import make, recipe
 from training.config import AlgoConfig, TrainConfig
 from training.trainer import mini_batch_rows
@@ -29,12 +29,12 @@ def test_mini_batch_rows_by_hand(tmp_path):
         )
 
 
-def test_epochs_alias_and_checks():
-    assert AlgoConfig(update_epochs=3).epochs == 3 and AlgoConfig(ppo_epochs=2).epochs == 2
-    with pytest.raises(ValueError, match="disagree"):
-        AlgoConfig(update_epochs=3, ppo_epochs=2)
+def test_epochs_checks_and_no_alias():
+    assert AlgoConfig(ppo_epochs=2).ppo_epochs == 2
     with pytest.raises(ValueError, match="ppo_epochs must be"):
         AlgoConfig(ppo_epochs=0)
+    with pytest.raises(ConfigError, match="update_epochs"):  # the old alias is gone: an unknown key
+        from_dict(AlgoConfig, {"update_epochs": 2}, where="algo")
 
 
 def _lm_head(trainer) -> torch.Tensor:
@@ -114,7 +114,7 @@ def test_cpu_recipe_schedule_makes_four_updates_and_clips(tmp_path):
             "trainer.tensorboard=false",
         ],
     )
-    assert (cfg.algo.ppo_mini_batch_size, cfg.algo.epochs) == (8, 2)
+    assert (cfg.algo.ppo_mini_batch_size, cfg.algo.ppo_epochs) == (8, 2)
     trainer = build_trainer(cfg, tmp_path / "run")
     assert trainer.policy.gradient_accumulation_steps() == 2  # 8 rows / micro-batches of 4
     m = trainer.step()

@@ -49,8 +49,8 @@ def test_recipe_dry_run_on_tiny_stand_ins(path):
     from harness.types import Trajectory
     from pipelines.dialects import get_dialect
     from training.advantages import ADVANTAGES
-    from training.build import merged_corpus_dataset
     from training.engine import ValueHead, build_model
+    from training.examples import merged_corpus_dataset
     from training.lora import apply_lora, lora_critic, merged_state_dict
 
     cfg = compose(TrainConfig, [path])
@@ -120,7 +120,7 @@ def test_papers_settings_in_the_recipes():
     assert pro.model.lora is not None and (pro.model.lora.r, pro.model.lora.alpha) == (16, 32)
     cpu = compose(TrainConfig, [root / "smollm2_cpu_grpo.yaml"])
     rows = cpu.rollout.prompts_per_step * cpu.rollout.n_samples
-    assert cpu.algo.epochs * rows // (cpu.algo.ppo_mini_batch_size or rows) >= 2  # ≥ 2 updates per batch
+    assert cpu.algo.ppo_epochs * rows // (cpu.algo.ppo_mini_batch_size or rows) >= 2  # ≥ 2 updates per batch
 
 
 def test_merged_dataset_loads_both_with_prefixed_ids():

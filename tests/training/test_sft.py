@@ -87,7 +87,7 @@ def test_split_observations_unclosed_block_is_observation_to_the_end():
 @pytest.mark.parametrize(
     "line, message",
     [
-        ("{not json", "not valid JSON"),
+        ("{not json", "malformed JSON"),
         (json.dumps({"messages": [{"role": "user", "content": "q"}]}), "no assistant turn"),
         (json.dumps({"messages": [{"role": "wizard", "content": "q"}]}), "message 0"),
         (json.dumps({"text": "x"}), "expected 'messages'"),

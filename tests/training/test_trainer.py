@@ -155,7 +155,7 @@ def test_cli_trains_resumes_and_validates_into_the_run_folder(tmp_path):
     "overrides",
     [
         ["algo.advantage=gae", "algo.kl_coef=0.01", "algo.kl_in_reward=true"],  # PPO: critic + reference
-        ["algo.kl_coef=0.01", "algo.kl_estimator=k3", "algo.update_epochs=2"],  # GRPO + KL loss, 2 epochs
+        ["algo.kl_coef=0.01", "algo.kl_estimator=k3", "algo.ppo_epochs=2"],  # GRPO + KL loss, 2 epochs
         ["algo.advantage=reinforce_pp", "algo.loss_agg=seq_mean_token_mean"],
         ["algo.advantage=dual_granularity", "algo.loss_agg=dapo", "optim.micro_batch_size=1"],
         ["algo.advantage=group_norm", "algo.kl_coef=0.01", "algo.kl_in_reward=true"],  # R1-Searcher stage 1
@@ -179,7 +179,7 @@ def test_every_estimator_trains_a_step(tmp_path, overrides):
     assert m["grad_norm"] > 0
     if "algo.advantage=gae" in overrides:
         assert "value_loss" in m and trainer.critic is not None and trainer.ref is not None
-    if "algo.update_epochs=2" in overrides:
+    if "algo.ppo_epochs=2" in overrides:
         assert m["clip_frac"] >= 0 and "kl" in m
 
 

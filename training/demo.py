@@ -1,0 +1,153 @@
+"""``harness demo``: the whole mission on the shipped demo, on CPU, in minutes (``make demo``).
+
+1. the baselines (``naive``, ``standard``) and the untrained agent (``research``) on the demo's
+   ``test`` split;
+2. an SFT warm-up of the same model on trajectories synthesized from the demo's ``train`` split
+   (other questions, other supporting passages: see ``benchmarks/demo_data/build_demo.py``);
+3. the trained agent on the ``test`` split, labelled ``research+sft``;
+4. a report whose rows carry 95% bootstrap intervals, every row paired-tested against the
+   untrained agent, and ``demo.md``: untrained vs trained (EM, F1, format-valid responses,
+   searches per question) with the paired difference and its p.
+
+Every step is cached under ``out`` so a rerun is fast: evaluations resume (a finished one is
+not rerun), the synthesized data is kept while its inputs are unchanged, and training is skipped
+when ``sft/model/final`` exists and the run's recorded config equals the recipe's. A retrained
+model makes the trained agent's evaluation start over. It sits in ``training`` because it trains;
+what it shows goes through a :class:`DemoUI` the caller gives (the CLI prints tables).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, Protocol
+
+logger = logging.getLogger(__name__)
+
+METHODS_CONFIG = "configs/methods/demo_cpu.yaml"
+TRAIN_CONFIG = "configs/train/smollm2_cpu_sft_demo.yaml"
+UNTRAINED, TRAINED = "research", "research+sft"
+
+
+class DemoUI(Protocol):
+    """What the demo shows as it goes."""
+
+    def step(self, title: str) -> None: ...  # a new step begins
+    def results(self, results: list[Any]) -> None: ...  # an evaluation's run results
+    def report(self, report: Any) -> None: ...  # the written report (benchmarks.report_write.Report)
+    def say(self, text: str) -> None: ...  # one line of plain text (Markdown included)
+
+
+def run_demo(
+    ui: DemoUI,
+    out: str | Path = "runs/demo",
+    methods_config: str = METHODS_CONFIG,
+    train_config: str = TRAIN_CONFIG,
+    threads: int = 1,
+    overrides: list[str] | None = None,
+) -> Path:
+    """Baselines, untrained agent, SFT warm-up, trained agent, report; see the module docstring.
+    ``threads``: torch threads of the evaluations (the recipe sets training's); ``overrides``:
+    ``key.path=value`` of the SFT recipe. Returns the report folder."""
+    root = Path(out)
+    eval_dir, sft_dir = root / "eval", root / "sft"
+    base_cfg = _eval_data(methods_config, eval_dir, threads)
+    ui.step("1/4 baselines and the untrained agent (demo test split)")
+    _evaluate(ui, base_cfg, ["naive", "standard", UNTRAINED])
+    ui.step("2/4 SFT data: synthesized from the demo train split")
+    data = _synthesize(ui, base_cfg, sft_dir)
+    ui.step("3/4 SFT warm-up")
+    model, retrained = _train(ui, train_config, list(overrides or []), data, sft_dir / "model")
+    if retrained:
+        shutil.rmtree(eval_dir / f"{TRAINED}-demo-test", ignore_errors=True)  # results of an older model
+    ui.step("4/4 the trained agent (demo test split)")
+    _evaluate(ui, {**base_cfg, "backend": {**base_cfg.get("backend", {}), "model": str(model)}}, [UNTRAINED], TRAINED)
+    return _report(ui, eval_dir, root / "report")
+
+
+def _eval_data(methods_config: str, eval_dir: Path, threads: int) -> dict[str, Any]:
+    from harness.config import load_yaml
+
+    data = load_yaml(methods_config)
+    backend = {**data.get("backend", {}), "threads": threads}  # execution-only: runs still resume
+    return {**data, "backend": backend, "dataset": {"name": "demo", "split": "test"}, "out": str(eval_dir)}
+
+
+def _evaluate(ui: DemoUI, data: dict[str, Any], methods: list[str], label: str | None = None) -> None:
+    from benchmarks.eval_runs import run_configs
+    from harness.config import deep_merge, from_dict
+    from harness.eval_config import EvalConfig
+
+    configs = [from_dict(EvalConfig, deep_merge(data, {"method": m, "label": label})) for m in methods]
+    results = run_configs(configs, say=ui.say)
+    ui.results(results)
+    failed = [r for r in results if r.errors]
+    if failed:
+        raise RuntimeError(f"{', '.join(str(r.method) for r in failed)}: items failed (see the run directories)")
+
+
+def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path) -> Path:
+    """The research_small trajectories of the demo's train split, kept while their inputs are unchanged."""
+    from benchmarks.build import dataset_retriever
+    from benchmarks.datasets import corpus_path, dataset_file, load_examples
+    from harness.eval_config import RetrieverConfig
+    from harness.models import load_tokenizer
+    from harness.runlog import file_hash
+    from pipelines.dialects import resolve_dialect
+    from training.synthesize import corpus_titles, synthesize
+
+    agent = data.get("agent", {})
+    variant, max_doc = agent.get("variant", "exact"), int(agent.get("max_doc_tokens", 128))
+    model = data.get("backend", {}).get("model", "smollm2-135m-instruct")
+    rcfg = RetrieverConfig(**data.get("retriever", {}))
+    inputs = {
+        "questions": file_hash(dataset_file("demo", "train")),
+        "corpus": file_hash(corpus_path("demo", "train")),
+        "dialect": UNTRAINED,
+        "variant": variant,
+        "max_doc_tokens": max_doc,
+        "tokenizer": model,
+        "retriever": rcfg.kind,
+        "topk": rcfg.topk,
+    }
+    path, stamp = sft_dir / "train.jsonl", sft_dir / "train.inputs.json"
+    if path.exists() and stamp.exists() and json.loads(stamp.read_text()) == inputs:
+        ui.say(f"cached: {path}")
+        return path
+    sft_dir.mkdir(parents=True, exist_ok=True)
+    examples = load_examples("demo", "train")
+    retriever = dataset_retriever(rcfg, "demo", "train")
+    titles = corpus_titles(corpus_path("demo", "train"))
+    d = resolve_dialect(UNTRAINED, variant)
+    stats = synthesize(examples, d, retriever, path, rcfg.topk, load_tokenizer(model), max_doc, titles)
+    if not stats.kept:
+        raise RuntimeError(f"synthesis kept no trajectory: {stats.summary()}")
+    stamp.write_text(json.dumps(inputs, indent=2))
+    ui.say(f"{d.name}: {stats.summary()} → {path}")
+    return path
+
+
+def _train(ui: DemoUI, train_config: str, overrides: list[str], data: Path, run: Path) -> tuple[Path, bool]:
+    """The SFT model folder and whether it was (re)trained now (see :func:`training.build.train_cached`)."""
+    from harness.config import compose
+    from training.build import train_cached
+    from training.config import TrainConfig
+
+    source = f"sft.sources=[{{kind: synth, path: {json.dumps(str(data))}}}]"
+    final, retrained = train_cached(compose(TrainConfig, [train_config], [source, *overrides]), run)
+    ui.say(f"trained → {final}" if retrained else f"cached: {final} (trained with this recipe)")
+    return final, retrained
+
+
+def _report(ui: DemoUI, eval_dir: Path, out: Path) -> Path:
+    from benchmarks.demo_summary import summarize
+    from benchmarks.report_write import write_report
+
+    ui.report(write_report([str(eval_dir / "*")], out, "md,html,csv", baseline=UNTRAINED))
+    text = summarize(eval_dir / f"{UNTRAINED}-demo-test", eval_dir / f"{TRAINED}-demo-test")
+    (out / "demo.md").write_text(text)
+    ui.say(text)
+    ui.say(f"report: {out}/report.html, {out}/leaderboard.md, {out}/demo.md")
+    return out
