@@ -115,6 +115,9 @@ class AlgoConfig:
     step_scorer_url: str | None = None  # step_scorer prm: a `harness serve prm` server instead
     step_scorer_format: bool = False  # step_scorer prm: add ProRAG's step format term (training.prm)
     norm_by_std: bool = True
+    # DAPO's dynamic-sampling filter without the refill: groups whose rollouts all got the same
+    # reward (no group-relative signal) are left out of the step's update (logged groups/kept_frac).
+    filter_groups: bool = False
     max_len: int | None = None  # truncate collated sequences (Dr. GRPO's constant denominator too)
 
     def __post_init__(self) -> None:

@@ -88,6 +88,8 @@ class Trainer:
             torch.set_num_threads(cfg.optim.threads)
         a, o = cfg.algo, cfg.optim
         self.mini_rows = mini_batch_rows(cfg, self.world)  # rows per optimizer step on this rank
+        if a.filter_groups:
+            check_filter_groups(cfg, self.world)
         mini_all_ranks = self.mini_rows * self.world  # DeepSpeed: gradient_accumulation = micro-batches per mini-batch
         # The LR warmup counts training steps, as verl's scheduler does: tell it how many optimizer steps one makes.
         self.updates_per_step = updates_per_training_step(cfg, self.world)
@@ -180,14 +182,28 @@ class Trainer:
         scored = [self.reward_fn(t) for t in rollout.trajectories]
         rewards = [r for r, _ in scored]
         t_reward = time.perf_counter()
-        # 4. collate: token ids, loss mask from roles (0 on prompt/observation), group id = prompt index
-        batch = collate(rollout.trajectories, rewards, rollout.group_ids, self.pad_id, c.algo.max_len).to(self.device)
-        # 5. no-grad forwards: reference log-probs (KL), values (PPO), old log-probs if advantages need them
-        fwd = self.forward(batch)
-        # 6. advantages (and returns for the critic)
-        adv, returns = self.advantages(batch, rollout.trajectories, fwd)
-        # 7. loss, backward, DeepSpeed steps: ppo_epochs × mini-batches optimizer steps (verl's schedule)
-        stats = self.update(batch, fwd, adv, returns)
+        # 3b. DAPO's group filter (no refill): groups whose rollouts all scored the same carry no
+        # group-relative signal; they are left out of the update instead of costing a forward/backward
+        keep = list(range(len(rewards)))
+        if c.algo.filter_groups:
+            keep = informative_rows(rollout.group_ids, rewards)
+        stats: dict[str, float] = {"groups/kept_frac": len(keep) / max(1, len(rewards))}
+        if keep:
+            trajs = [rollout.trajectories[i] for i in keep]
+            # 4. collate: token ids, loss mask from roles (0 on prompt/observation), group id = prompt index
+            batch = collate(
+                trajs, [rewards[i] for i in keep], [rollout.group_ids[i] for i in keep], self.pad_id, c.algo.max_len
+            ).to(self.device)
+            # 5. no-grad forwards: reference log-probs (KL), values (PPO), old log-probs if advantages need them
+            fwd = self.forward(batch)
+            # 6. advantages (and returns for the critic)
+            adv, returns = self.advantages(batch, trajs, fwd)
+            # 7. loss, backward, DeepSpeed steps: ppo_epochs × mini-batches optimizer steps (verl's schedule)
+            stats.update(self.update(batch, fwd, adv, returns))
+            trained_tokens, seen_tokens = float(batch.n_tokens), float(batch.attention_mask.sum())
+        else:  # every group was uniform: no update this step (the policy is unchanged)
+            logger.info("step %d: every group scored uniformly; no update", self.step_no + 1)
+            stats["policy_updates"], trained_tokens, seen_tokens = 0.0, 0.0, 0.0
         self.step_no += 1
         t_update = time.perf_counter()
         # 8. weight sync: the backend serves the new policy, version = step_no
@@ -204,13 +220,13 @@ class Trainer:
             "time/sync_s": t_sync - t_update,
             "time/step_s": t_sync - t0,
             "tokens/generated": float(sum(t.generated_tokens for t in rollout.trajectories)),
-            "tokens/trained": float(batch.n_tokens),
+            "tokens/trained": trained_tokens,
         }
         release_freed_memory()
         metrics.update(memory_metrics())
         metrics["rollout_tokens_per_s"] = metrics["tokens/generated"] / max(1e-9, t_rollout - t0)
-        metrics["update_tokens_per_s"] = float(batch.attention_mask.sum()) / max(1e-9, t_update - t_reward)
-        metrics.update(self._device_metrics(float(batch.attention_mask.sum()), t_sync - t0))
+        metrics["update_tokens_per_s"] = seen_tokens / max(1e-9, t_update - t_reward)
+        metrics.update(self._device_metrics(seen_tokens, t_sync - t0))
         if self.log is not None:
             self.log.write(self.step_no, metrics)
             if c.trainer.save_rollouts:
@@ -515,6 +531,29 @@ def updates_per_training_step(cfg: TrainConfig, world: int) -> int:
     """Optimizer steps one training step (one rollout batch) makes: ``ppo_epochs`` × mini-batches."""
     batch = cfg.rollout.prompts_per_step * cfg.rollout.n_samples  # rows per step, all ranks
     return cfg.algo.ppo_epochs * (batch // (mini_batch_rows(cfg, world) * world))
+
+
+def check_filter_groups(cfg: TrainConfig, world: int) -> None:
+    """``algo.filter_groups`` makes the batch size vary per step, so a step must be one mini-batch
+    of one micro-batch (DeepSpeed's gradient accumulation counts a fixed number of micro-steps),
+    and the advantage must be group-relative."""
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.n_samples // world  # rows per step on this rank
+    if mini_batch_rows(cfg, world) < rows or cfg.optim.micro_batch_size < rows:
+        raise ValueError(
+            f"algo.filter_groups=true needs one mini-batch of one micro-batch per step: set "
+            f"algo.ppo_mini_batch_size=null and optim.micro_batch_size>={rows} (rows per step per rank)"
+        )
+    if cfg.algo.advantage == "gae":
+        raise ValueError("algo.filter_groups=true applies to group-relative advantages, not gae")
+
+
+def informative_rows(group_ids: list[int], rewards: list[float]) -> list[int]:
+    """Indices of the rollouts whose group's rewards are not all equal (DAPO's dynamic-sampling
+    criterion: such a group has a nonzero reward std, so a group-relative advantage exists)."""
+    by_group: dict[int, set[float]] = {}
+    for g, r in zip(group_ids, rewards, strict=True):
+        by_group.setdefault(g, set()).add(float(r))
+    return [i for i, g in enumerate(group_ids) if len(by_group[g]) > 1]
 
 
 def seed_everything(seed: int) -> None:

@@ -152,3 +152,62 @@ def test_warmup_moves_once_per_training_step(tmp_path):
     assert lrs == pytest.approx([0.0, 5e-3, 1e-2])
     assert critic_lrs == pytest.approx([0.0, 1e-5, 1e-5])
     assert trainer.policy.global_steps == 12  # DeepSpeed's count: 3 training steps × 4
+
+
+def test_informative_rows_by_hand():
+    from training.trainer import informative_rows
+
+    # group 0 all equal (dropped), group 1 mixed (kept), group 2 a single rollout (dropped)
+    assert informative_rows([0, 0, 1, 1, 2], [0.1, 0.1, 0.0, 1.0, 1.0]) == [2, 3]
+    assert informative_rows([0, 0], [1.0, 1.0]) == []
+
+
+def test_filter_groups_needs_one_micro_batch_and_a_group_advantage(tmp_path):
+    from training.trainer import check_filter_groups
+
+    one = "optim.micro_batch_size=4"  # the tiny recipe: 4 rows per step
+    check_filter_groups(cfg(tmp_path, "algo.filter_groups=true", one), 1)
+    with pytest.raises(ValueError, match="one mini-batch of one micro-batch"):
+        check_filter_groups(cfg(tmp_path, "algo.filter_groups=true"), 1)  # micro-batches of 2
+    with pytest.raises(ValueError, match="one mini-batch of one micro-batch"):
+        check_filter_groups(cfg(tmp_path, "algo.filter_groups=true", one, "algo.ppo_mini_batch_size=2"), 1)
+    with pytest.raises(ValueError, match="group-relative"):
+        check_filter_groups(cfg(tmp_path, "algo.filter_groups=true", one, "algo.advantage=gae"), 1)
+
+
+if "test_by_group" not in __import__("training.rewards", fromlist=["REWARDS"]).REWARDS:
+    from training.rewards import REWARDS
+
+    class _ByGroup:
+        """Group 0's rollouts all score 1 (no signal); every other rollout scores its length."""
+
+        def __call__(self, traj):
+            if _ByGroup.uniform_id in (traj.example_id, "*"):
+                return 1.0, {}
+            return len(traj.response_text) / 100.0, {}
+
+        uniform_id = ""
+
+    REWARDS.register("test_by_group", _ByGroup)
+
+
+@pytest.mark.slow
+def test_filter_groups_leaves_uniform_groups_out_of_the_update(tmp_path):
+    from training.rewards import REWARDS
+
+    one = "optim.micro_batch_size=4"
+    trainer = make(tmp_path, "algo.filter_groups=true", one, "algo.reward=test_by_group", "trainer.save_every=0")
+    first = trainer.sampler.next(1)[0]  # the step's first prompt (group 0) scores uniformly
+    trainer.sampler.load({"epoch": 0, "index": 0})
+    REWARDS.get("test_by_group").uniform_id = first.id
+    w0 = _lm_head(trainer)
+    m = trainer.step()
+    assert m["groups/kept_frac"] == 0.5  # 2 of the 4 rows: group 1 only
+    assert m["policy_updates"] == 1.0 and not torch.equal(w0, _lm_head(trainer))
+    # Every group uniform: no update, the step still counts.
+    REWARDS.get("test_by_group").uniform_id = "*"
+    trainer2 = make(tmp_path / "b", "algo.filter_groups=true", one, "algo.reward=test_by_group", "trainer.save_every=0")
+    w1 = _lm_head(trainer2)
+    m2 = trainer2.step()
+    assert m2["groups/kept_frac"] == 0.0 and m2["policy_updates"] == 0.0 and trainer2.step_no == 1
+    assert torch.equal(w1, _lm_head(trainer2))
