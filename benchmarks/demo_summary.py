@@ -1,24 +1,40 @@
-"""The demo's before/after text: the untrained agent against the same agent after the SFT
-warm-up, on the same questions (``harness demo`` writes it as ``demo.md``).
+"""The demo's before/after text: the same agent untrained, after the SFT warm-up, and after RL,
+on the same questions (``harness demo`` writes it as ``demo.md``).
 
 Per run: EM and F1 with their 95% bootstrap intervals (:func:`benchmarks.stats.bootstrap_ci`),
 the fraction of format-valid responses and searches per question (:func:`behaviour`, which
-``benchmarks/perf/agent_behaviour.py`` prints for any run directories); then the paired
-bootstrap of trained minus untrained on the shared items (:func:`benchmarks.stats.paired_bootstrap`)
-and a plain verdict that says when the trained agent does not beat the untrained one.
+``benchmarks/perf/agent_behaviour.py`` prints for any run directories); then, for each stage
+against the one before it, the paired bootstrap on the shared items
+(:func:`benchmarks.stats.paired_bootstrap`) with a plain verdict that says when the later stage
+does not beat the earlier one, overall and per question template (:func:`question_template`).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from benchmarks.fmt import pct
-from benchmarks.report import load_run
+from benchmarks.report import RunSummary, load_run
 from benchmarks.stats import bootstrap_ci, paired_bootstrap
 from harness.runlog import RunDir
 from pipelines.dialects import resolve_dialect
 
 METRICS = ("em", "f1")
+
+# The demo's five question templates (benchmarks/demo_data/build_demo.py), by their wording.
+TEMPLATES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("inventor's town", re.compile(r"^In which town was the inventor of ")),
+    ("river of a town", re.compile(r"^On which river lies ")),
+    ("company founder", re.compile(r"^Who founded the company ")),
+    ("born earlier", re.compile(r"^Who was born earlier, ")),
+    ("same province", re.compile(r"^Are \S+ and \S+ in the same province")),
+)
+
+
+def question_template(question: str) -> str:
+    """The demo template a question was written from (``other`` for any other question)."""
+    return next((name for name, pattern in TEMPLATES if pattern.search(question)), "other")
 
 
 def behaviour(run_dir: str | Path) -> dict[str, float]:
@@ -45,43 +61,90 @@ def behaviour(run_dir: str | Path) -> dict[str, float]:
     }
 
 
-def summarize(untrained: str | Path, trained: str | Path) -> str:
-    """Markdown comparing two run directories of one method on the same split."""
-    runs = {"untrained": load_run(Path(untrained)), "trained": load_run(Path(trained))}
-    a, b = runs["untrained"], runs["trained"]
+def _templates(run: RunSummary) -> dict[str, str]:
+    """Example id → template, from the run's own trajectories."""
+    return {t.example_id: question_template(t.question) for t in RunDir(run.path).trajectories()}
+
+
+def _paired_lines(later: RunSummary, earlier: RunSummary) -> list[str]:
+    """The paired bootstrap of ``later`` minus ``earlier`` (EM, F1) and a plain verdict on EM."""
+    lines = [f"Paired bootstrap, {later.method} minus {earlier.method}, on the items both answered:", ""]
+    em = None
+    for m in METRICS:
+        mine, theirs = later.item_values(m), earlier.item_values(m)
+        shared = sorted(set(mine) & set(theirs))
+        d = paired_bootstrap([mine[k] for k in shared], [theirs[k] for k in shared])
+        p = "p<0.001" if d.p < 0.001 else f"p={d.p:.3f}"
+        lines.append(
+            f"- {m.upper()}: {pct(d.diff, signed=True)} points [{pct(d.low)}, {pct(d.high)}], {p}, n={d.n}"
+            + (" (significant)" if d.significant else "")
+        )
+        em = d if m == "em" else em
+    p = "p<0.001" if em.p < 0.001 else f"p={em.p:.3f}"
+    lines.append("")
+    if em.significant and em.diff > 0:
+        lines.append(f"{later.method} beats {earlier.method} on EM (95% interval above 0, {p}).")
+    elif em.diff > 0:
+        lines.append(
+            f"{later.method} scores higher on EM than {earlier.method}, but the paired 95% interval includes 0 "
+            f"({p}): not a significant gain on these items."
+        )
+    else:
+        lines.append(f"{later.method} does NOT beat {earlier.method} on EM on these items.")
+    return lines
+
+
+def _template_table(later: RunSummary, earlier: RunSummary) -> list[str]:
+    """EM per template of two runs, with the paired difference and its p per template."""
+    kinds = _templates(later)
+    mine, theirs = later.item_values("em"), earlier.item_values("em")
     lines = [
-        f"# Demo: {a.method} before and after the SFT warm-up ({a.dataset} {a.split}, n={a.n})",
+        f"Per question template (EM), {later.method} against {earlier.method}:",
+        "",
+        f"| template | n | {earlier.method} | {later.method} | difference | p |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in [n for n, _ in TEMPLATES] + ["other"]:
+        ids = sorted(k for k in set(mine) & set(theirs) if kinds.get(k) == name)
+        if not ids:
+            continue
+        d = paired_bootstrap([mine[k] for k in ids], [theirs[k] for k in ids])
+        right_a, right_b = sum(theirs[k] for k in ids), sum(mine[k] for k in ids)
+        p = "p<0.001" if d.p < 0.001 else f"{d.p:.3f}"
+        lines.append(
+            f"| {name} | {len(ids)} | {right_a:g}/{len(ids)} | {right_b:g}/{len(ids)} | "
+            f"{pct(d.diff, signed=True)} | {p} |"
+        )
+    return lines
+
+
+def summarize(*stages: str | Path, curves: list[tuple[str, str]] | None = None) -> str:
+    """Markdown comparing run directories of one agent on the same split, in training order
+    (untrained, then each trained stage): one row each, then every stage paired against the one
+    before it, overall and per question template. ``curves``: (title, relative path) of training
+    curve images to link."""
+    if len(stages) < 2:
+        raise ValueError("summarize needs at least two runs (before and after)")
+    runs = [load_run(Path(s)) for s in stages]
+    first = runs[0]
+    names = " → ".join(r.method for r in runs)
+    lines = [
+        f"# Demo: {names} ({first.dataset} {first.split}, n={first.n})",
         "",
         "| run | model | EM (95% CI) | F1 (95% CI) | format-valid | searches/q |",
         "|---|---|---|---|---|---|",
     ]
-    for r in (a, b):
+    for r in runs:
         cis = {m: bootstrap_ci(list(r.item_values(m).values())) for m in METRICS}
         f = behaviour(r.path)
         cells = [f"{pct(c.mean)} [{pct(c.low)}, {pct(c.high)}]" for c in cis.values()]
         lines.append(
             f"| {r.method} | {r.model} | {' | '.join(cells)} | {pct(f['format_valid'])} | {f['searches_per_q']:.2f} |"
         )
-    lines += ["", f"Paired bootstrap, {b.method} minus {a.method}, on the items both answered:", ""]
-    verdict = []
-    for m in METRICS:
-        mine, theirs = b.item_values(m), a.item_values(m)
-        shared = sorted(set(mine) & set(theirs))
-        d = paired_bootstrap([mine[k] for k in shared], [theirs[k] for k in shared])
-        lines.append(
-            f"- {m.upper()}: {pct(d.diff, signed=True)} points "
-            f"[{pct(d.low)}, {pct(d.high)}], p={d.p:.3f}, n={d.n}" + (" (significant)" if d.significant else "")
-        )
-        verdict.append((m, d))
-    em = verdict[0][1]
-    lines.append("")
-    if em.significant and em.diff > 0:
-        lines.append(f"The trained agent beats the untrained one on EM (95% interval above 0, p={em.p:.3f}).")
-    elif em.diff > 0:
-        lines.append(
-            f"The trained agent scores higher on EM, but the paired 95% interval includes 0 (p={em.p:.3f}): "
-            "not a significant gain on these items."
-        )
-    else:
-        lines.append("The trained agent does NOT beat the untrained one on EM on these items.")
+    for earlier, later in zip(runs, runs[1:], strict=False):
+        paired = _paired_lines(later, earlier)
+        lines += ["", f"## {later.method} against {earlier.method}", "", *paired, "", *_template_table(later, earlier)]
+    if curves:
+        lines += ["", "## Training curves", ""]
+        lines += [f"- [{title}]({path})" for title, path in curves]
     return "\n".join(lines) + "\n"

@@ -4,15 +4,20 @@
    ``test`` split;
 2. an SFT warm-up of the same model on trajectories synthesized from the demo's ``train`` split
    (other questions, other supporting passages: see ``benchmarks/demo_data/build_demo.py``);
-3. the trained agent on the ``test`` split, labelled ``research+sft``;
-4. a report whose rows carry 95% bootstrap intervals, every row paired-tested against the
-   untrained agent, and ``demo.md``: untrained vs trained (EM, F1, format-valid responses,
-   searches per question) with the paired difference and its p.
+3. the SFT agent on the ``test`` split, labelled ``research+sft``;
+4. RL (GRPO, ReSearch's F1 + format reward) from the SFT model on the ``train`` split, its
+   rollouts through the very agent step 3 evaluates (the methods config's agent and retriever
+   blocks are copied into the RL recipe);
+5. the RL agent on the ``test`` split, labelled ``research+sft+rl``;
+6. a report whose rows carry 95% bootstrap intervals, every row paired-tested against the
+   untrained agent, the RL run's training curves, and ``demo.md``: untrained → SFT → RL (EM, F1,
+   format-valid responses, searches per question) with each stage paired against the one before
+   it, overall and per question template.
 
 Every step is cached under ``out`` so a rerun is fast: evaluations resume (a finished one is
-not rerun), the synthesized data is kept while its inputs are unchanged, and training is skipped
-when ``sft/model/final`` exists and the run's recorded config equals the recipe's. A retrained
-model makes the trained agent's evaluation start over. It sits in ``training`` because it trains;
+not rerun), the synthesized data is kept while its inputs are unchanged, and each training is
+skipped when its ``final`` model exists and the run's recorded config equals the recipe's. A
+retrained model makes every later stage start over. It sits in ``training`` because it trains;
 what it shows goes through a :class:`DemoUI` the caller gives (the CLI prints tables).
 """
 
@@ -28,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 METHODS_CONFIG = "configs/methods/demo_cpu.yaml"
 TRAIN_CONFIG = "configs/train/smollm2_cpu_sft_demo.yaml"
-UNTRAINED, TRAINED = "research", "research+sft"
+RL_CONFIG = "configs/train/smollm2_cpu_grpo_demo.yaml"
+UNTRAINED, TRAINED, RL = "research", "research+sft", "research+sft+rl"
 
 
 class DemoUI(Protocol):
@@ -47,24 +53,37 @@ def run_demo(
     train_config: str = TRAIN_CONFIG,
     threads: int = 1,
     overrides: list[str] | None = None,
+    rl_config: str = RL_CONFIG,
+    rl_overrides: list[str] | None = None,
 ) -> Path:
-    """Baselines, untrained agent, SFT warm-up, trained agent, report; see the module docstring.
-    ``threads``: torch threads of the evaluations (the recipe sets training's); ``overrides``:
-    ``key.path=value`` of the SFT recipe. Returns the report folder."""
+    """Baselines, untrained agent, SFT, SFT agent, RL, RL agent, report; see the module docstring.
+    ``threads``: torch threads of the evaluations (the recipes set training's); ``overrides`` and
+    ``rl_overrides``: ``key.path=value`` of the SFT and RL recipes. Returns the report folder."""
     root = Path(out)
-    eval_dir, sft_dir = root / "eval", root / "sft"
+    eval_dir, sft_dir, rl_dir = root / "eval", root / "sft", root / "rl"
     base_cfg = _eval_data(methods_config, eval_dir, threads)
-    ui.step("1/4 baselines and the untrained agent (demo test split)")
+    ui.step("1/6 baselines and the untrained agent (demo test split)")
     _evaluate(ui, base_cfg, ["naive", "standard", UNTRAINED])
-    ui.step("2/4 SFT data: synthesized from the demo train split")
+    ui.step("2/6 SFT data: synthesized from the demo train split")
     data = _synthesize(ui, base_cfg, sft_dir)
-    ui.step("3/4 SFT warm-up")
+    ui.step("3/6 SFT warm-up")
     model, retrained = _train(ui, train_config, list(overrides or []), data, sft_dir / "model")
-    if retrained:
-        shutil.rmtree(eval_dir / f"{TRAINED}-demo-test", ignore_errors=True)  # results of an older model
-    ui.step("4/4 the trained agent (demo test split)")
-    _evaluate(ui, {**base_cfg, "backend": {**base_cfg.get("backend", {}), "model": str(model)}}, [UNTRAINED], TRAINED)
-    return _report(ui, eval_dir, root / "report")
+    if retrained:  # everything after the SFT model belongs to an older one
+        for stale in (eval_dir / f"{TRAINED}-demo-test", eval_dir / f"{RL}-demo-test", rl_dir):
+            shutil.rmtree(stale, ignore_errors=True)
+    ui.step("4/6 the SFT agent (demo test split)")
+    _evaluate(ui, _with_model(base_cfg, model), [UNTRAINED], TRAINED)
+    ui.step("5/6 RL: GRPO from the SFT model (demo train split)")
+    rl_model, rl_retrained = _train_rl(ui, rl_config, list(rl_overrides or []), base_cfg, model, rl_dir)
+    if rl_retrained:
+        shutil.rmtree(eval_dir / f"{RL}-demo-test", ignore_errors=True)  # results of an older model
+    ui.step("6/6 the RL agent (demo test split)")
+    _evaluate(ui, _with_model(base_cfg, rl_model), [UNTRAINED], RL)
+    return _report(ui, eval_dir, root / "report", rl_dir)
+
+
+def _with_model(data: dict[str, Any], model: Path) -> dict[str, Any]:
+    return {**data, "backend": {**data.get("backend", {}), "model": str(model)}}
 
 
 def _eval_data(methods_config: str, eval_dir: Path, threads: int) -> dict[str, Any]:
@@ -141,12 +160,35 @@ def _train(ui: DemoUI, train_config: str, overrides: list[str], data: Path, run:
     return final, retrained
 
 
-def _report(ui: DemoUI, eval_dir: Path, out: Path) -> Path:
+def _train_rl(
+    ui: DemoUI, rl_config: str, overrides: list[str], data: dict[str, Any], sft_model: Path, run: Path
+) -> tuple[Path, bool]:
+    """GRPO from ``sft_model``; the rollouts use the evaluation's agent and retriever options, so
+    the agent trained is the agent evaluated. Cached like the SFT run."""
+    from harness.config import compose
+    from training.build import train_cached
+    from training.config import TrainConfig
+
+    same_agent = [
+        f"model.path={json.dumps(str(sft_model))}",
+        f"rollout.method={UNTRAINED}",
+        f"rollout.agent={json.dumps(data.get('agent', {}))}",
+        f"retriever={json.dumps(data.get('retriever', {}))}",
+        f"trainer.out={json.dumps(str(run.parent))}",
+    ]
+    cfg = compose(TrainConfig, [rl_config], [*same_agent, *overrides])
+    final, retrained = train_cached(cfg, run)
+    ui.say(f"trained → {final}" if retrained else f"cached: {final} (trained with this recipe)")
+    return final, retrained
+
+
+def _report(ui: DemoUI, eval_dir: Path, out: Path, rl_run: Path) -> Path:
     from benchmarks.demo_summary import summarize
     from benchmarks.report_write import write_report
 
     ui.report(write_report([str(eval_dir / "*")], out, "md,html,csv", baseline=UNTRAINED))
-    text = summarize(eval_dir / f"{UNTRAINED}-demo-test", eval_dir / f"{TRAINED}-demo-test")
+    stages = [eval_dir / f"{name}-demo-test" for name in (UNTRAINED, TRAINED, RL)]
+    text = summarize(*stages)
     (out / "demo.md").write_text(text)
     ui.say(text)
     ui.say(f"report: {out}/report.html, {out}/leaderboard.md, {out}/demo.md")

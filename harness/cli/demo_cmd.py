@@ -1,5 +1,5 @@
 """``harness demo``: the whole mission on the shipped demo, on CPU, in minutes (``make demo``):
-baselines, the untrained agent, an SFT warm-up, the trained agent and a report
+baselines, the untrained agent, an SFT warm-up, the SFT agent, GRPO from it, the RL agent and a report
 (:func:`training.demo.run_demo`, which says what each step does and caches)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from harness.cli.common import console, fail
-from training.demo import METHODS_CONFIG, TRAIN_CONFIG
+from training.demo import METHODS_CONFIG, RL_CONFIG, TRAIN_CONFIG
 
 
 class _Terminal:
@@ -36,6 +36,10 @@ def demo_command(
     out: str = typer.Option("runs/demo", "--out", help="Folder for every step's output (cached between runs)."),
     methods_config: str = typer.Option(METHODS_CONFIG, "--methods-config", help="Eval config of all methods."),
     train_config: str = typer.Option(TRAIN_CONFIG, "--train-config", help="The SFT recipe."),
+    rl_config: str = typer.Option(RL_CONFIG, "--rl-config", help="The RL recipe (from the SFT model)."),
+    rl_overrides: list[str] = typer.Option(
+        None, "--rl", help="key.path=value override of the RL recipe (repeatable), e.g. --rl trainer.max_steps=4."
+    ),
     threads: int = typer.Option(
         1,
         "--threads",
@@ -45,10 +49,12 @@ def demo_command(
     ),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides of the SFT recipe."),
 ) -> None:
-    """Baselines, untrained agent, SFT warm-up, trained agent, report; see training.demo."""
+    """Baselines, untrained agent, SFT warm-up, SFT agent, RL, RL agent, report; see training.demo."""
     from training.demo import run_demo
 
     try:
-        run_demo(_Terminal(), out, methods_config, train_config, threads, list(overrides or []))
+        run_demo(
+            _Terminal(), out, methods_config, train_config, threads, list(overrides or []), rl_config, rl_overrides
+        )
     except (ValueError, KeyError, FileNotFoundError, RuntimeError, OSError) as e:
         fail(f"{type(e).__name__}: {e}")

@@ -96,6 +96,14 @@ def test_a_label_flows_into_the_run_dir_the_report_and_the_demo_text(tmp_path):
 
     text = summarize(out / "research-demo-test", run)
     assert "research+sft minus research" in text and "+66.7 points" in text
+    # A third stage is paired against the one before it, overall and per question template.
+    rl = _eval(_script(tmp_path / "d.jsonl", examples, 6), out, "--label", "research+sft+rl")
+    assert rl.exit_code == 0, rl.output
+    text = summarize(out / "research-demo-test", run, out / "research+sft+rl-demo-test", curves=[("reward", "r.png")])
+    assert "# Demo: research → research+sft → research+sft+rl" in text
+    assert "research+sft+rl minus research+sft" in text and "+16.7 points" in text  # 6/6 against 5/6
+    assert "| inventor's town | 6 | 5/6 | 6/6 | +16.7 |" in text  # the six first questions share a template
+    assert "[reward](r.png)" in text
 
     # One label names one run: several methods with a label are refused.
     both = runner.invoke(app, ["eval", "--method", "research,search_r1", "--label", "x", "--backend", "scripted"])
@@ -130,3 +138,11 @@ def test_demo_training_is_skipped_only_for_the_same_recipe(tmp_path, monkeypatch
     three = compose(TrainConfig, [TRAIN_CONFIG], [source, "trainer.max_steps=3"])
     assert train_cached(three, run) == (run / "final", True)
     assert built[0].trainer.max_steps == 3 and not (run / "config.json").exists()  # the old run was cleared
+
+
+def test_question_templates_of_the_demo_cover_every_question():
+    from benchmarks.demo_summary import question_template
+
+    kinds = {question_template(ex.question) for ex in load_examples("demo")}
+    assert kinds == {"inventor's town", "river of a town", "company founder", "born earlier", "same province"}
+    assert question_template("Who wrote Hamlet?") == "other"
