@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.fmt import pct
+from benchmarks.fmt import p_value, pct
 from benchmarks.report import load_run
 from benchmarks.stats import bootstrap_ci, paired_bootstrap
 from harness.runlog import RunDir
@@ -70,16 +70,16 @@ def summarize(untrained: str | Path, trained: str | Path) -> str:
         d = paired_bootstrap([mine[k] for k in shared], [theirs[k] for k in shared])
         lines.append(
             f"- {m.upper()}: {pct(d.diff, signed=True)} points "
-            f"[{pct(d.low)}, {pct(d.high)}], p={d.p:.3f}, n={d.n}" + (" (significant)" if d.significant else "")
+            f"[{pct(d.low)}, {pct(d.high)}], {p_value(d.p)}, n={d.n}" + (" (significant)" if d.significant else "")
         )
         verdict.append((m, d))
     em = verdict[0][1]
     lines.append("")
     if em.significant and em.diff > 0:
-        lines.append(f"The trained agent beats the untrained one on EM (95% interval above 0, p={em.p:.3f}).")
+        lines.append(f"The trained agent beats the untrained one on EM (95% interval above 0, {p_value(em.p)}).")
     elif em.diff > 0:
         lines.append(
-            f"The trained agent scores higher on EM, but the paired 95% interval includes 0 (p={em.p:.3f}): "
+            f"The trained agent scores higher on EM, but the paired 95% interval includes 0 ({p_value(em.p)}): "
             "not a significant gain on these items."
         )
     else:

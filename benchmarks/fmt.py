@@ -23,3 +23,11 @@ def pct(x: float | None, digits: int = 1, signed: bool = False) -> str:
     if x is None or x != x:
         return MISSING
     return format(100 * x, f"{'+' if signed else ''}.{digits}f")
+
+
+def p_value(p: float | None) -> str:
+    """A p-value as it reads in text: ``p=0.012``, and ``p<0.001`` below what three decimals show
+    (a bootstrap of B=1000 resamples cannot tell 0 from "under 1/B"); ``–`` when missing."""
+    if p is None or p != p:
+        return MISSING
+    return "p<0.001" if p < 0.001 else f"p={p:.3f}"

@@ -62,4 +62,5 @@ def print_report(rep: Any) -> None:
     Console(width=max(shutil.get_terminal_size().columns, 140)).print(terminal_table(rep.leaderboard))
     for s in rep.skipped:
         console.print(f"[yellow]skipped[/] {escape(s)}", highlight=False, soft_wrap=True)
-    console.print(f"{rep.leaderboard.n_runs} runs → {rep.out}/ ({', '.join(rep.files)})", highlight=False)
+    curves = f", {len(rep.curves)} training curves in curves/" if rep.curves else ""
+    console.print(f"{rep.leaderboard.n_runs} runs → {rep.out}/ ({', '.join(rep.files)}{curves})", highlight=False)

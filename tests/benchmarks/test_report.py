@@ -201,7 +201,7 @@ def test_unreadable_runs_are_listed_not_dropped(tmp_path):
     result = runner.invoke(app, ["report", str(tmp_path / "*"), "--out", str(tmp_path / "r"), "--format", "md"])
     assert result.exit_code == 0, result.output
     assert "skipped" in result.output and "research-demo-test" in result.output
-    assert "Skipped run directories" in (tmp_path / "r" / "leaderboard.md").read_text()
+    assert "Skipped (not in this report, and why)" in (tmp_path / "r" / "leaderboard.md").read_text()
 
 
 def test_errors(tmp_path):
