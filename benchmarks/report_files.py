@@ -25,6 +25,10 @@ def write_all_or_none(out: str | Path, files: dict[str, bytes]) -> list[Path]:
             raise ValueError(f"report file {rel!r} is not a path inside the report folder")
     tmp = None
     try:
+        # Checked before anything is written: a rename onto a folder would fail halfway through.
+        for rel in files:
+            if (out / rel).exists() and not (out / rel).is_file():
+                raise IsADirectoryError(f"{out / rel} exists and is not a file")
         out.parent.mkdir(parents=True, exist_ok=True)
         # A fresh folder made here (mkdtemp), so the cleanup below removes only what we wrote.
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))

@@ -206,7 +206,8 @@ def figure(panel: Panel, runs: list[TrainingRun]) -> Any:
     except ImportError as e:  # a declared dependency; say how to get it rather than a bare traceback
         raise ImportError("training curves need matplotlib: pip install matplotlib") from e
 
-    fig = Figure(figsize=(6.4, 3.6), dpi=100, layout="constrained")
+    fig = Figure(figsize=(6.4, 3.6), dpi=100)
+    fig.subplots_adjust(left=0.13, right=0.97, top=0.9, bottom=0.14)  # fixed: half the time of a layout engine
     ax = fig.add_subplot()
     palette = [f"C{i % 10}" for i in range(len(runs))]
     for run, colour in zip(runs, palette, strict=True):
