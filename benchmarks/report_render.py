@@ -142,7 +142,7 @@ def paired_markdown(lb: Leaderboard) -> list[str]:
                         NAMES.get(m, m),
                         pct(d.diff, signed=True),
                         f"[{pct(d.low, signed=True)}, {pct(d.high, signed=True)}]",
-                        p_value(d.p).removeprefix("p="),
+                        p_value(d.p, bare=True),
                         str(d.n),
                         "yes" if d.significant else "no",
                     ]

@@ -134,7 +134,9 @@ def test_html_charts_carry_the_runs_metrics(two_runs, tmp_path):
     }
     assert [s["run"] for s in panel["kl"]["series"]] == ["sync"]
     # Every chart in the page has its PNG beside it, and the Markdown links them.
-    assert sorted(p["file"] for p in training["panels"]) == sorted(f"curves/{p.name}" for p in (out / "curves").iterdir())
+    assert sorted(p["file"] for p in training["panels"]) == sorted(
+        f"curves/{p.name}" for p in (out / "curves").iterdir()
+    )
     md = (out / "leaderboard.md").read_text()
     assert "## Training curves" in md and "![KL to the reference policy](curves/kl.png)" in md
     assert "No evaluation runs in this report." in md

@@ -27,10 +27,14 @@ def runs_tree(tmp_path, monkeypatch) -> Path:
     root = tmp_path / "runs"
     for name in ("naive-demo-test", "research-demo-test"):
         shutil.copytree(FIX / "runs" / name, root / "demo" / "eval" / name)
-    shutil.copytree(FIX / "runs" / "research-bamboogle-test", root / "replicate" / "research" / "research-bamboogle-test")
+    shutil.copytree(
+        FIX / "runs" / "research-bamboogle-test", root / "replicate" / "research" / "research-bamboogle-test"
+    )
     model = root / "demo" / "sft" / "model"  # a training run, with one validation (an eval run inside it)
     model.mkdir(parents=True)
-    (model / "metrics.jsonl").write_text('{"schema": 1, "step": 1, "loss": 2.0}\n{"schema": 1, "step": 2, "loss": 1.5}\n')
+    (model / "metrics.jsonl").write_text(
+        '{"schema": 1, "step": 1, "loss": 2.0}\n{"schema": 1, "step": 2, "loss": 1.5}\n'
+    )
     shutil.copytree(FIX / "runs" / "naive-demo-test", model / "validation" / "step-2" / "research-demo-test")
     (root / "demo" / "sft" / "train.jsonl").write_text("{}\n")
     (root / "demo" / "report").mkdir()
@@ -97,7 +101,12 @@ def test_a_corrupt_trajectories_file_is_named_by_file_and_line(tmp_path, line, w
     assert result.exit_code == 0, result.output
     assert result.exception is None and "Traceback" not in result.output
     assert "skipped" in result.output and where in _text(result)
-    assert sorted(p.name for p in out.iterdir()) == ["leaderboard.csv", "leaderboard.md", "leaderboard.tex", "report.html"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "leaderboard.csv",
+        "leaderboard.md",
+        "leaderboard.tex",
+        "report.html",
+    ]
     assert where in (out / "leaderboard.md").read_text() and where in (out / "report.html").read_text()
     # The only run corrupt: a one-line error naming file:line, exit 1, and no file written at all.
     alone = tmp_path / "alone"
