@@ -122,8 +122,7 @@ def write_report(
     files = {FILES[fmt]: _renderer(fmt)(lb, ref).encode("utf-8") for fmt in wanted}
     pngs = render_pngs(training)
     write_all_or_none(out, {**files, **pngs})
-    for name in [*files, *pngs]:
-        logger.info("wrote %s", Path(out) / name)
+    logger.info("wrote %d files to %s", len(files) + len(pngs), out)
     return Report(lb, skipped, Path(out), list(files), list(pngs))
 
 
