@@ -150,27 +150,33 @@ def is_training_run(path: Path) -> bool:
     return (path / TRAINING_METRICS).is_file() and not is_eval_run(path)
 
 
-def _walk(root: Path, found: FoundRuns) -> bool:
+def _walk(root: Path, found: FoundRuns, seen: set[Path] | None = None) -> bool:
     """Collect the runs under ``root`` (itself included) into ``found``; True when any was found.
 
     Nothing below a run is searched: an evaluation run holds no other run, and the evaluation
     runs inside a training run (``validation/step-N/``) are its validation curve, not leaderboard
     rows. Hidden folders (``.stale-*`` outputs moved aside, temporaries) are passed over and listed.
     """
+    seen = set() if seen is None else seen
+    seen.add(root.resolve())  # a link back up the tree is not followed twice
     if is_eval_run(root):
         found.runs.append(root)
         return True
     if is_training_run(root):
         found.training.append(root)
         return True
-    hit = False
+    hit, empty = False, []
     for child in sorted(c for c in root.iterdir() if c.is_dir()):
         if child.name.startswith("."):
             found.skipped.append(f"{child}: hidden folder (moved-aside or temporary outputs), not searched")
-        elif _walk(child, found):
+        elif child.resolve() in seen:
+            found.skipped.append(f"{child}: a link to {child.resolve()}, already searched")
+        elif _walk(child, found, seen):
             hit = True
-        elif root != child and _has_files(child):
-            found.skipped.append(f"{child}: {NO_RUN}")
+        elif _has_files(child):
+            empty.append(child)
+    if hit:  # the topmost folders without a run are listed, once (a parent without any is listed above)
+        found.skipped += [f"{child}: {NO_RUN}" for child in empty]
     return hit
 
 

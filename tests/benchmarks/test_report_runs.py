@@ -57,6 +57,7 @@ def test_runs_are_found_at_any_depth_and_skips_are_explained(runs_tree):
     skipped = "\n".join(found.skipped)
     assert "runs/demo/report: no run inside" in skipped and "runs/notes: no run inside" in skipped
     assert "runs/demo/.stale-20261127: hidden folder" in skipped
+    assert len(found.skipped) == 3  # each folder once, the topmost without a run
     result = runner.invoke(app, ["report", "runs/*", "--out", "out", "--format", "md"])
     assert result.exit_code == 0, result.output
     out = _text(result)
