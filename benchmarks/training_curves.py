@@ -8,6 +8,7 @@ record per validation with ``val/<metric>`` keys; its validations are also evalu
 - reward: ``reward/mean``, then one panel per reward component ``reward/<name>``;
 - ``kl`` (to the reference), ``approx_kl`` (of the update), ``clip_frac``, ``entropy``;
 - response length (``response_tokens``) and searches per rollout (``searches``);
+- what the rollouts scored by the eval scorer, whatever the reward: ``em``, ``f1``, ``format_valid``;
 - validation score: ``val/<metric>`` (from the log, else the validation run's ``results.json``);
 - ``loss`` (the one curve an SFT or PRM run has in common with RL).
 
@@ -53,7 +54,7 @@ class Panel:
         return f"{CURVES_DIR}/{re.sub(r'[^A-Za-z0-9]+', '_', self.key).strip('_')}.png"
 
 
-# Fixed panels in display order; reward components follow the mean, validation metrics the searches.
+# Fixed panels in display order; reward components follow the mean, validation metrics the rollouts' scores.
 FIXED = (
     Panel(REWARD_MEAN, "reward (mean over the step's rollouts)", "reward"),
     Panel("kl", "KL to the reference policy", "KL"),
@@ -62,6 +63,10 @@ FIXED = (
     Panel("entropy", "entropy (mean per generated token)", "nats"),
     Panel("response_tokens", "response length (generated tokens per rollout)", "tokens"),
     Panel("searches", "searches per rollout", "searches"),
+    # what the rollouts scored with the eval scorer, whatever the reward (training/logging_utils.py)
+    Panel("em", "EM of the training rollouts", "EM (0-1)"),
+    Panel("f1", "F1 of the training rollouts", "F1 (0-1)"),
+    Panel("format_valid", "format-valid responses among the rollouts", "fraction"),
     Panel("loss", "training loss", "loss"),
 )
 VAL_NAMES = {"em": "EM", "f1": "F1", "acc": "Acc", "cover_em": "Cover-EM"}
@@ -181,7 +186,7 @@ def panels(runs: list[TrainingRun]) -> list[Panel]:
             out.append(p)
         if p.key == REWARD_MEAN:
             out += [Panel(k, f"reward component: {k.removeprefix('reward/')}", "reward") for k in components]
-        if p.key == "searches":
+        if p.key == "format_valid":
             out += [Panel(k, f"validation {_val_name(k)} (greedy, through the eval path)", "score (0-1)") for k in vals]
     return out
 

@@ -81,6 +81,7 @@ def test_pngs_are_drawn_for_the_logged_quantities_only(two_runs, tmp_path):
         "entropy.png",
         "response_tokens.png",
         "searches.png",
+        "em.png",  # the rollouts' EM (logged by sync only)
         "val_em.png",
         "val_f1.png",
         "val_acc.png",  # from async's validation run folder (results.json) only
@@ -117,7 +118,7 @@ def test_html_charts_carry_the_runs_metrics(two_runs, tmp_path):
     out = tmp_path / "report"
     result = runner.invoke(app, ["report", *map(str, two_runs), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert "13 training curves in curves/" in " ".join(result.output.split())
+    assert "14 training curves in curves/" in " ".join(result.output.split())
     html = (out / "report.html").read_text()
     data = json.loads(html.split('<script type="application/json" id="data">')[1].split("</script>")[0])
     training = data["training"]
