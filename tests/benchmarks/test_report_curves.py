@@ -69,6 +69,7 @@ def _expected(records: list[dict], key: str) -> list[tuple[int, float]]:
     return [(r["step"], r[key]) for r in records if key in r]
 
 
+@pytest.mark.slow  # a dozen PNGs: seconds on a busy 2-core machine
 def test_pngs_are_drawn_for_the_logged_quantities_only(two_runs, tmp_path):
     paths = write_training_curves(two_runs, tmp_path / "out")
     names = [p.name for p in paths]
@@ -114,6 +115,24 @@ def test_plotted_lines_are_the_runs_metrics(two_runs):
         assert got == [(label, [(float(s), pytest.approx(v)) for s, v in pts]) for label, pts in lines], key
 
 
+@pytest.mark.slow  # a dozen PNGs: seconds on a busy 2-core machine
+def test_the_png_files_are_those_figures(two_runs, tmp_path):
+    import io
+
+    runs = load_training_runs(two_runs)
+    paths = {p.name: p for p in write_training_curves(two_runs, tmp_path / "out")}
+    for panel in panels(runs)[:3]:
+        buf = io.BytesIO()
+        figure(panel, runs).savefig(buf, format="png")
+        assert paths[Path(panel.file).name].read_bytes() == buf.getvalue(), panel.key
+    # and a figure drawn from other numbers is another picture
+    runs[0].series["reward/mean"][0] = (1, 9.0)
+    buf = io.BytesIO()
+    figure(panels(runs)[0], runs).savefig(buf, format="png")
+    assert paths["reward_mean.png"].read_bytes() != buf.getvalue()
+
+
+@pytest.mark.slow  # a dozen PNGs: seconds on a busy 2-core machine
 def test_html_charts_carry_the_runs_metrics(two_runs, tmp_path):
     out = tmp_path / "report"
     result = runner.invoke(app, ["report", *map(str, two_runs), "--out", str(out)])
