@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from benchmarks.fmt import pct
+from benchmarks.fmt import p_value, pct
 from benchmarks.report import RunSummary, load_run
 from benchmarks.stats import bootstrap_ci, paired_bootstrap
 from harness.runlog import RunDir
@@ -74,13 +74,12 @@ def _paired_lines(later: RunSummary, earlier: RunSummary) -> list[str]:
         mine, theirs = later.item_values(m), earlier.item_values(m)
         shared = sorted(set(mine) & set(theirs))
         d = paired_bootstrap([mine[k] for k in shared], [theirs[k] for k in shared])
-        p = "p<0.001" if d.p < 0.001 else f"p={d.p:.3f}"
         lines.append(
-            f"- {m.upper()}: {pct(d.diff, signed=True)} points [{pct(d.low)}, {pct(d.high)}], {p}, n={d.n}"
+            f"- {m.upper()}: {pct(d.diff, signed=True)} points [{pct(d.low)}, {pct(d.high)}], {p_value(d.p)}, n={d.n}"
             + (" (significant)" if d.significant else "")
         )
         em = d if m == "em" else em
-    p = "p<0.001" if em.p < 0.001 else f"p={em.p:.3f}"
+    p = p_value(em.p)
     lines.append("")
     if em.significant and em.diff > 0:
         lines.append(f"{later.method} beats {earlier.method} on EM (95% interval above 0, {p}).")
@@ -110,7 +109,7 @@ def _template_table(later: RunSummary, earlier: RunSummary) -> list[str]:
             continue
         d = paired_bootstrap([mine[k] for k in ids], [theirs[k] for k in ids])
         right_a, right_b = sum(theirs[k] for k in ids), sum(mine[k] for k in ids)
-        p = "p<0.001" if d.p < 0.001 else f"{d.p:.3f}"
+        p = p_value(d.p, bare=True)
         lines.append(
             f"| {name} | {len(ids)} | {right_a:g}/{len(ids)} | {right_b:g}/{len(ids)} | "
             f"{pct(d.diff, signed=True)} | {p} |"

@@ -23,3 +23,13 @@ def pct(x: float | None, digits: int = 1, signed: bool = False) -> str:
     if x is None or x != x:
         return MISSING
     return format(100 * x, f"{'+' if signed else ''}.{digits}f")
+
+
+def p_value(p: float | None, bare: bool = False) -> str:
+    """A p-value as it reads in text: ``p=0.012``, and ``p<0.001`` below what three decimals show
+    (a bootstrap of B=1000 resamples cannot tell 0 from "under 1/B"); ``–`` when missing.
+    ``bare``: without the ``p`` (a table's p column: ``0.012``, ``<0.001``)."""
+    if p is None or p != p:
+        return MISSING
+    text = "<0.001" if p < 0.001 else f"={p:.3f}"
+    return text.removeprefix("=") if bare else "p" + text

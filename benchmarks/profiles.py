@@ -61,7 +61,7 @@ for _p in (
         "scripts/evaluation/llm_judge.py (configs/judges/research.yaml)",
         judge_prompt="research",
     ),
-    MetricProfile("rag_r1", ("em",), "inclusionAI/AWorld-RL RAG-R1: EM (REFERENCE §4)"),
+    MetricProfile("rag_r1", ("em",), "inclusionAI/AWorld-RL RAG-R1: EM (the metric its paper reports)"),
     MetricProfile(
         "prorag",
         ("em", "f1_prorag"),

@@ -33,13 +33,15 @@ import numpy as np
 
 from benchmarks.stats import CI, DEFAULT_B, DEFAULT_SEED, PairedDiff, bootstrap_ci, paired_bootstrap
 from harness.run_records import ItemScore, RunResults
-from harness.runlog import RunDir, RunDirError
+from harness.runlog import MANIFEST, RunDir, RunDirError
+from harness.types import Trajectory
 
 logger = logging.getLogger(__name__)
 
 METRICS = ("em", "f1", "acc", "cover_em")
 # The order papers print these benchmarks in; subsets such as ``hotpotqa_500`` sort with their base.
 DATASET_ORDER = ("hotpotqa", "2wikimultihopqa", "2wiki", "musique", "bamboogle")
+TRAINING_METRICS = "metrics.jsonl"  # what a training run folder holds (training/logging_utils.py)
 REFERENCE_FIELDS = ("system", "model", "metric", "values", "corpus", "retriever", "k", "subset", "source")
 
 
@@ -63,6 +65,7 @@ class RunSummary:
     scores: list[ItemScore]
     results: RunResults | None = None  # results.json; None for an interrupted run
     rescored: bool = False
+    trajectories: list[Trajectory] | None = None  # read only when asked (load_run's trajectories)
 
     @property
     def n(self) -> int:
@@ -127,36 +130,97 @@ class RunSummary:
         return out
 
 
-def expand(patterns: list[str]) -> list[Path]:
-    """Run directories named or matched by glob patterns (a run directory holds manifest.json).
+@dataclass
+class FoundRuns:
+    """What :func:`find_runs` found: evaluation run directories, training run folders, and the
+    folders it passed over, each as ``"path: why"``."""
 
-    A pattern may also name a parent folder of run directories. Raises ``ValueError`` naming every
-    pattern that matched no run directory, so a typo is not silently dropped from a report.
+    runs: list[Path] = field(default_factory=list)
+    training: list[Path] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def is_eval_run(path: Path) -> bool:
+    """An evaluation run directory (``harness eval``) holds ``manifest.json``."""
+    return (path / MANIFEST).is_file()
+
+
+def is_training_run(path: Path) -> bool:
+    """A training run folder (``harness train``) holds ``metrics.jsonl``, written per step."""
+    return (path / TRAINING_METRICS).is_file() and not is_eval_run(path)
+
+
+def _walk(root: Path, found: FoundRuns, seen: set[Path] | None = None) -> bool:
+    """Collect the runs under ``root`` (itself included) into ``found``; True when any was found.
+
+    Nothing below a run is searched: an evaluation run holds no other run, and the evaluation
+    runs inside a training run (``validation/step-N/``) are its validation curve, not leaderboard
+    rows. Hidden folders (``.stale-*`` outputs moved aside, temporaries) are passed over and listed.
     """
-    found: list[Path] = []
+    seen = set() if seen is None else seen
+    seen.add(root.resolve())  # a link back up the tree is not followed twice
+    if is_eval_run(root):
+        found.runs.append(root)
+        return True
+    if is_training_run(root):
+        found.training.append(root)
+        return True
+    hit, empty = False, []
+    for child in sorted(c for c in root.iterdir() if c.is_dir()):
+        if child.name.startswith("."):
+            found.skipped.append(f"{child}: hidden folder (moved-aside or temporary outputs), not searched")
+        elif child.resolve() in seen:
+            found.skipped.append(f"{child}: a link to {child.resolve()}, already searched")
+        elif _walk(child, found, seen):
+            hit = True
+        elif _has_files(child):
+            empty.append(child)
+    if hit:  # the topmost folders without a run are listed, once (a parent without any is listed above)
+        found.skipped += [f"{child}: {NO_RUN}" for child in empty]
+    return hit
+
+
+def _has_files(path: Path) -> bool:
+    """Whether a folder holds anything (an empty folder is not worth a line in the report)."""
+    return any(path.iterdir())
+
+
+NO_RUN = "no run inside (an evaluation run holds manifest.json, a training run metrics.jsonl)"
+
+
+def find_runs(patterns: list[str]) -> FoundRuns:
+    """Evaluation and training runs named by ``patterns``: run folders, folders holding runs at
+    any depth (``runs/demo`` finds ``runs/demo/eval/*`` and ``runs/demo/sft/model``), or globs.
+
+    Folders that hold no run are listed in ``skipped`` with why. Raises ``ValueError`` naming
+    every pattern that matched no run at all, so a typo is not silently dropped from a report.
+    """
+    found = FoundRuns()
     unmatched = []
     for pat in patterns:
         matches = sorted(glob.glob(pat)) or ([pat] if Path(pat).exists() else [])
-        hits: list[Path] = []
+        before = len(found.runs) + len(found.training)
         for m in matches:
             p = Path(m)
-            if (p / "manifest.json").is_file():
-                hits.append(p)
-            elif p.is_dir():
-                hits += sorted(c for c in p.iterdir() if (c / "manifest.json").is_file())
-        if not hits:
+            if not p.is_dir():
+                found.skipped.append(f"{p}: not a folder")
+            elif not _walk(p, found) and _has_files(p):
+                found.skipped.append(f"{p}: {NO_RUN}")
+        if len(found.runs) + len(found.training) == before:
             unmatched.append(pat)
-        found += hits
     if unmatched:
         raise ValueError(
             "no run directories found in "
             + ", ".join(repr(p) for p in unmatched)
-            + " (a run directory holds manifest.json)"
+            + " (an evaluation run holds manifest.json, a training run metrics.jsonl)"
         )
-    return list(dict.fromkeys(p.resolve() for p in found))
+    found.runs = list(dict.fromkeys(p.resolve() for p in found.runs))
+    found.training = list(dict.fromkeys(p.resolve() for p in found.training))
+    found.skipped = list(dict.fromkeys(found.skipped))
+    return found
 
 
-def _rescored(run: RunDir) -> list[ItemScore]:
+def _rescored(run: RunDir, trajectories: list[Trajectory]) -> list[ItemScore]:
     """Scores recomputed from the trajectories with the metrics the run recorded; LLM-judge
     verdicts are not recomputed (that needs the judge), so the stored ones are kept."""
     from dataclasses import replace
@@ -166,7 +230,7 @@ def _rescored(run: RunDir) -> list[ItemScore]:
     metrics = tuple(run.manifest.config.get("metrics") or DEFAULT_METRICS)
     stored = {s.key: s for s in run.scores()} if "judge" in metrics else {}
     out = []
-    for t in run.trajectories():
+    for t in trajectories:
         s = score_trajectory(t, metrics)
         old = stored.get(s.key)
         if old is not None:
@@ -175,12 +239,17 @@ def _rescored(run: RunDir) -> list[ItemScore]:
     return out
 
 
-def load_run(path: Path, rescore: bool = False) -> RunSummary:
-    """Read one run directory (scores from ``scores.jsonl``, or recomputed when ``rescore``)."""
+def load_run(path: Path, rescore: bool = False, trajectories: bool = False) -> RunSummary:
+    """Read one run directory (scores from ``scores.jsonl``, or recomputed when ``rescore``).
+
+    ``trajectories``: read ``trajectories.jsonl`` too (the HTML report's browser shows them), so
+    a corrupt line is found here, naming ``file:line``, before any output is written.
+    """
     run = RunDir(path)
     m = run.manifest
     results = run.results()
-    scores = _rescored(run) if rescore else run.scores()
+    trajs = run.trajectories() if (rescore or trajectories) else None
+    scores = _rescored(run, trajs or []) if rescore else run.scores()
     n_total = m.n_total or (results.n_total if results else 0) or len(scores)
     return RunSummary(
         path=Path(path),
@@ -193,19 +262,31 @@ def load_run(path: Path, rescore: bool = False) -> RunSummary:
         scores=scores,
         results=results,
         rescored=rescore,
+        trajectories=trajs if trajectories else None,
     )
 
 
-def load_runs(patterns: list[str], rescore: bool = False) -> tuple[list[RunSummary], list[str]]:
-    """Load every matched run; unreadable ones are returned as ``"path: reason"`` (never dropped silently)."""
+def load_paths(
+    paths: list[Path], rescore: bool = False, trajectories: bool = False
+) -> tuple[list[RunSummary], list[str]]:
+    """Load run directories; unreadable ones are returned as ``"path: reason"`` (never dropped
+    silently). The reason names ``file:line`` when a line of a run file is corrupt."""
     runs, skipped = [], []
-    for p in expand(patterns):
+    for p in paths:
         try:
-            runs.append(load_run(p, rescore=rescore))
+            runs.append(load_run(p, rescore=rescore, trajectories=trajectories))
         except (RunDirError, ValueError, KeyError, OSError) as e:
             logger.warning("skipping %s: %s", p, e)
             skipped.append(f"{p}: {e}")
     return runs, skipped
+
+
+def load_runs(patterns: list[str], rescore: bool = False) -> tuple[list[RunSummary], list[str]]:
+    """The evaluation runs :func:`find_runs` finds, loaded; what was passed over or is unreadable
+    comes back as ``"path: reason"``."""
+    found = find_runs(patterns)
+    runs, skipped = load_paths(found.runs, rescore=rescore)
+    return runs, found.skipped + skipped
 
 
 @dataclass
@@ -239,6 +320,7 @@ class Leaderboard:
     seed: int = DEFAULT_SEED
     skipped: list[str] = field(default_factory=list)
     profile: str | None = None  # the metric profile the columns come from (benchmarks.profiles)
+    training: list[Any] = field(default_factory=list)  # benchmarks.training_curves.TrainingRun: curves
 
     def is_best(self, dataset: str, metric: str, value: float | None) -> bool:
         best = self.best.get((dataset, metric))

@@ -14,6 +14,7 @@ from importlib import resources
 from typing import Any
 
 from benchmarks.report import Cell, Leaderboard, reference_datasets, reference_setting
+from benchmarks.training_curves import curves_data
 from harness.run_records import ItemScore
 from harness.runlog import RunDir
 from harness.types import Trajectory
@@ -94,7 +95,9 @@ def _items(lb: Leaderboard) -> tuple[list[dict[str, Any]], list[str]]:
     for row in lb.rows:
         for ds, cell in row.cells.items():
             scores = {s.key: s for s in cell.run.scores}
-            trajs = RunDir(cell.run.path).trajectories()
+            trajs = cell.run.trajectories
+            if trajs is None:  # not read with the run (load_run's trajectories=False)
+                trajs = RunDir(cell.run.path).trajectories()
             if len(trajs) > MAX_ITEMS_PER_RUN:
                 capped.append(f"{row.label} · {ds}: first {MAX_ITEMS_PER_RUN} of {len(trajs)} items")
             for t in trajs[:MAX_ITEMS_PER_RUN]:
@@ -152,6 +155,7 @@ def report_data(lb: Leaderboard, reference: list[dict[str, Any]] | None = None) 
         "reference_datasets": reference_datasets(reference or []),
         "items": items,
         "capped": capped,
+        "training": curves_data(lb.training) if lb.training else None,
     }
 
 

@@ -12,7 +12,7 @@ import csv
 import io
 from typing import Any
 
-from benchmarks.fmt import NAMES, pct
+from benchmarks.fmt import NAMES, p_value, pct
 from benchmarks.report import Cell, Leaderboard, reference_datasets, reference_setting
 
 PUBLISHED_TITLE = "Published numbers (not directly comparable: corpora, retrievers, models, k and subsets differ)"
@@ -82,21 +82,37 @@ def to_markdown(lb: Leaderboard, reference: list[dict[str, Any]] | None = None) 
         out += [f"Metric profile: `{lb.profile}` ({profile_source(lb.profile)}).", ""]
     if lb.baseline:
         out += [f"`*`: significantly different from `{lb.baseline}` (paired bootstrap on shared items).", ""]
-    out += leaderboard_markdown(lb)
+    out += leaderboard_markdown(lb) if lb.rows else ["No evaluation runs in this report."]
     missing = [(r.label, ds, m, c.run.missing(m)) for r in lb.rows for ds, c in r.cells.items() for m in lb.metrics]
     missing = [x for x in missing if x[3]]
     if missing:
         out += ["", "Missing values (left out of the mean, not counted as wrong):", ""]
         out += [f"- {label} on {ds}: {NAMES.get(m, m)} missing for {k} items" for label, ds, m, k in missing]
     if lb.skipped:
-        out += ["", "Skipped run directories (unreadable):", ""] + [f"- {s}" for s in lb.skipped]
+        out += ["", "Skipped (not in this report, and why):", ""] + [f"- {s}" for s in lb.skipped]
     if lb.baseline:
         out += ["", f"## Paired differences vs. {lb.baseline}", "", *paired_markdown(lb)]
-    out += ["", "## Cost", "", *cost_markdown(lb)]
+    if lb.rows:
+        out += ["", "## Cost", "", *cost_markdown(lb)]
+    if lb.training:
+        out += ["", *training_markdown(lb)]
     if reference:
         out += ["", *replication_markdown(lb)]
         out += ["", *reference_markdown(reference)]
     return "\n".join(out) + "\n"
+
+
+def training_markdown(lb: Leaderboard) -> list[str]:
+    """The training curves: the runs drawn, then one PNG link per panel (files in ``curves/``)."""
+    from benchmarks.training_curves import panels
+
+    out = ["## Training curves", "", "Against step; one line per training run:", ""]
+    for r in lb.training:
+        out.append(f"- `{r.label}`: {r.path}")
+        out += [f"  - note: {n}" for n in r.notes]
+    out.append("")
+    out += [f"![{p.title}]({p.file})" for p in panels(lb.training)]
+    return out
 
 
 def replication_markdown(lb: Leaderboard) -> list[str]:
@@ -126,7 +142,7 @@ def paired_markdown(lb: Leaderboard) -> list[str]:
                         NAMES.get(m, m),
                         pct(d.diff, signed=True),
                         f"[{pct(d.low, signed=True)}, {pct(d.high, signed=True)}]",
-                        f"{d.p:.3f}",
+                        p_value(d.p, bare=True),
                         str(d.n),
                         "yes" if d.significant else "no",
                     ]

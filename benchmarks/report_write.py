@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +53,28 @@ def parse_formats(spec: str) -> list[str]:
 
 @dataclass
 class Report:
-    """What :func:`write_report` wrote: the leaderboard, the run directories it skipped (with
-    why), and the files under ``out``."""
+    """What :func:`write_report` wrote: the leaderboard, what it passed over (with why), and the
+    files under ``out`` (the training curves' PNGs in ``curves``)."""
 
     leaderboard: Leaderboard
     skipped: list[str]
     out: Path
     files: list[str]
+    curves: list[str] = field(default_factory=list)
+
+
+def _training_runs(paths: list[Path]) -> tuple[list[Any], list[str]]:
+    """The training runs that can be read, and ``"path: reason"`` for those that cannot."""
+    from benchmarks.training_curves import load_training_run, run_labels
+
+    runs, skipped = [], []
+    for path, label in zip(paths, run_labels(paths), strict=True):
+        try:
+            runs.append(load_training_run(path, label))
+        except (ValueError, OSError) as e:
+            logger.warning("skipping %s: %s", path, e)
+            skipped.append(f"{path}: {e}")
+    return runs, skipped
 
 
 def write_report(
@@ -74,34 +89,41 @@ def write_report(
     bootstrap: int = 1000,
     seed: int = 0,
 ) -> Report:
-    """Group ``runs`` (directories, their parents, or globs) by method × dataset, bootstrap the
-    cells (``bootstrap`` resamples, ``seed``), test every row against ``baseline``, and write the
-    ``formats`` into ``out``. ``metric_profile``: its columns (default: the runs' recorded
-    profile, else the default metrics); ``reference``: add the published numbers (``reference_file``,
-    default :data:`REFERENCE`). Raises
-    ``ValueError`` (nothing readable, bad options) or ``OSError`` naming what failed."""
+    """Group the evaluation runs among ``runs`` (run folders, folders holding runs at any depth,
+    or globs) by method × dataset, bootstrap the cells (``bootstrap`` resamples, ``seed``), test
+    every row against ``baseline``, and write the ``formats`` into ``out``; training runs among
+    them are drawn as training curves (in the HTML and Markdown, and as PNGs in ``out/curves/``).
+
+    ``metric_profile``: its columns (default: the runs' recorded profile, else the default
+    metrics); ``reference``: add the published numbers (``reference_file``, default
+    :data:`REFERENCE`). Every file is rendered before any is written, and they are written all or
+    none. Raises ``ValueError`` (nothing readable, bad options) or ``OSError`` naming what failed.
+    """
     from benchmarks.replicate import reference_entries
-    from benchmarks.report import METRICS, build_leaderboard, load_runs, profile_columns, run_profile
+    from benchmarks.report import METRICS, build_leaderboard, find_runs, load_paths, profile_columns, run_profile
+    from benchmarks.report_files import write_all_or_none
+    from benchmarks.training_curves import render_pngs
 
     wanted = parse_formats(formats)
-    loaded, skipped = load_runs(runs, rescore=rescore)
-    if not loaded:
+    found = find_runs(runs)
+    # The HTML's browser shows trajectories: read them now, so a corrupt line skips its run here.
+    loaded, unreadable = load_paths(found.runs, rescore=rescore, trajectories="html" in wanted)
+    training, bad_training = _training_runs(found.training)
+    skipped = found.skipped + unreadable + bad_training
+    if not loaded and not training:
         raise ValueError("no readable run directories: " + "; ".join(skipped))
     profile = metric_profile or run_profile(loaded)
     metrics = profile_columns(profile, loaded) if profile else METRICS
     lb = build_leaderboard(
         loaded, metrics=metrics, baseline=baseline, b=bootstrap, seed=seed, skipped=skipped, profile=profile
     )
+    lb.training = training
     ref = reference_entries(reference_file or REFERENCE) if reference else None
-    out_dir = Path(out)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for fmt in wanted:
-            (out_dir / FILES[fmt]).write_text(_renderer(fmt)(lb, ref), encoding="utf-8")
-            logger.info("wrote %s", out_dir / FILES[fmt])
-    except OSError as e:
-        raise OSError(f"cannot write the report to {out_dir}: {e}") from e
-    return Report(lb, skipped, out_dir, [FILES[f] for f in wanted])
+    files = {FILES[fmt]: _renderer(fmt)(lb, ref).encode("utf-8") for fmt in wanted}
+    pngs = render_pngs(training)
+    write_all_or_none(out, {**files, **pngs})
+    logger.info("wrote %d files to %s", len(files) + len(pngs), out)
+    return Report(lb, skipped, Path(out), list(files), list(pngs))
 
 
 def terminal_table(lb: Leaderboard) -> Any:
@@ -112,6 +134,8 @@ def terminal_table(lb: Leaderboard) -> Any:
     from benchmarks.fmt import NAMES, pct
     from benchmarks.report_render import cell_text
 
+    if not lb.rows:
+        return "No evaluation runs (training curves only)."
     title = "Leaderboard (percent, 95% bootstrap CI; * significant vs. baseline)"
     if lb.profile:
         title += f"; metric profile: {lb.profile}"

@@ -98,12 +98,18 @@ def git_revision() -> str | None:
         return None
 
 
-def _records(path: Path) -> Iterator[dict[str, Any]]:
-    """The records of a run file the harness appends to (none when it does not exist yet); a
-    torn final line (interrupted write) is skipped with a warning."""
+def _numbered_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` of a run file the harness appends to (none when it does not exist
+    yet); a torn final line (interrupted write) is skipped with a warning, any other bad line
+    raises :class:`RunDirError` naming ``path:line``."""
     if path.exists():
-        for _, record in read_jsonl(path, RunDirError, tolerant=True):
-            yield record
+        yield from read_jsonl(path, RunDirError, tolerant=True)
+
+
+def _records(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of :func:`_numbered_records`, without their line numbers."""
+    for _, record in _numbered_records(path):
+        yield record
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -154,7 +160,12 @@ class RunDir:
 
     def trajectories(self, attempts: bool = False) -> list[Trajectory]:
         """The trajectory of each item (its latest attempt; every attempt with ``attempts``)."""
-        out = [Trajectory.from_dict(d) for d in _records(self.path / TRAJECTORIES)]
+        path, out = self.path / TRAJECTORIES, []
+        for lineno, d in _numbered_records(path):
+            try:
+                out.append(Trajectory.from_dict(d))
+            except (TypeError, KeyError, ValueError, AttributeError) as e:  # JSON, but not a trajectory
+                raise RunDirError(f"{path}:{lineno}: not a trajectory record ({e})") from None
         return out if attempts else _last_by_key(out, lambda t: (t.example_id, t.sample_index))
 
     def scores(self, attempts: bool = False) -> list[ItemScore]:

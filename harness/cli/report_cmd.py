@@ -1,4 +1,4 @@
-"""``harness report``: leaderboards (md, csv, tex) and a self-contained HTML report from run dirs.
+"""``harness report``: leaderboards (md, csv, tex), a self-contained HTML report and training curves from run dirs.
 
 Reads run directories only (never a model): :func:`benchmarks.report_write.write_report`. The
 leaderboard is also printed to the terminal; files go to ``--out``.
@@ -18,7 +18,9 @@ from harness.cli.common import console, fail
 
 def report_command(
     runs: list[str] = typer.Argument(
-        ..., help="Run directories, their parent folders, or globs (quote globs: 'runs/demo/*')."
+        ...,
+        help="Eval run folders, training run folders (drawn as training curves), folders holding runs at any "
+        "depth, or globs (quote globs: 'runs/*').",
     ),
     out: str = typer.Option("report", "--out", help="Output directory for the report files."),
     baseline: str = typer.Option(
@@ -42,7 +44,8 @@ def report_command(
     bootstrap: int = typer.Option(1000, "--bootstrap", min=10, help="Bootstrap resamples B."),
     seed: int = typer.Option(0, "--seed", help="Bootstrap seed (reports are reproducible)."),
 ) -> None:
-    """Group runs by method × dataset and write the leaderboard files and the HTML report."""
+    """Group eval runs by method × dataset and write the leaderboard files and the HTML report; draw
+    training runs' curves (HTML and PNG)."""
     from benchmarks.report_write import write_report
 
     try:
@@ -62,4 +65,5 @@ def print_report(rep: Any) -> None:
     Console(width=max(shutil.get_terminal_size().columns, 140)).print(terminal_table(rep.leaderboard))
     for s in rep.skipped:
         console.print(f"[yellow]skipped[/] {escape(s)}", highlight=False, soft_wrap=True)
-    console.print(f"{rep.leaderboard.n_runs} runs → {rep.out}/ ({', '.join(rep.files)})", highlight=False)
+    curves = f", {len(rep.curves)} training curves in curves/" if rep.curves else ""
+    console.print(f"{rep.leaderboard.n_runs} runs → {rep.out}/ ({', '.join(rep.files)}{curves})", highlight=False)

@@ -201,7 +201,7 @@ def test_unreadable_runs_are_listed_not_dropped(tmp_path):
     result = runner.invoke(app, ["report", str(tmp_path / "*"), "--out", str(tmp_path / "r"), "--format", "md"])
     assert result.exit_code == 0, result.output
     assert "skipped" in result.output and "research-demo-test" in result.output
-    assert "Skipped run directories" in (tmp_path / "r" / "leaderboard.md").read_text()
+    assert "Skipped (not in this report, and why)" in (tmp_path / "r" / "leaderboard.md").read_text()
 
 
 def test_errors(tmp_path):
@@ -235,3 +235,44 @@ def test_browser_shows_a_baselines_searches_before_its_answer():
     steps = _steps(t)
     assert [s["role"] for s in steps] == ["prompt", "search", "search", "model"]
     assert [s.get("query") for s in steps[1:3]] == ["first", "second"]
+
+
+def _summary(method: str, em: list[float]):
+    from benchmarks.report import RunSummary
+    from harness.run_records import ItemScore, RunResults
+
+    scores = [ItemScore(f"q{i}", metrics={"em": v}) for i, v in enumerate(em)]
+    return RunSummary(Path(method), method, "demo", "test", "m", "none", len(em), scores, RunResults(complete=True))
+
+
+def test_p_values_below_what_three_decimals_show_read_p_below_0001():
+    from benchmarks.fmt import p_value
+    from benchmarks.report_render import paired_markdown
+
+    assert (p_value(0.0), p_value(0.0004), p_value(0.001), p_value(0.0204)) == (
+        "p<0.001",
+        "p<0.001",
+        "p=0.001",
+        "p=0.020",
+    )
+    # 20 items all won: no resample has a difference <= 0, so the bootstrap's p is 0.
+    lb = build_leaderboard([_summary("base", [0.0] * 20), _summary("better", [1.0] * 20)], ("em",), baseline="base")
+    row = next(line for line in paired_markdown(lb) if line.startswith("| better"))
+    assert "| <0.001 |" in row and "0.000" not in row
+
+
+def test_user_output_cites_no_internal_document(tmp_path):
+    import yaml
+
+    from benchmarks.profiles import PROFILES
+
+    result = runner.invoke(app, ["report", RUNS, "--out", str(tmp_path), "--reference", "--baseline", "naive"])
+    assert result.exit_code == 0, result.output
+    for f in tmp_path.iterdir():
+        assert "REFERENCE §" not in f.read_text(), f.name
+    # Everything a card or the published file says is shown somewhere (report, harness replicate).
+    root = Path(__file__).resolve().parents[2] / "configs"
+    for path in [root / "reference" / "published.yaml", *sorted((root / "replicate").glob("*.yaml"))]:
+        assert "REFERENCE §" not in json.dumps(yaml.safe_load(path.read_text()), ensure_ascii=False), path.name
+    for name in PROFILES.names():
+        assert "REFERENCE §" not in PROFILES.get(name).source, name
