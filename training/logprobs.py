@@ -7,13 +7,11 @@ backward: at 7.5k tokens × 152k vocabulary one fp32 copy is 4.6 GB per row (iss
 
 Here the model runs with ``logits_to_keep=1`` (its vocabulary projection sees one position), a
 forward hook takes the decoder's last hidden states, and the output embedding (``lm_head``) is
-applied over chunks of ``chunk_tokens`` tokens. Inside a chunk the logits are cast to fp32 and
-reduced to log-prob and entropy by :class:`_LogProbEntropy`, whose backward recomputes softmax
-from the saved chunk. Under autograd each chunk is wrapped in a non-reentrant
-``torch.utils.checkpoint``, so only its hidden states are kept between forward and backward and
-the chunk's logits are recomputed there (one more vocabulary matmul per chunk, as in verl's
-chunked entropy / Liger's fused linear cross-entropy). Peak memory is then one chunk's logits in
-fp32 (a few copies), independent of the sequence length.
+applied over chunks of ``chunk_tokens`` tokens by :class:`_ChunkHead`: inside a chunk the logits
+are cast to fp32 and reduced to log-prob and entropy; only the chunk's hidden states and its
+log-sum-exp are kept for the backward, which recomputes the chunk's logits (one more vocabulary
+matmul per chunk, the trade verl's chunked entropy and Liger's fused linear cross-entropy make).
+Peak memory is then one chunk's logits in fp32 (two copies), independent of the sequence length.
 
 Only positions where ``mask`` is 1 are computed (prompt, observation and padding tokens never
 carry a loss); the rest are 0. The numbers equal the full-logits path (``training.batch.
@@ -26,49 +24,63 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 
-class _LogProbEntropy(torch.autograd.Function):
-    """One chunk: logits [N, V] (model dtype), targets [N] → log-prob [N] and entropy [N] in fp32.
+class _ChunkHead(torch.autograd.Function):
+    """One chunk through the output embedding: hidden [n, H] (model dtype), targets [n] →
+    log-prob [n] and entropy [n] (or an empty tensor), fp32.
 
-    Backward, with p = softmax(z), log q = z − lse:  ∂logp_t/∂z = onehot_t − p;
-    ∂H/∂z = −p ⊙ (log q + H). Written by hand so the backward holds two fp32 chunk tensors, not
-    the four or five autograd's log_softmax / gather / exp / mul graph would keep.
+    The forward keeps only the chunk's hidden states and its log-sum-exp; the backward runs the
+    head again on them (as reentrant activation checkpointing does, so DeepSpeed's parameter
+    hooks see an ordinary module call) and feeds it the logits' gradient, written by hand with
+    p = softmax(z), log q = z − lse:  ∂logp_t/∂z = onehot_t − p;  ∂H/∂z = −p ⊙ (log q + H).
+    Hand-written so neither pass keeps more than two fp32 copies of the chunk's logits.
     """
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):  # noqa: ANN205
-        z = logits.float()  # [N, V] fp32, this chunk only
-        lse = torch.logsumexp(z, dim=-1)  # [N]
-        logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse  # [N]
-        ent = None
-        if with_entropy:
-            logq = z - lse.unsqueeze(-1)  # [N, V]
-            ent = -(logq.exp() * logq).sum(-1)  # [N]
-            del logq
-        ctx.save_for_backward(logits, targets, lse, ent if ent is not None else lse)
-        ctx.with_entropy = with_entropy
+    def forward(ctx: Any, hidden: torch.Tensor, targets: torch.Tensor, head: Any, with_entropy: bool):  # noqa: ANN205
+        with torch.no_grad():
+            z = head(hidden).float()  # [n, V] fp32, this chunk only
+            logq = torch.log_softmax(z, dim=-1)  # [n, V]
+            lse = z[:, 0] - logq[:, 0]  # [n] log-sum-exp, for the backward's softmax
+            del z
+            logp = logq.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [n]
+            if with_entropy:
+                # −Σ p log q as a batched dot product: no third [n, V] temporary
+                ent = -(logq.exp().unsqueeze(1) @ logq.unsqueeze(2)).reshape(-1)  # [n]
+            else:
+                ent = lse.new_zeros(0)
+        ctx.save_for_backward(hidden, targets, lse, ent if with_entropy else lse)
+        ctx.head, ctx.with_entropy = head, with_entropy
         ctx.set_materialize_grads(False)  # an output nothing backpropagates through gets None, not zeros
-        if ent is None:
-            ent = lse.new_zeros(0)
+        if not with_entropy:
             ctx.mark_non_differentiable(ent)
         return logp, ent
 
     @staticmethod
     def backward(ctx: Any, g_logp: torch.Tensor | None, g_ent: torch.Tensor | None):  # noqa: ANN205
-        logits, targets, lse, ent = ctx.saved_tensors
-        if g_logp is None and (g_ent is None or not ctx.with_entropy):
-            return None, None, None
-        logq = logits.float() - lse.unsqueeze(-1)  # [N, V]
-        p = logq.exp()  # [N, V]
-        grad = torch.zeros_like(p) if g_logp is None else p.mul(-g_logp.unsqueeze(-1))  # [N, V]
-        if ctx.with_entropy and g_ent is not None:
-            grad -= logq.add_(ent.unsqueeze(-1)).mul_(p).mul_(g_ent.unsqueeze(-1))  # −g·p(log q + H)
-        del logq, p
-        if g_logp is not None:
-            grad.scatter_add_(-1, targets.unsqueeze(-1), g_logp.unsqueeze(-1))
-        return grad.to(logits.dtype), None, None
+        hidden, targets, lse, ent = ctx.saved_tensors
+        g_ent = g_ent if ctx.with_entropy else None
+        if g_logp is None and g_ent is None:
+            return None, None, None, None
+        h = hidden.detach().requires_grad_(hidden.requires_grad)
+        with torch.enable_grad():
+            logits = ctx.head(h)  # [n, V] model dtype, with its graph to the head's parameters
+        with torch.no_grad():
+            logq = logits.float() - lse.unsqueeze(-1)  # [n, V]
+            if g_ent is None:
+                grad = logq.exp_()  # [n, V] p, in place
+                grad.mul_(-g_logp.unsqueeze(-1))
+            else:
+                p = logq.exp()  # [n, V]
+                grad = logq.add_(ent.unsqueeze(-1)).mul_(p).mul_(-g_ent.unsqueeze(-1))  # −g·p(log q + H)
+                if g_logp is not None:
+                    grad.sub_(p.mul_(g_logp.unsqueeze(-1)))
+                del p
+            if g_logp is not None:
+                grad.scatter_add_(-1, targets.unsqueeze(-1), g_logp.unsqueeze(-1))
+        torch.autograd.backward(logits, grad.to(logits.dtype))
+        return h.grad if hidden.requires_grad else None, None, None, None
 
 
 def chunk_logprobs(
@@ -77,20 +89,17 @@ def chunk_logprobs(
     """Log-prob of each target and (optionally) the entropy, ``chunk_tokens`` positions at a time.
 
     hidden [N, H] (the final hidden states that predict ``targets``), targets [N] → logp [N],
-    entropy [N] or None; both fp32.
+    entropy [N] or None; both fp32. Gradients reach ``hidden`` and ``lm_head``'s parameters.
     """
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
-
-    def one(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return _LogProbEntropy.apply(lm_head(h), t, with_entropy)  # [n, V] lives only in here
-
+    if torch.is_grad_enabled() and not hidden.requires_grad and any(p.requires_grad for p in lm_head.parameters()):
+        # The hand-written backward is reached through ``hidden``; a frozen body with a trained
+        # head has none, so give it a leaf to hang on (its own gradient is dropped).
+        hidden = hidden.detach().requires_grad_()
     logps, ents = [], []
     for i in range(0, hidden.shape[0], chunk_tokens):
-        h, t = hidden[i : i + chunk_tokens], targets[i : i + chunk_tokens]  # [n, H], [n]
-        # Checkpointed: the backward recomputes this chunk's logits instead of keeping them.
-        lp, en = checkpoint(one, h, t, use_reentrant=False) if grad else one(h, t)
+        lp, en = _ChunkHead.apply(hidden[i : i + chunk_tokens], targets[i : i + chunk_tokens], lm_head, with_entropy)
         logps.append(lp)
         ents.append(en)
     logp = torch.cat(logps) if logps else hidden.new_zeros(0, dtype=torch.float32)  # [N]
