@@ -87,8 +87,8 @@ def test_gradient_checkpointing_recomputes_layers_on_loaded_weights(tmp_path):
     for on, calls_per_layer in ((True, 2), (False, 1)):
         m = build_model(ModelConfig(path=str(tmp_path / "m"), gradient_checkpointing=on))
         assert m.training
-        calls, mlp = [], m.model.layers[0].mlp
-        forward = mlp.forward
-        mlp.forward = lambda x, f=forward: calls.append(1) or f(x)
+        calls: list[int] = []
+        mlp = m.model.layers[0].mlp
+        mlp.forward = lambda x, f=mlp.forward, c=calls: c.append(1) or f(x)
         m(input_ids=ids, labels=ids).loss.backward()
         assert len(calls) == calls_per_layer, on
