@@ -32,12 +32,22 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     # Build a tiny random Llama offline instead of loading weights (tests): e.g. {hidden_size: 64}.
     tiny: dict[str, Any] | None = None
+    # Recompute each decoder layer's activations in the backward instead of keeping them (HF's
+    # gradient_checkpointing_enable, non-reentrant), as verl's enable_gradient_checkpointing.
     gradient_checkpointing: bool = False
+    # Log-probs and entropy over chunks of this many tokens from the final hidden states, fp32
+    # only inside a chunk, so the [batch, tokens, vocab] logits never exist (training.logprobs).
+    # 0: the full-logits path (one [b, w, V] tensor and its fp32 copies), kept as a reference.
+    logits_chunk_tokens: int = 1024
     # Attention kernel: sdpa (PyTorch's, any device), eager, or flash_attention_2 (needs the
     # flash-attn package and a CUDA GPU; refused with a clear error otherwise).
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     # LoRA adapters (peft) instead of full fine-tuning: {r, alpha, dropout, target_modules}.
     lora: LoraConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.logits_chunk_tokens < 0:
+            raise ValueError(f"model.logits_chunk_tokens must be >= 0 (0: full logits), got {self.logits_chunk_tokens}")
 
 
 @dataclass(frozen=True)
@@ -171,6 +181,9 @@ class TrainerConfig:
     wandb_project: str | None = None
     save_rollouts: bool = True  # every rollout trajectory with its reward → rollouts.jsonl
     progress: bool = True  # a rich progress bar
+    # With algo.entropy_coef = 0 the policy entropy is only a metric: compute and log it every N
+    # training steps (1: every step, 0: never). A nonzero coefficient computes it every step.
+    entropy_every: int = 10
 
 
 @dataclass(frozen=True)

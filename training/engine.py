@@ -80,6 +80,9 @@ def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> Any:
         model = AutoModelForCausalLM.from_pretrained(
             resolve_model(cfg.path), dtype=dtype, use_safetensors=True, attn_implementation=attn
         )
+    # from_pretrained returns the model in eval mode, and HF applies gradient checkpointing only
+    # in training mode: without this the option would silently do nothing on real weights.
+    model.train()
     if cfg.gradient_checkpointing:
         # Non-reentrant: works with frozen inputs (LoRA's frozen embeddings) and under no_grad.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -246,18 +246,26 @@ class RLLoss:
             algo.max_len,
         )
 
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether the objective has an entropy term (else entropy is only a metric, computed when logged)."""
+        return bool(self.entropy_coef)
+
     def __call__(
         self,
         logp: torch.Tensor,
         old_logp: torch.Tensor,
         adv: torch.Tensor,
         mask: torch.Tensor,
-        logits: torch.Tensor,
+        entropy: torch.Tensor | None = None,
         ref_logp: torch.Tensor | None = None,
         global_tokens: float | None = None,
         grad_accum: int = 1,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """``logp``, ``old_logp``, ``adv``, ``mask``, ``ref_logp``: [b, W]; ``logits``: [b, w, V], w ≤ W."""
+        """``logp``, ``old_logp``, ``adv``, ``mask``, ``ref_logp``, ``entropy``: [b, W].
+
+        ``entropy`` (per token, e.g. from :func:`training.logprobs.window_token_stats`) is needed
+        when ``entropy_coef`` ≠ 0; otherwise, when given, it is only logged."""
         # One denominator for every term: the step's tokens (dapo), the window W (dr_grpo's default).
         agg_kw = {
             "global_tokens": global_tokens,
@@ -268,12 +276,12 @@ class RLLoss:
             kl_tok = kl_penalty(logp, ref_logp, self.kl_estimator)  # [b, W]
             loss = loss + self.kl_coef * aggregate(kl_tok, mask, self.agg, **agg_kw)
             stats["kl"] = float(aggregate(kl_tok.detach(), mask))
-        ent_mask = mask[:, : logits.shape[1]]  # [b, w]: the rows end within w
-        with torch.set_grad_enabled(bool(self.entropy_coef) and torch.is_grad_enabled()):
-            ent_tok = entropy_from_logits(logits)  # [b, w]
-            if self.entropy_coef:
-                loss = loss - self.entropy_coef * aggregate(ent_tok, ent_mask, self.agg, **agg_kw)
-        stats["entropy"] = float(aggregate(ent_tok.detach(), ent_mask))
+        if self.entropy_coef:
+            if entropy is None:
+                raise ValueError("RLLoss with entropy_coef != 0 needs the per-token entropy")
+            loss = loss - self.entropy_coef * aggregate(entropy, mask, self.agg, **agg_kw)
+        if entropy is not None:
+            stats["entropy"] = float(aggregate(entropy.detach(), mask))
         if self.agg == "dapo":
             loss = loss * grad_accum
         return loss, stats

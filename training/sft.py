@@ -20,11 +20,12 @@ from typing import Any
 import torch
 
 from harness.types import Trajectory
-from training.batch import Batch, collate, token_logprobs
+from training.batch import Batch, collate
 from training.checkpoint import export_hf, resume_checkpoint, save_checkpoint
 from training.config import TrainConfig
 from training.engine import build_model, initialize, optimizer_step, rank_and_world
 from training.logging_utils import MetricsLog, ProgressBar
+from training.logprobs import window_token_stats
 from training.sft_data import load_sources
 
 logger = logging.getLogger(__name__)
@@ -148,9 +149,16 @@ class SFTTrainer:
     def nll(self, batch: Batch, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token negative log-likelihood and mask of a micro-batch.  → [b, T'], [b, T']"""
         Lm = max(2, int(batch.attention_mask[rows].sum(1).max()))  # this micro-batch's own length
-        out = self.policy(input_ids=batch.input_ids[rows, :Lm], attention_mask=batch.attention_mask[rows, :Lm])
-        logp = token_logprobs(out.logits[:, :-1], batch.targets[rows, : Lm - 1])  # [b, Lm−1]
-        return -logp, batch.mask[rows, : Lm - 1]
+        mask = batch.mask[rows, : Lm - 1]  # [b, Lm−1]
+        st = window_token_stats(  # chunked over the vocabulary projection: no [b, Lm, V] logits
+            self.policy,
+            batch.input_ids[rows, :Lm],
+            batch.attention_mask[rows, :Lm],
+            batch.targets[rows, : Lm - 1],
+            mask,
+            self.cfg.model.logits_chunk_tokens,
+        )
+        return -st.logp, mask
 
     def update(self, batch: Batch) -> dict[str, float]:
         """Micro-batches, one DeepSpeed optimizer step. The loss is the step's token mean: each

@@ -29,7 +29,7 @@ import torch
 from harness.backends.base import SamplingParams
 from training import losses
 from training.advantages import ADVANTAGES, AdvantageInputs, step_score_tensor
-from training.batch import Batch, collate, token_logprobs
+from training.batch import Batch, collate
 from training.checkpoint import checkpoints, export_hf, resume_checkpoint, save_checkpoint
 from training.config import TrainConfig
 from training.dist_sync import DistributedWeightSync
@@ -45,6 +45,7 @@ from training.engine import (
     rank_and_world,
 )
 from training.logging_utils import MetricsLog, ProgressBar, memory_metrics, release_freed_memory, rollout_metrics
+from training.logprobs import window_token_stats
 from training.lora import adapters_disabled, apply_lora, base_model, lora_critic, merged_state_dict, save_adapter
 from training.rewards import algo_step_scorer, build_reward
 from training.rollout import PromptSampler, collect
@@ -245,25 +246,34 @@ class Trainer:
         tok = self.tokenizer
         return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
-    def _logprobs(self, model: Any, batch: Batch, rows: slice, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs of the targets in the window, and the logits.  → [b, W], [b, w, V] (w ≤ W)
+    def _logprobs(
+        self, model: Any, batch: Batch, rows: slice, offset: int, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs of the targets in the window, and the entropy if asked.  → [b, W], [b, W] | None
 
-        Two savings, both exact: the micro-batch is cut to its own longest row (the batch is
-        padded to the longest row of the whole step), and only positions from ``offset`` on get
-        logits (``logits_to_keep``): prompt positions never carry loss, and the vocabulary
-        projection is the costliest layer of a small model. Log-probs are zero-padded back to W
-        (those positions are padding, mask 0); the logits stay unpadded (entropy reads ``w``).
+        Three savings, all exact: the micro-batch is cut to its own longest row (the batch is
+        padded to the longest row of the whole step); only the window from ``offset`` on is
+        scored (prompt positions never carry loss), and only at model tokens; and the vocabulary
+        projection runs over chunks of ``model.logits_chunk_tokens`` tokens from the hidden
+        states, so the [b, w, V] logits never exist (:mod:`training.logprobs`). Results are
+        zero-padded back to W (those positions are padding, mask 0).
         """
         L, W = batch.input_ids.shape[1], batch.targets.shape[1] - offset
         Lm = min(L, max(int(batch.attention_mask[rows].sum(1).max()), offset + 2))  # this micro-batch's length
-        out = model(
-            input_ids=batch.input_ids[rows, :Lm],
-            attention_mask=batch.attention_mask[rows, :Lm],
-            logits_to_keep=Lm - offset,
+        st = window_token_stats(
+            model,
+            batch.input_ids[rows, :Lm],
+            batch.attention_mask[rows, :Lm],
+            batch.targets[rows, offset : Lm - 1],  # [b, w], w = Lm − 1 − offset
+            batch.mask[rows, offset : Lm - 1],
+            self.cfg.model.logits_chunk_tokens,
+            entropy,
         )
-        logits = out.logits[:, :-1]  # [b, w, V]: position offset + i predicts target offset + i, w = Lm − 1 − offset
-        logp = token_logprobs(logits, batch.targets[rows, offset : Lm - 1])  # [b, w]
-        return torch.nn.functional.pad(logp, (0, W - logp.shape[1])), logits
+
+        def pad(x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(x, (0, W - x.shape[1]))  # [b, W]
+
+        return pad(st.logp), pad(st.entropy) if st.entropy is not None else None
 
     def _slices(self, batch: Batch) -> list[slice]:
         B, mb = batch.input_ids.shape[0], self.cfg.optim.micro_batch_size
@@ -375,11 +385,11 @@ class Trainer:
     ) -> dict[str, float]:
         """Forward, loss and backward of one micro-batch; DeepSpeed steps on the mini-batch's last."""
         o = fwd.offset
-        logp, logits = self._logprobs(self.policy, batch, s, o)  # [b, W], [b, w, V]
+        logp, ent = self._logprobs(self.policy, batch, s, o, self._wants_entropy())  # [b, W], [b, W] | None
         if not have_old:
             old[s] = logp.detach()  # one update per batch: this forward precedes the only optimizer step
         ref = fwd.ref_logp[s] if fwd.ref_logp is not None else None
-        loss, st = self.loss_fn(logp, old[s], adv[s], mask[s], logits, ref, mini_tokens, gas)
+        loss, st = self.loss_fn(logp, old[s], adv[s], mask[s], ent, ref, mini_tokens, gas)
         with torch.no_grad():
             if batch.has_rollout_logprobs:  # the backend's logprobs vs the pre-update policy's: sync health
                 diff = (old[s] - batch.rollout_logprobs[s, o:]).abs()  # [b, W]
@@ -390,6 +400,12 @@ class Trainer:
             st["grad_norm"] = gn
         st["loss"] = float(loss.detach())
         return st
+
+    def _wants_entropy(self) -> bool:
+        """Entropy is computed when the loss has a term for it, else on logging steps only
+        (``trainer.entropy_every``; the step being trained is ``step_no + 1``)."""
+        every = self.cfg.trainer.entropy_every
+        return self.loss_fn.needs_entropy or (every > 0 and (self.step_no + 1) % every == 0)
 
     def _place_rollout_model(self) -> None:
         """An in-process rollout model (the hf backend) generates on the engine's device."""

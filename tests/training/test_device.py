@@ -10,7 +10,7 @@ import torch
 
 from training.batch import Batch
 from training.config import ModelConfig
-from training.engine import autocast, build_model, check_attn_implementation, engine_device
+from training.engine import TINY_DEFAULTS, autocast, build_model, check_attn_implementation, engine_device
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
 
@@ -73,3 +73,22 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
     assert grads[0][0] == pytest.approx(grads[1][0], abs=1e-6)
     torch.testing.assert_close(grads[0][1], grads[1][1], atol=1e-6, rtol=1e-5)
     assert grads[0][1].abs().sum() > 0
+
+
+def test_gradient_checkpointing_recomputes_layers_on_loaded_weights(tmp_path):
+    """from_pretrained returns an eval-mode model, where HF skips checkpointing: build_model must
+    put it in training mode, or the option does nothing. Each decoder layer runs twice with it
+    (forward, recompute in the backward) and once without (counted inside: the recompute runs no
+    module hooks)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, **{**TINY_DEFAULTS, **TINY})).save_pretrained(tmp_path / "m")
+    ids = torch.randint(0, 64, (2, 12))
+    for on, calls_per_layer in ((True, 2), (False, 1)):
+        m = build_model(ModelConfig(path=str(tmp_path / "m"), gradient_checkpointing=on))
+        assert m.training
+        calls: list[int] = []
+        mlp = m.model.layers[0].mlp
+        mlp.forward = lambda x, f=mlp.forward, c=calls: c.append(1) or f(x)
+        m(input_ids=ids, labels=ids).loss.backward()
+        assert len(calls) == calls_per_layer, on

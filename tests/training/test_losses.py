@@ -179,13 +179,13 @@ def test_rl_loss_composes_policy_kl_and_entropy_by_hand():
         entropy_coef=0.01,
         max_len=None,
     )
-    loss, st = RLLoss.from_config(algo)(logp, old, adv, mask, logits, ref)
+    loss, st = RLLoss.from_config(algo)(logp, old, adv, mask, entropy_from_logits(logits), ref)
     policy = (-1.2 + 0.8 - 2.0) / 3  # the clipped policy loss of test_policy_loss_clips_both_sides_by_hand
     assert loss.item() == pytest.approx(policy + 0.1 * math.exp(-1) - 0.01 * math.log(4), rel=1e-5)
     assert st["kl"] == pytest.approx(math.exp(-1)) and st["entropy"] == pytest.approx(math.log(4))
     assert st["clip_frac"] == pytest.approx(2 / 3)
     # KL folded into the rewards (PPO): no KL term.
-    no_kl, st = RLLoss(kl_coef=0.1, kl_in_reward=True)(logp, old, adv, mask, logits, ref)
+    no_kl, st = RLLoss(kl_coef=0.1, kl_in_reward=True)(logp, old, adv, mask, entropy_from_logits(logits), ref)
     assert no_kl.item() == pytest.approx(policy) and "kl" not in st
 
 
@@ -206,7 +206,7 @@ def test_rl_loss_aggregates_kl_and_entropy_like_the_policy_loss():
     # seq_mean_token_mean: policy (-1 + -2) / 2 = -1.5; KL (e1 + e2) / 2 = .543081 (token_mean would
     # give (3·e1 + e2) / 4 = .455480, the old, mis-weighted value); entropy ln 4.
     f = RLLoss(agg="seq_mean_token_mean", kl_coef=0.1, entropy_coef=0.01)
-    loss, st = f(logp, logp, adv, mask, logits, ref)
+    loss, st = f(logp, logp, adv, mask, entropy_from_logits(logits), ref)
     assert loss.item() == pytest.approx(-1.5 + 0.1 * (e1 + e2) / 2 - 0.01 * ln4, rel=1e-6)
     assert st["kl"] == pytest.approx((3 * e1 + e2) / 4, rel=1e-6)  # logged as the token mean
     # dapo over a step of 10 tokens, 2 accumulation steps: every term is Σ/10, and the whole sum × 2.
@@ -214,10 +214,21 @@ def test_rl_loss_aggregates_kl_and_entropy_like_the_policy_loss():
     # 2 × (-.5 + .1 × .182192 - .01 × .554518) = -.974652 (before, KL and entropy escaped the × 2:
     # 2 × -.5 + .1 × .455480 - .01 × 1.386294 = -.968315).
     f = RLLoss(agg="dapo", kl_coef=0.1, entropy_coef=0.01)
-    loss, _ = f(logp, logp, adv, mask, logits, ref, global_tokens=10, grad_accum=2)
+    loss, _ = f(logp, logp, adv, mask, entropy_from_logits(logits), ref, global_tokens=10, grad_accum=2)
     assert loss.item() == pytest.approx(2 * (-5 / 10 + 0.1 * (3 * e1 + e2) / 10 - 0.01 * 4 * ln4 / 10), rel=1e-6)
     assert loss.item() == pytest.approx(-0.974652, abs=1e-6)
     # dr_grpo: a constant denominator rows × W = 2 × 3 for every term.
     f = RLLoss(agg="dr_grpo", kl_coef=0.1, entropy_coef=0.01)
-    loss, _ = f(logp, logp, adv, mask, logits, ref)
+    loss, _ = f(logp, logp, adv, mask, entropy_from_logits(logits), ref)
     assert loss.item() == pytest.approx((-5 + 0.1 * (3 * e1 + e2) - 0.01 * 4 * ln4) / 6, rel=1e-6)
+
+
+def test_rl_loss_entropy_only_when_given_and_required_by_its_coefficient():
+    from training.losses import RLLoss
+
+    logp, mask = torch.zeros(1, 3), torch.ones(1, 3)
+    loss, st = RLLoss()(logp, logp, torch.ones(1, 3), mask)  # coefficient 0, no entropy: not computed
+    assert "entropy" not in st and loss.item() == pytest.approx(-1.0)
+    assert RLLoss(entropy_coef=0.01).needs_entropy and not RLLoss().needs_entropy
+    with pytest.raises(ValueError, match="entropy_coef != 0 needs the per-token entropy"):
+        RLLoss(entropy_coef=0.01)(logp, logp, torch.ones(1, 3), mask)

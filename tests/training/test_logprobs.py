@@ -1,0 +1,152 @@
+"""Chunked log-probs and entropy (training.logprobs) against the full-logits path they replace.
+
+The reference below is the computation the trainer used before issue 21, kept here verbatim:
+the model's full logits, ``token_logprobs`` (fp32 log_softmax + gather) and
+``entropy_from_logits``. Every RL loss term and every gradient must agree to 1e-5 in fp32.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from training.batch import token_logprobs
+from training.logprobs import chunk_logprobs, supports_chunking, window_token_stats
+from training.losses import RLLoss, entropy_from_logits
+
+V = 97
+
+
+def tiny_llama(tied: bool = False, seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+    )
+    return LlamaForCausalLM(cfg).float()
+
+
+def inputs(b: int = 3, L: int = 21, w: int = 14, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, V, (b, L), generator=g)  # [b, L]
+    attn = torch.ones(b, L, dtype=torch.long)
+    attn[1, L - 4 :] = 0  # row 1 is right-padded
+    targets = ids[:, L - w :]  # [b, w]
+    mask = (torch.rand(b, w, generator=g) > 0.3).float()  # [b, w]: model tokens
+    mask[1, w - 4 :] = 0  # padding carries no loss
+    return ids, attn, targets, mask
+
+
+def reference(model, ids, attn, targets, mask):
+    """Today's path: full logits [b, w, V], fp32 log_softmax, entropy from the same logits."""
+    w = targets.shape[1]
+    logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=w + 1).logits[:, :-1]  # [b, w, V]
+    return token_logprobs(logits, targets), entropy_from_logits(logits)
+
+
+def losses_of(logp, ent, mask, agg):
+    g = torch.Generator().manual_seed(3)
+    adv = torch.randn(mask.shape, generator=g)  # [b, w]
+    old = logp.detach() + 0.05 * torch.randn(mask.shape, generator=g)  # ratio ≠ 1: clipping acts
+    ref = logp.detach() - 0.1 * torch.rand(mask.shape, generator=g)
+    f = RLLoss(agg=agg, kl_coef=0.1, entropy_coef=0.01, clip_low=0.03, clip_high=0.03)
+    return f(logp, old, adv, mask, ent, ref, global_tokens=float(mask.sum()) + 3, grad_accum=2)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("chunk", [1, 5, 1024])
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "dapo", "dr_grpo"])
+def test_chunked_losses_and_gradients_equal_the_full_logits_path(tied, chunk, agg):
+    ids, attn, targets, mask = inputs()
+    m_ref, m_new = tiny_llama(tied), tiny_llama(tied)
+    lp_ref, ent_ref = reference(m_ref, ids, attn, targets, mask)
+    loss_ref, st_ref = losses_of(lp_ref, ent_ref, mask, agg)
+    loss_ref.backward()
+    st = window_token_stats(m_new, ids, attn, targets, mask, chunk_tokens=chunk, entropy=True)
+    keep = mask.bool()
+    torch.testing.assert_close(st.logp[keep], lp_ref[keep], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(st.entropy[keep], ent_ref[keep], atol=1e-5, rtol=1e-5)
+    assert (st.logp[~keep] == 0).all() and (st.entropy[~keep] == 0).all()  # never computed
+    loss_new, st_new = losses_of(st.logp, st.entropy, mask, agg)
+    loss_new.backward()
+    assert loss_new.item() == pytest.approx(loss_ref.item(), abs=1e-5)
+    assert st_new.keys() == st_ref.keys()
+    for k in st_ref:
+        assert st_new[k] == pytest.approx(st_ref[k], abs=1e-5), k
+    n = 0
+    for (name, p_ref), (_, p_new) in zip(m_ref.named_parameters(), m_new.named_parameters(), strict=True):
+        if p_ref.grad is None:
+            assert p_new.grad is None or not p_new.grad.any(), name
+            continue
+        torch.testing.assert_close(p_new.grad, p_ref.grad, atol=1e-5, rtol=1e-4, msg=name)
+        n += 1
+    assert n >= 10  # embeddings, every layer and lm_head got gradients
+
+
+def test_entropy_is_skipped_when_not_asked_and_grads_still_match():
+    ids, attn, targets, mask = inputs(seed=5)
+    m_ref, m_new = tiny_llama(), tiny_llama()
+    lp_ref, _ = reference(m_ref, ids, attn, targets, mask)
+    (lp_ref * mask).sum().backward()
+    st = window_token_stats(m_new, ids, attn, targets, mask, chunk_tokens=4, entropy=False)
+    assert st.entropy is None
+    (st.logp * mask).sum().backward()
+    torch.testing.assert_close(m_new.lm_head.weight.grad, m_ref.lm_head.weight.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        m_new.model.embed_tokens.weight.grad, m_ref.model.embed_tokens.weight.grad, atol=1e-5, rtol=1e-4
+    )
+
+
+def test_entropy_as_a_metric_adds_no_gradient():
+    """Entropy logged with coefficient 0 must not change the gradient."""
+    ids, attn, targets, mask = inputs(seed=7)
+    grads = []
+    for want in (False, True):
+        m = tiny_llama()
+        st = window_token_stats(m, ids, attn, targets, mask, chunk_tokens=3, entropy=want)
+        loss, stats = RLLoss()(st.logp, st.logp.detach(), torch.ones_like(mask), mask, st.entropy)
+        assert ("entropy" in stats) == want
+        loss.backward()
+        grads.append(m.lm_head.weight.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1], atol=0, rtol=0)
+
+
+def test_no_grad_and_chunk_zero_is_the_reference_path():
+    ids, attn, targets, mask = inputs(seed=9)
+    m = tiny_llama()
+    with torch.no_grad():
+        lp_ref, ent_ref = reference(m, ids, attn, targets, mask)
+        a = window_token_stats(m, ids, attn, targets, mask, chunk_tokens=2, entropy=True)
+        b = window_token_stats(m, ids, attn, targets, mask, chunk_tokens=0, entropy=True)
+    keep = mask.bool()
+    for x in (a, b):
+        torch.testing.assert_close(x.logp[keep], lp_ref[keep], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(x.entropy[keep], ent_ref[keep], atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_stays_in_model_dtype_outside_the_chunk():
+    """A bf16 model: hidden states and lm_head stay bf16; log-probs come out fp32 and close to fp32 math."""
+    m = tiny_llama().to(torch.bfloat16)
+    h = torch.randn(11, 32, dtype=torch.bfloat16, requires_grad=True)
+    t = torch.randint(0, V, (11,))
+    lp, ent = chunk_logprobs(h, m.lm_head, t, 4, True)
+    assert lp.dtype == ent.dtype == torch.float32
+    (lp.sum() + ent.sum()).backward()
+    assert h.grad.dtype == torch.bfloat16 and m.lm_head.weight.grad.dtype == torch.bfloat16
+    want = token_logprobs(m.lm_head(h.detach()).unsqueeze(0), t.unsqueeze(0))[0]
+    torch.testing.assert_close(lp.detach(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_models_with_logit_postprocessing_take_the_full_path():
+    m = tiny_llama()
+    assert supports_chunking(m)
+    m.config.final_logit_softcapping = 30.0
+    assert not supports_chunking(m)
+    with pytest.raises(ValueError, match="chunk_tokens must be >= 1"):
+        chunk_logprobs(torch.zeros(2, 32), m.lm_head, torch.zeros(2, dtype=torch.long), 0, False)

@@ -1,0 +1,196 @@
+"""Token log-probs and entropy without the full ``[batch, tokens, vocab]`` logits.
+
+The update needs log π(target_t) (and sometimes the entropy) at the model tokens only. Computing
+them from ``model(...).logits`` materialises the logits of every position in the model's dtype,
+then an fp32 copy for ``log_softmax``, another for the entropy, and autograd keeps them for the
+backward: at 7.5k tokens × 152k vocabulary one fp32 copy is 4.6 GB per row (issue 21).
+
+Here the model runs with ``logits_to_keep=1`` (its vocabulary projection sees one position), a
+forward hook takes the decoder's last hidden states, and the output embedding (``lm_head``) is
+applied over chunks of ``chunk_tokens`` tokens by :class:`_ChunkHead`: inside a chunk the logits
+are cast to fp32 and reduced to log-prob and entropy; only the chunk's hidden states and its
+log-sum-exp are kept for the backward, which recomputes the chunk's logits (one more vocabulary
+matmul per chunk, the trade verl's chunked entropy and Liger's fused linear cross-entropy make).
+Peak memory is then one chunk's logits in fp32 (two copies), independent of the sequence length.
+
+Only positions where ``mask`` is 1 are computed (prompt, observation and padding tokens never
+carry a loss); the rest are 0. The numbers equal the full-logits path (``training.batch.
+token_logprobs``, ``training.losses.entropy_from_logits``) to fp32 rounding, as tested.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+class _ChunkHead(torch.autograd.Function):
+    """One chunk through the output embedding: hidden [n, H] (model dtype), targets [n] →
+    log-prob [n] and entropy [n] (or an empty tensor), fp32.
+
+    The forward keeps only the chunk's hidden states and its log-sum-exp; the backward runs the
+    head again on them (as reentrant activation checkpointing does, so DeepSpeed's parameter
+    hooks see an ordinary module call) and feeds it the logits' gradient, written by hand with
+    p = softmax(z), log q = z − lse:  ∂logp_t/∂z = onehot_t − p;  ∂H/∂z = −p ⊙ (log q + H).
+    Hand-written so neither pass keeps more than two fp32 copies of the chunk's logits.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, targets: torch.Tensor, head: Any, with_entropy: bool):  # noqa: ANN205
+        with torch.no_grad():
+            z = head(hidden).float()  # [n, V] fp32, this chunk only
+            logq = torch.log_softmax(z, dim=-1)  # [n, V]
+            lse = z[:, 0] - logq[:, 0]  # [n] log-sum-exp, for the backward's softmax
+            del z
+            logp = logq.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [n]
+            if with_entropy:
+                # −Σ p log q as a batched dot product: no third [n, V] temporary
+                ent = -(logq.exp().unsqueeze(1) @ logq.unsqueeze(2)).reshape(-1)  # [n]
+            else:
+                ent = lse.new_zeros(0)
+        ctx.save_for_backward(hidden, targets, lse, ent if with_entropy else lse)
+        ctx.head, ctx.with_entropy = head, with_entropy
+        ctx.set_materialize_grads(False)  # an output nothing backpropagates through gets None, not zeros
+        if not with_entropy:
+            ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx: Any, g_logp: torch.Tensor | None, g_ent: torch.Tensor | None):  # noqa: ANN205
+        hidden, targets, lse, ent = ctx.saved_tensors
+        g_ent = g_ent if ctx.with_entropy else None
+        if g_logp is None and g_ent is None:
+            return None, None, None, None
+        h = hidden.detach().requires_grad_(hidden.requires_grad)
+        with torch.enable_grad():
+            logits = ctx.head(h)  # [n, V] model dtype, with its graph to the head's parameters
+        with torch.no_grad():
+            logq = logits.float() - lse.unsqueeze(-1)  # [n, V]
+            if g_ent is None:
+                grad = logq.exp_()  # [n, V] p, in place
+                grad.mul_(-g_logp.unsqueeze(-1))
+            else:
+                p = logq.exp()  # [n, V]
+                grad = logq.add_(ent.unsqueeze(-1)).mul_(p).mul_(-g_ent.unsqueeze(-1))  # −g·p(log q + H)
+                if g_logp is not None:
+                    grad.sub_(p.mul_(g_logp.unsqueeze(-1)))
+                del p
+            if g_logp is not None:
+                grad.scatter_add_(-1, targets.unsqueeze(-1), g_logp.unsqueeze(-1))
+        torch.autograd.backward(logits, grad.to(logits.dtype))
+        return h.grad if hidden.requires_grad else None, None, None, None
+
+
+def chunk_logprobs(
+    hidden: torch.Tensor, lm_head: Any, targets: torch.Tensor, chunk_tokens: int, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of each target and (optionally) the entropy, ``chunk_tokens`` positions at a time.
+
+    hidden [N, H] (the final hidden states that predict ``targets``), targets [N] → logp [N],
+    entropy [N] or None; both fp32. Gradients reach ``hidden`` and ``lm_head``'s parameters.
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    if torch.is_grad_enabled() and not hidden.requires_grad and any(p.requires_grad for p in lm_head.parameters()):
+        # The hand-written backward is reached through ``hidden``; a frozen body with a trained
+        # head has none, so give it a leaf to hang on (its own gradient is dropped).
+        hidden = hidden.detach().requires_grad_()
+    logps, ents = [], []
+    for i in range(0, hidden.shape[0], chunk_tokens):
+        lp, en = _ChunkHead.apply(hidden[i : i + chunk_tokens], targets[i : i + chunk_tokens], lm_head, with_entropy)
+        logps.append(lp)
+        ents.append(en)
+    logp = torch.cat(logps) if logps else hidden.new_zeros(0, dtype=torch.float32)  # [N]
+    ent = (torch.cat(ents) if ents else hidden.new_zeros(0, dtype=torch.float32)) if with_entropy else None
+    return logp, ent
+
+
+@dataclass
+class TokenStats:
+    """Per target position of a window: ``logp`` [b, w] and ``entropy`` [b, w] (None unless asked); 0 where masked."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor | None
+
+
+def _decoder(model: Any) -> Any:
+    """The module whose output is the final hidden states (Llama/Qwen: ``model.model``), through
+    DeepSpeed's engine and peft's wrappers."""
+    inner = model.module if hasattr(model, "module") else model
+    if not hasattr(inner, "get_decoder") or not hasattr(inner, "get_output_embeddings"):
+        raise TypeError(f"{type(inner).__name__} has no get_decoder/get_output_embeddings: not a causal LM")
+    return inner
+
+
+# Configs that change logits after lm_head (a softcap, a scale): the chunked path would skip it.
+_LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
+
+
+def supports_chunking(model: Any) -> bool:
+    """Whether logits are exactly ``lm_head(hidden)`` for this model (no softcap or scale after it)."""
+    inner = _decoder(model)
+    cfg = getattr(inner, "config", None)
+    if any(getattr(cfg, k, None) not in (None, 1, 1.0) for k in _LOGIT_POSTPROCESSING):
+        return False
+    return isinstance(inner.get_output_embeddings(), torch.nn.Module)
+
+
+def window_token_stats(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    chunk_tokens: int = 1024,
+    entropy: bool = False,
+) -> TokenStats:
+    """Log-probs (and entropy) of the last ``w = targets.shape[1]`` targets of a forward.
+
+    input_ids, attention_mask [b, L]; targets [b, w] are the tokens at positions L − w .. L − 1,
+    predicted by the hidden states at L − w − 1 .. L − 2; mask [b, w] picks the positions to
+    compute (default all). ``chunk_tokens`` ≤ 0 takes the full-logits path (the reference: one
+    [b, w, V] tensor, fp32 in log_softmax), as does a model whose logits are not ``lm_head(h)``.
+    """
+    b, w = targets.shape
+    L = input_ids.shape[1]
+    if chunk_tokens <= 0 or not supports_chunking(model):
+        from training.batch import token_logprobs
+        from training.losses import entropy_from_logits
+
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=w + 1).logits[:, :-1]
+        logp = token_logprobs(logits, targets)  # [b, w]
+        ent = entropy_from_logits(logits) if entropy else None  # [b, w]
+        if mask is not None:
+            keep = mask.bool()
+            logp = torch.where(keep, logp, torch.zeros_like(logp))
+            ent = torch.where(keep, ent, torch.zeros_like(ent)) if ent is not None else None
+        return TokenStats(logp, ent)
+
+    inner = _decoder(model)
+    box: dict[str, torch.Tensor] = {}
+
+    def grab(_module: Any, _args: Any, output: Any) -> None:
+        box["h"] = output[0] if isinstance(output, tuple) else output.last_hidden_state  # [b, L, H]
+
+    handle = inner.get_decoder().register_forward_hook(grab)
+    try:
+        # logits_to_keep=1: the model's own vocabulary projection sees one position, not L.
+        model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=1)
+    finally:
+        handle.remove()
+    hidden = box["h"][:, L - w - 1 : L - 1]  # [b, w, H]
+    flat_h = hidden.reshape(b * w, -1)  # [b·w, H]
+    flat_t = targets.reshape(b * w)  # [b·w]
+    idx = mask.reshape(-1).nonzero().squeeze(-1) if mask is not None else None  # [n] valid positions
+    if idx is not None:
+        flat_h, flat_t = flat_h.index_select(0, idx), flat_t.index_select(0, idx)  # [n, H], [n]
+    lp, en = chunk_logprobs(flat_h, inner.get_output_embeddings(), flat_t, chunk_tokens, entropy)
+
+    def unflatten(x: torch.Tensor) -> torch.Tensor:
+        if idx is None:
+            return x.reshape(b, w)
+        return x.new_zeros(b * w).index_put((idx,), x).reshape(b, w)  # [b, w], 0 where masked
+
+    return TokenStats(unflatten(lp), unflatten(en) if en is not None else None)
