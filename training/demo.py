@@ -186,9 +186,11 @@ def _report(ui: DemoUI, eval_dir: Path, out: Path, rl_run: Path) -> Path:
     from benchmarks.demo_summary import summarize
     from benchmarks.report_write import write_report
 
-    ui.report(write_report([str(eval_dir / "*")], out, "md,html,csv", baseline=UNTRAINED))
+    # The RL run's folder makes the report draw its training curves (report.html and out/curves/*.png).
+    report = write_report([str(eval_dir / "*"), str(rl_run)], out, "md,html,csv", baseline=UNTRAINED)
+    ui.report(report)
     stages = [eval_dir / f"{name}-demo-test" for name in (UNTRAINED, TRAINED, RL)]
-    text = summarize(*stages)
+    text = summarize(*stages, curves=[(Path(c).stem, c) for c in report.curves])
     (out / "demo.md").write_text(text)
     ui.say(text)
     ui.say(f"report: {out}/report.html, {out}/leaderboard.md, {out}/demo.md")
