@@ -78,7 +78,9 @@ def _print(out: dict) -> None:
     console.print(f"stops (search turn): {out['stops']['search_turn']}", highlight=False)
     console.print(f"stops (final turn):  {out['stops']['final_turn']}; EOS {out['eos']}", highlight=False)
     console.print(f"token-limit cut: {out['length_cut']}; final no-search turn: {out['final_turn']}", highlight=False)
-    console.print(f"mode: {out['mode']}" + (f" (of {', '.join(out['modes'])})" if out["modes"] else ""), highlight=False)
+    console.print(
+        f"mode: {out['mode']}" + (f" (of {', '.join(out['modes'])})" if out["modes"] else ""), highlight=False
+    )
     console.print(f"answer: {out['answer']}", highlight=False)
     console.print(f"after an invalid action: {out['corrective']!r}", highlight=False)
     for note in out["notes"]:

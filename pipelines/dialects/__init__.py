@@ -241,7 +241,7 @@ def _register_exact() -> None:
             no_answer="I don't know.",
             limit_label="many_retrieve",
             answer_rule="the answering turn's text between its last <answer> and </answer>, not stripped; "
-            "\"I don't know.\" without one",
+            '"I don\'t know." without one',
             # Read by training.rewards.R1SearcherStage1: the stage-1 server's own two checks.
             extra_options={"stage1_checks": P.r1_searcher_stage1},
         ),

@@ -43,7 +43,9 @@ def texts(traj, role):
 # ---- Search-R1: generation.py (_postprocess_responses, postprocess_predictions, execute_predictions)
 def test_search_r1_stray_closing_answer_before_a_search_does_not_end_the_item(toy_retriever):
     # No stop strings in the original: the turn runs on and is cut at its first </search>.
-    traj, _ = run("search_r1", ["Maybe </answer> no: <search>Eddavik river</search>", "<answer>Lunne</answer>"], toy_retriever)
+    traj, _ = run(
+        "search_r1", ["Maybe </answer> no: <search>Eddavik river</search>", "<answer>Lunne</answer>"], toy_retriever
+    )
     assert [s.query for s in traj.searches] == ["Eddavik river"]
     assert traj.finish_reason == "answer" and traj.prediction == "Lunne"
 
@@ -107,7 +109,11 @@ def test_research_two_answers_first_block_last_boxed_and_upper_case_tags(toy_ret
 
 
 def test_research_search_query_whitespace_and_empty_search(toy_retriever):
-    traj, _ = run("research", ["<search>\n Eddavik river </search>", "<search> </search>", "<answer>\\boxed{x}</answer>"], toy_retriever)
+    traj, _ = run(
+        "research",
+        ["<search>\n Eddavik river </search>", "<search> </search>", "<answer>\\boxed{x}</answer>"],
+        toy_retriever,
+    )
     assert [s.query for s in traj.searches] == ["Eddavik river"]
     assert texts(traj, "observation")[1] == " <result>\nnothing to search\n</result>"
 
@@ -131,8 +137,11 @@ def test_r1_searcher_strips_the_turn_before_end_of_query_but_not_the_query(toy_r
         (["I am not sure."], {}, "shot_down"),  # EOS, no tags
         (["<answer>Lunne" + " x" * 40], {"max_new_tokens": 30}, "shot_down"),  # token-limit cut
         (["<|begin_of_query|>'\"...<|end_of_query|>"], {}, "query_inst_error"),  # nothing left of the query
-        (["<|begin_of_query|>a<|end_of_query|>", "<|begin_of_query|>b<|end_of_query|>", "<answer>Lunne</answer>"],
-         {"max_turns": 2}, "many_retrieve"),  # fmt: skip
+        (
+            ["<|begin_of_query|>a<|end_of_query|>", "<|begin_of_query|>b<|end_of_query|>", "<answer>Lunne</answer>"],
+            {"max_turns": 2},
+            "many_retrieve",
+        ),  # fmt: skip
     ],
 )
 def test_r1_searcher_no_answer_is_i_dont_know_with_the_originals_finish(turns, cfg, label, toy_retriever):
@@ -169,14 +178,18 @@ def test_rag_r1_eval_mode_length_cut_searches_the_last_query_of_the_sequence(toy
 def test_rag_r1_train_mode_is_generation_mq(toy_retriever):
     d = resolve_dialect("rag_r1", mode="train")
     assert d.final_turn and d.raw_text(" who founded Eddavik ").endswith("Question: who founded Eddavik?\n")
-    traj, _ = run("rag_r1", ["I am not sure.", "<answer> Lunne </answer> <search>q</search>"], toy_retriever, mode="train")
+    traj, _ = run(
+        "rag_r1", ["I am not sure.", "<answer> Lunne </answer> <search>q</search>"], toy_retriever, mode="train"
+    )
     assert texts(traj, "observation") == [d.corrective]
     assert traj.prediction == "Lunne" and traj.searches == []
 
 
 # ---- ProRAG: inference.py, prorag/rl/reward.py ---------------------------------------------
 def test_prorag_length_cut_continues_with_a_new_step(toy_retriever):
-    traj, _ = run("prorag", ["I think " + "x" * 60, "</step>\n<answer>Lunne</answer>"], toy_retriever, max_new_tokens=30)
+    traj, _ = run(
+        "prorag", ["I think " + "x" * 60, "</step>\n<answer>Lunne</answer>"], toy_retriever, max_new_tokens=30
+    )
     assert texts(traj, "observation") == ["\n<step>\n"] and traj.prediction == "Lunne"
 
 
