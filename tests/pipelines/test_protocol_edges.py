@@ -215,3 +215,14 @@ def test_the_final_answer_now_turn_is_off_where_the_original_has_none():
     assert resolve_dialect("rag_r1", mode="train").final_turn  # generation_mq.py is Search-R1's loop
     for d in exact.values():  # every seed dialect's file lists its known differences (the list may be empty)
         assert isinstance(d.differences, tuple)
+
+
+@pytest.mark.parametrize("name", ["search_r1", "research", "r1_searcher", "rag_r1", "prorag"])
+def test_each_dialect_file_lists_its_known_differences_per_mode(name):
+    from pipelines.dialects import shipped_template
+
+    listed = shipped_template(name)["differences"]
+    d = get_dialect(name)
+    assert set(listed) == (set(d.modes) or {"single"})
+    for mode in listed:
+        assert resolve_dialect(name, mode=mode if d.modes else None).differences == tuple(listed[mode])
