@@ -327,11 +327,40 @@ def r1_searcher_answer(d: Dialect, response: str) -> str | None:
     return response.split("<answer>")[-1].split("</answer>")[0].strip()
 
 
+def r1_searcher_validate_llama(response: str) -> tuple[bool, str]:
+    """The format checks of R1-Searcher's Llama stage-2 reward server
+    (``train/reward_server_llama_stage2.py``): document/query tag counts all equal, no ``<think>``
+    and one each of ``</think>``, ``<answer>``, ``</answer>``, no CJK outside the documents. Unlike
+    the Qwen server: no "Assistant" check, no check of tags inside the answer, no 10-word limit."""
+    s = response
+    counts = [s.count(t) for t in _R1S_TAGS]
+    if len(set(counts)) != 1:
+        return False, f"query/document tag counts differ: {counts}"
+    if not (s.count("<think>") == 0 and s.count("</think>") == s.count("<answer>") == s.count("</answer>") == 1):
+        return False, "expected no <think> and one </think>, <answer>, </answer>"
+    outside = re.sub(r"<\|begin_of_documents\|>.*?<\|end_of_documents\|>", "", s, flags=re.DOTALL)
+    if any("\u4e00" <= ch <= "\u9fff" for ch in outside):
+        return False, "Chinese characters outside the documents"
+    return True, "ok"
+
+
+_R1S_TAGS = (
+    "<|begin_of_documents|>\n",
+    "<|end_of_documents|>\n\n",
+    "<|begin_of_query|>",
+    "<|end_of_query|>",
+    "<|begin_of_documents|>",
+    "<|end_of_documents|>",
+    "<|begin_of_documents|>\n(1)",
+)
+
+
 def r1_searcher_validate(d: Dialect, response: str) -> tuple[bool, str]:
-    """The format checks of R1-Searcher's stage-2 reward (``reward_server_qwen_zero.py``) on the
-    response after ``Assistant: <think>``: document/query tag counts all equal, no
+    """The format checks of R1-Searcher's Qwen stage-2 reward server (``reward_server_qwen_zero.py``)
+    on the response after ``Assistant: <think>``: document/query tag counts all equal, no
     "Assistant"/"assistant", no ``<think>`` and one ``</think>``, one answer block without query
-    or document tags, at most 10 words, and no CJK outside the documents."""
+    or document tags, at most 10 words, and no CJK outside the documents. The Llama server's
+    checks: :func:`r1_searcher_validate_llama`."""
     s = response.strip()
     counts = [
         s.count(t)
