@@ -223,27 +223,60 @@ def _register_exact() -> None:
             "'' after a token-limit cut",
         ),
     )
+    r1 = shipped_template("r1_searcher")
     DIALECTS.register(
         "r1_searcher",
         _exact(
             "r1_searcher",
-            parse=P.r1_searcher_parse,
             observe=P.r1_searcher_observe,
-            extract=P.r1_searcher_answer,
             validate=P.r1_searcher_validate,
-            search_stops=("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>"),
-            final_stops=("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>"),
             query_open="<|begin_of_query|>",
             query_close="<|end_of_query|>",
             obs_open="<|begin_of_documents|>",
             obs_close="<|end_of_documents|>",
             rewrite=P.r1_searcher_rewrite,
-            no_answer="I don't know.",
-            limit_label="many_retrieve",
-            answer_rule="the answering turn's text between its last <answer> and </answer>, not stripped; "
-            '"I don\'t know." without one',
             # Read by training.rewards.R1SearcherStage1: the stage-1 server's own two checks.
             extra_options={"stage1_checks": P.r1_searcher_stage1},
+            parse=P.r1_searcher_parse,
+            extract=P.r1_searcher_answer,
+            search_stops=(),
+            final_stops=(),
+            mode="eval",
+            modes={
+                # evaluation/eval_search_loacl.py
+                "eval": dict(
+                    parse=P.r1_searcher_parse,
+                    search_stops=("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>"),
+                    final_stops=("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>"),
+                    template=r1["template"],
+                    base_template=None,
+                    placement="raw",
+                    prompt_suffix="",
+                    no_answer="I don't know.",
+                    limit_label="many_retrieve",
+                    final_turn=False,
+                    answer_from="action",
+                    answer_rule="the answering turn's text between its last <answer> and </answer>, not stripped; "
+                    '"I don\'t know." without one',
+                ),
+                # OpenRLHF-RAG experience_maker.py + prompts_dataset.py (--apply_chat_template)
+                "train": dict(
+                    parse=P.r1_searcher_train_parse,
+                    search_stops=("<|end_of_query|>",),
+                    final_stops=("<|end_of_query|>",),
+                    template=r1["train_template"],
+                    base_template=r1["train_base_template"],
+                    placement="system",
+                    prompt_suffix="<think>",
+                    no_answer=None,
+                    limit_label="",
+                    # t == 8: the 9th generation is kept and the rollout ends (agent.max_turns 8)
+                    final_turn=True,
+                    answer_from="response",
+                    answer_rule="the reward server's: the text between the last <answer> and </answer> of the "
+                    "response, stripped",
+                ),
+            },
         ),
     )
     DIALECTS.register(

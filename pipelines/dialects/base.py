@@ -108,6 +108,7 @@ class Dialect:
     search_stops: tuple[str, ...]
     final_stops: tuple[str, ...]
     base_template: str | None = None
+    prompt_suffix: str = ""  # text after the chat template's generation prompt (R1-Searcher's training "<think>")
     question_mark: bool = False
     corrective: str | None = None
     continue_text: str | None = None
@@ -185,7 +186,8 @@ class Dialect:
         in messages, ``chat`` is on and ``tokenizer`` has a chat template; else the raw form."""
         if tokenizer is not None and self.uses_chat_template(tokenizer, chat):
             messages = self.messages(question, few_shot)
-            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return text + self.prompt_suffix
         return self.raw_text(question, few_shot)
 
     def prompt_ids(self, tokenizer: Any, question: str, chat: bool, few_shot: bool = False) -> list[int]:

@@ -295,6 +295,23 @@ def r1_searcher_parse(d: Dialect, text: str, end: TurnEnd) -> Action:
     return Action("end", reason="neither an answer nor a query", label="shot_down")
 
 
+def r1_searcher_train_parse(d: Dialect, text: str, end: TurnEnd) -> Action:
+    """Mode ``train`` (OpenRLHF-RAG ``experience_maker.py``): the only stop is ``<|end_of_query|>``;
+    a turn that stopped on it with a ``<|begin_of_query|>`` searches the text after the last one,
+    double quotes removed, stripped, whitespace squeezed (empty: the rollout ends); any other turn
+    (EOS, the token limit) ends the rollout, the reward server reading the answer from the whole
+    response."""
+    if not end.eos and not end.length and text.endswith("<|end_of_query|>") and "<|begin_of_query|>" in text:
+        query = text[: -len("<|end_of_query|>")].split("<|begin_of_query|>")[-1]
+        query = " ".join(query.replace('"', "").split())
+        if query:
+            return Action("search", queries=(query,))
+        return Action("end", reason="empty query")
+    if "</answer>" in text:
+        return Action("answer", answer=None)
+    return Action("end", reason="the rollout ended without a query")
+
+
 def r1_searcher_rewrite(text: str, action: Action) -> str | None:
     """A searching turn continues as ``generated_text.strip()`` + ``<|end_of_query|>``: the
     original strips the turn (both ends) before appending the tag and the documents."""

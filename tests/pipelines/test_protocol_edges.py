@@ -226,3 +226,20 @@ def test_each_dialect_file_lists_its_known_differences_per_mode(name):
     assert set(listed) == (set(d.modes) or {"single"})
     for mode in listed:
         assert resolve_dialect(name, mode=mode if d.modes else None).differences == tuple(listed[mode])
+
+
+def test_r1_searcher_train_mode_is_its_training_rollout(byte_tok, toy_retriever):
+    # prompts_dataset.py: the chat template, its own system text, then "<think>".
+    d = resolve_dialect("r1_searcher", mode="train")
+    text = d.render("Which river?", byte_tok)
+    assert text.endswith("<think>") and "You are a helpful assistant." in text and d.stops() == ("<|end_of_query|>",)
+    # experience_maker.py: query stripped and squeezed; at most max_turns retrievals, then the next
+    # generation is kept and the rollout ends; the reward reads the answer from the response.
+    turns = [
+        ' a <|begin_of_query|>  "Eddavik"\t river <|end_of_query|>',
+        "<|begin_of_query|>x<|end_of_query|>",
+        "<answer> Lunne </answer> done",
+    ]
+    traj, _ = run("r1_searcher", turns, toy_retriever, mode="train", max_turns=2)
+    assert [s.query for s in traj.searches] == ["Eddavik river", "x"]
+    assert traj.n_turns == 3 and traj.prediction == "Lunne"
