@@ -26,6 +26,8 @@ SEEDS = [
     "configs/train/prorag_prm.yaml",
     "configs/train/prorag/sft.yaml",
     "configs/train/prorag/rft_sft.yaml",
+    "configs/train/harr/minilm_search_r1.yaml",
+    "configs/train/harr/minilm_search_r1_ppo.yaml",
 ]
 # Where a run goes and how it is served, not how it trains: not hyper-parameters.
 NOT_HYPER = (
@@ -34,6 +36,8 @@ NOT_HYPER = (
     "algo.step_scorer_url", "optim.zero_stage", "optim.bf16", "optim.threads", "trainer.out", "trainer.save_every",
     "trainer.eval_every", "trainer.save_every_minutes", "trainer.keep_checkpoints", "trainer.tensorboard",
     "trainer.wandb_project", "trainer.save_rollouts", "trainer.progress", "prm.data", "sft.sources",
+    # retriever RL: the frozen generator and where it is served are not the retriever's training values
+    "retriever_rl.method", "retriever_rl.backend", "retriever_rl.agent", "retriever_rl.encoder.name",
 )  # fmt: skip
 
 
@@ -88,7 +92,9 @@ def test_every_key_equals_its_source_except_the_listed_deviations(path):
 
 def test_the_blocks_are_accepted_and_a_deviation_needs_a_reason(tmp_path):
     bad = tmp_path / "r.yaml"
-    bad.write_text("source: {repository: a/b, file: f, commit: c, values: {optim.lr: 1}}\ndeviations: [{key: optim.lr, reason: ' '}]\n")
+    bad.write_text(
+        "source: {repository: a/b, file: f, commit: c, values: {optim.lr: 1}}\ndeviations: [{key: optim.lr, reason: ' '}]\n"
+    )
     with pytest.raises(ConfigError, match="needs a reason"):
         compose(TrainConfig, [bad])
     bad.write_text("deviations: [{key: optim.lr}]\n")
