@@ -93,7 +93,8 @@ def test_every_key_equals_its_source_except_the_listed_deviations(path):
 def test_the_blocks_are_accepted_and_a_deviation_needs_a_reason(tmp_path):
     bad = tmp_path / "r.yaml"
     bad.write_text(
-        "source: {repository: a/b, file: f, commit: c, values: {optim.lr: 1}}\ndeviations: [{key: optim.lr, reason: ' '}]\n"
+        "source: {repository: a/b, file: f, commit: c, values: {optim.lr: 1}}\n"
+        "deviations: [{key: optim.lr, reason: ' '}]\n"
     )
     with pytest.raises(ConfigError, match="needs a reason"):
         compose(TrainConfig, [bad])
