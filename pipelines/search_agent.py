@@ -367,18 +367,26 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
         self, ids: list[int], text: str, logprobs: list[float] | None
     ) -> tuple[list[int], str, list[float] | None]:
         """The turn as the dialect's original keeps it (``Dialect.cut``): the shortest prefix of
-        the generated tokens whose text reaches the cut; the rest is dropped."""
+        the generated tokens whose text reaches the cut; the rest (an EOS included: Search-R1
+        re-encodes the cut text) is dropped."""
         at = self.dialect.cut(text) if self.dialect.cut is not None else None
-        if at is None or at >= len(text):
+        if at is None:
             return ids, text, logprobs
-        lo, hi = 1, len(ids)  # the smallest n with len(decode(ids[:n])) >= at
+
+        def reach(n: int) -> int:  # length of the text of the first n tokens (as the turn's text is decoded)
+            return len(self.tokenizer.decode(ids[:n], skip_special_tokens=True))
+
+        lo, hi = 0, len(ids)  # the smallest n whose text reaches the cut
         while lo < hi:
             mid = (lo + hi) // 2
-            if len(self.tokenizer.decode(ids[:mid])) >= at:
+            if reach(mid) >= at:
                 hi = mid
             else:
                 lo = mid + 1
-        return ids[:lo], self.tokenizer.decode(ids[:lo]), None if logprobs is None else logprobs[:lo]
+        if lo >= len(ids):  # nothing after the cut, not even an EOS: the turn stays whole
+            return ids, text, logprobs
+        cut_text = self.tokenizer.decode(ids[:lo], skip_special_tokens=True)
+        return ids[:lo], cut_text, None if logprobs is None else logprobs[:lo]
 
     async def _generate(self, context: list[int], params: SamplingParams, traj: Trajectory) -> Completion:
         t0 = time.perf_counter()
