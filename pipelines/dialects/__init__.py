@@ -300,6 +300,8 @@ def _register_exact() -> None:
             obs_close="</retrieval>",
             think_open="<step>",
             think_close="</step>",
+            # Read by training.mcts: ProRAG's format_check of a step (prorag/prm/filter.py).
+            extra_options={"step_check": P.prorag_step_ok},
             answer_rule="the answering turn's first <answer>...</answer>, stripped ('' without one); the "
             "reward reads the completion's first, tags case-insensitive",
         ),

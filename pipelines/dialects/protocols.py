@@ -473,6 +473,24 @@ def prorag_validate(d: Dialect, response: str) -> tuple[bool, str]:
     return True, "ok"
 
 
+_PRORAG_STEPS = (
+    ["<step>", "</step>", "<subquery>", "</subquery>", "<retrieval>", "</retrieval>"],
+    ["<step>", "</step>", "<subanswer>", "</subanswer>"],
+    ["<step>", "</step>", "<answer>", "</answer>"],
+)
+
+
+def prorag_step_ok(step: str) -> bool:
+    """ProRAG's ``format_check`` (``prorag/prm/filter.py``) on one step as the loop records it (the
+    model's turn and its observation): with the step's opening ``<step>`` (in the text before it)
+    put back and the next step's ``<step>`` (its observation's end) left off, the tags are exactly
+    a search, a sub-answer or an answer step."""
+    tags = re.findall(r"</?[a-zA-Z]+>", "<step>\n" + step)
+    if len(tags) > 1 and tags[-1] == "<step>":
+        tags = tags[:-1]
+    return tags in _PRORAG_STEPS
+
+
 def r1_searcher_stage1(response: str) -> tuple[bool, bool]:
     """R1-Searcher's stage-1 reward terms (``reward_server_llama_stage1.py``) on the response:
     (retrieval well formed: the seven query/document tag counts equal and at least 1,
