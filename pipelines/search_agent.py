@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -404,6 +405,13 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
                 versions.append(completion.weight_version)
         return completion
 
+    def _turns(self, traj: Trajectory) -> list[tuple[str | None, str | None]]:
+        """HARR's history (``generator.py``): per earlier model turn, its last query block and its
+        last reasoning block (the sub-answer), unstripped; the current turn is not included."""
+        d = self.dialect
+        turns = [s.text for s in traj.segments if s.role == "model"][:-1]
+        return [(_last(d.query_open, d.query_close, t), _last(d.think_open, d.think_close, t)) for t in turns]
+
     async def _search(self, queries: tuple[str, ...], turn: int, traj: Trajectory) -> str:
         if not queries:  # a search with nothing to look up: the dialect says what comes back
             return self.dialect.observation_text((), [])
@@ -414,7 +422,7 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
         # The key (example, sample) lets a sampling retriever seed each call, whatever the concurrency.
         key = f"{traj.example_id}#{traj.sample_index}"
         kw = (
-            {"state": [state_for(traj.question, traj.searches, key)] * len(queries)}
+            {"state": [state_for(traj.question, traj.searches, key, self._turns(traj))] * len(queries)}
             if accepts_state(self.retriever)
             else {}
         )
@@ -437,6 +445,11 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
                 )
             )
         return self.dialect.observation_text(queries, capped)
+
+
+def _last(open_tag: str, close_tag: str, text: str) -> str | None:
+    found = re.findall(re.escape(open_tag) + r"(.*?)" + re.escape(close_tag), text, flags=re.DOTALL)
+    return found[-1] if found else None
 
 
 def cap_doc(tokenizer: Any, doc: Doc, max_tokens: int) -> Doc:
