@@ -68,6 +68,11 @@ for _p in (
     ),
     MetricProfile("rag_r1", ("em",), "inclusionAI/AWorld-RL RAG-R1: EM (REFERENCE §4)"),
     MetricProfile(
+        "harr",
+        ("em", "f1"),
+        "zyc140345/HARR scripts/evaluate_rag.py (compute_metric: SQuAD EM and F1 from evaluate.load('squad'))",
+    ),
+    MetricProfile(
         "prorag",
         ("em", "f1_prorag"),
         "lilinwz/ProRAG prorag/utils/metric.py (calculate_f1_score: lower-cased whitespace tokens, no "
