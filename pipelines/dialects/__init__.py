@@ -91,7 +91,10 @@ FLASHRAG_DIFFERENCES: dict[str, tuple[str, ...]] = {
         "FlashRAG's main repository has no ReSearch port; ReSearch ships its own FlashRAG fork whose "
         "ReSearchPipeline is what this dialect follows (EOS ends the answer turn, \\boxed{} answers)",
     ),
-    "rag_r1": ("FlashRAG has no RAG-R1 port; this dialect follows RAG-R1's generation_mq.py",),
+    "rag_r1": (
+        "FlashRAG has no RAG-R1 port; mode eval follows RAG-R1's evaluation/eval_multiquery.py, mode train its "
+        "rag_r1/llm_agent/generation_mq.py",
+    ),
     "prorag": ("FlashRAG has no ProRAG port; this dialect follows ProRAG's inference.py",),
 }
 
