@@ -265,6 +265,9 @@ def simple_evaluate(
     run = run or build_eval(cfg, backend, retriever, examples)
     preflight(run.backend, run.retriever if run.manifest.retriever else None)
     judge = build_judge(cfg, run.run_dir)
+    from benchmarks.profiles import get_profile
+
+    response_only = get_profile(cfg.metric_profile).answer_in_response_only
     try:
         results = evaluate(
             run.method,
@@ -275,6 +278,7 @@ def simple_evaluate(
             on_item=on_item,
             n_samples=cfg.n_samples,
             judge=judge,
+            response_only=response_only,
         )
         if judge is not None:
             judge.write_record(run.run_dir)  # the prompt, model and decoding the verdicts came from

@@ -31,12 +31,19 @@ _TRAJECTORY_METRICS = ("em_last_answer", "judge")
 
 
 def score_trajectory(
-    traj: Trajectory, metrics: Iterable[str] = DEFAULT_METRICS, judge: Callable[..., float | None] | None = None
+    traj: Trajectory,
+    metrics: Iterable[str] = DEFAULT_METRICS,
+    judge: Callable[..., float | None] | None = None,
+    response_only: bool = True,
 ) -> ItemScore:
     """The score of one item. A failed item scores 0 on every metric.
 
     ``em_last_answer`` (Search-R1's EM) reads the last ``<answer>`` of the whole response when
-    the trajectory has one. ``judge`` (a :class:`benchmarks.judge.LLMJudge`) gives the ``judge``
+    the trajectory has one. ``response_only`` (harness's fix, on in the ``default`` profile): the
+    prompt's example answer never counts; off (profile ``search_r1``), it is Search-R1's
+    ``qa_em.extract_solution`` on prompt + response exactly (at least two matches, the last one;
+    Search-R1's prompt holds two, so a response without an answer scores as "Beijing").
+    ``judge`` (a :class:`benchmarks.judge.LLMJudge`) gives the ``judge``
     metric; its None (a failed call) stays None: missing, not wrong. Without a judge the
     ``judge`` metric is None too.
     """
@@ -49,8 +56,11 @@ def score_trajectory(
     else:
         values = dict(score_prediction(traj.prediction, list(traj.answers), metrics=plain))
         if "em_last_answer" in metrics:
+            prompt = "" if response_only or not traj.segments else traj.segments[0].text
             values["em_last_answer"] = (
-                em_last_answer_response(traj.response_text, list(traj.answers))
+                em_last_answer_response(
+                    traj.response_text, list(traj.answers), prompt, min_matches=1 if response_only else 2
+                )
                 if traj.response_text
                 else score_prediction(traj.prediction, list(traj.answers), ("em_last_answer",))["em_last_answer"]
             )
@@ -130,6 +140,7 @@ def evaluate(
     on_item: Callable[[ItemScore], None] | None = None,
     n_samples: int = 1,
     judge: Callable[..., float | None] | None = None,
+    response_only: bool = True,
 ) -> RunResults:
     """Run (or resume) ``method`` on ``examples`` into ``run_dir``; returns the results.
 
@@ -152,7 +163,7 @@ def evaluate(
         logger.info("resuming %s: %d of %d items already done", run.path, len(skip), manifest.n_total)
 
     def on_done(traj: Trajectory) -> None:
-        score = score_trajectory(traj, metrics, judge)
+        score = score_trajectory(traj, metrics, judge, response_only)
         run.append(traj, score)
         if on_item is not None:
             on_item(score)

@@ -159,14 +159,15 @@ def em_last_answer(pred: str, golds: str | Sequence[str]) -> float:
     return exact_match(pred if answer is None else answer, golds)
 
 
-def em_last_answer_response(response: str, golds: str | Sequence[str]) -> float:
+def em_last_answer_response(response: str, golds: str | Sequence[str], prompt: str = "", min_matches: int = 1) -> float:
     """Search-R1's EM of a whole response: 0 when it holds no ``<answer>…</answer>``.
 
-    Search-R1 scores the prompt plus the response and needs at least two matches, the first
-    being the example in its own prompt; on the response alone that is at least one.
+    Search-R1 (``qa_em.extract_solution``) scores ``prompt + response`` and needs at least two
+    matches (``min_matches=2``; its prompt holds two). The default, harness's fix, reads the
+    response alone and needs one.
     """
-    answer = last_answer(response)
-    return 0.0 if answer is None else exact_match(answer, golds)
+    matches = _ANSWER_TAG.findall(prompt + response)
+    return 0.0 if len(matches) < min_matches or not matches else exact_match(matches[-1].strip(), golds)
 
 
 Metric = Callable[[str, Sequence[str]], float]

@@ -23,6 +23,10 @@ class MetricProfile:
     metrics: tuple[str, ...]
     source: str
     judge_prompt: str | None = None  # configs/judges/<name>.yaml: the paper's own judge prompt
+    # Harness's fix: an answer is read from the response only, so the prompt's example answer
+    # never counts. Off in `search_r1`: its qa_em reads prompt + response (two matches needed;
+    # its prompt has two, so a response without an answer is scored as "Beijing").
+    answer_in_response_only: bool = True
 
     @property
     def headline(self) -> str:
@@ -45,7 +49,8 @@ for _p in (
         "search_r1",
         ("em_last_answer", "f1"),
         "PeterGriffinJin/Search-R1 verl/utils/reward_score/qa_em.py (compute_score_em: SQuAD-normalised EM "
-        "of the last <answer>); the paper's tables report EM",
+        "of the last <answer> of prompt + response, at least two matches); the paper's tables report EM",
+        answer_in_response_only=False,
     ),
     MetricProfile(
         "r1_searcher",
@@ -62,6 +67,11 @@ for _p in (
         judge_prompt="research",
     ),
     MetricProfile("rag_r1", ("em",), "inclusionAI/AWorld-RL RAG-R1: EM (the metric its paper reports)"),
+    MetricProfile(
+        "harr",
+        ("em", "f1"),
+        "zyc140345/HARR scripts/evaluate_rag.py (compute_metric: SQuAD EM and F1 from evaluate.load('squad'))",
+    ),
     MetricProfile(
         "prorag",
         ("em", "f1_prorag"),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -46,8 +47,11 @@ logger = logging.getLogger(__name__)
 class AgentConfig:
     """Limits and settings of the agent loop.
 
-    ``max_turns`` counts search turns; after it, one final turn without search runs (as
-    Search-R1 does), so a model gets to answer with what it found.
+    ``max_turns`` counts turns followed by an observation (a search, a corrective message, a
+    continuation). ``final_turn``: one more turn without search after them; ``None`` takes the
+    dialect's (on only where the original has one: Search-R1, RAG-R1 ``train``, and our small
+    variants). ``mode``: ``eval`` or ``train`` for a dialect whose evaluation and training code
+    disagree (RAG-R1); ``None`` is the dialect's default (``eval``; RL rollouts pass ``train``).
     """
 
     max_turns: int = 4
@@ -60,7 +64,8 @@ class AgentConfig:
     chat: bool = True  # use the tokenizer's chat template when it has one
     few_shot: bool = False  # put the dialect's one-shot demonstration in the prompt
     response_prefix: str = ""  # text the response starts with (e.g. "<think>"), fed as prompt (mask 0)
-    final_turn: bool = True
+    final_turn: bool | None = None
+    mode: str | None = None
     temperature: float = 0.0
     top_p: float = 1.0
     max_concurrency: int = 64
@@ -95,7 +100,8 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
         flashrag_config: Any = None,
     ) -> None:
         config = config or AgentConfig()
-        self.dialect = resolve_dialect(dialect, config.variant, config.template)
+        self.dialect = resolve_dialect(dialect, config.variant, config.template, config.mode)
+        self.final_turn = self.dialect.final_turn if config.final_turn is None else config.final_turn
         # The dialect owns the prompt, so FlashRAG's PromptTemplate (which reads a model config
         # from disk) is not built: the dialect stands in its place.
         self.flashrag_config = flashrag_config or safe_config()
@@ -199,9 +205,28 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
         # other items before that (an in-process backend reports it) is not this item's latency.
         traj.wall_time_s += time.perf_counter() - start - traj.metadata.get("queue_s", 0.0)
         traj.response_text = "".join(s.text for s in traj.segments[1:])  # after the prompt proper
-        if traj.finish_reason != "error" or not traj.prediction:
+        if traj.finish_reason == "error":
             traj.prediction = traj.prediction or self.dialect.extract_answer(traj.response_text) or ""
+        elif traj.finish_reason != "paused":
+            traj.prediction = self._prediction(traj)
         return traj
+
+    def _prediction(self, traj: Trajectory) -> str:
+        """The item's answer as the dialect's original reads it (:class:`~pipelines.dialects.Dialect`
+        ``answer_from``, ``no_answer``, ``length_cut_answer``, ``prompt_answers_count``)."""
+        d = self.dialect
+        if traj.metadata.get("length_cut") and d.length_cut_answer is not None:
+            return d.length_cut_answer
+        answered = traj.metadata.pop("answer", None) if traj.finish_reason == "answer" else None
+        if d.answer_from == "action" and answered is not None:
+            return answered
+        if d.answer_from == "action" and d.no_answer is not None:
+            return d.no_answer
+        text = traj.response_text
+        if d.prompt_answers_count and traj.segments:
+            text = traj.segments[0].text + text
+        found = d.extract_answer(text)
+        return found if found is not None else (d.no_answer or "")
 
     # ---- the loop --------------------------------------------------------------------------
     def _start(self, example: Example, sample_index: int, policy_version: int, prefix: Trajectory | None) -> Trajectory:
@@ -261,8 +286,8 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
                 traj.finish_reason = "paused"
                 return
             allow_search = search_turns < c.max_turns
-            if not allow_search and not c.final_turn:
-                traj.finish_reason = "max_turns"
+            if not allow_search and not self.final_turn:
+                self._finish(traj, "max_turns", d.limit_label)
                 return
             room = self.max_context - len(context)
             budget = c.max_total_tokens - used
@@ -277,28 +302,39 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
 
             comp = await self._generate(context, params, traj)
             traj.n_turns += 1
-            traj.segments.append(Segment("model", list(comp.token_ids), comp.text, comp.logprobs))
-            context.extend(comp.token_ids)
-            traj.generated_tokens += len(comp.token_ids)
-            used += len(comp.token_ids)
-
             if comp.finish_reason == "abort":
                 raise BackendError(f"backend aborted the request: {comp.meta.get('message', '')}".strip())
-            action = d.parse_action(comp.text, eos=comp.stopped_on_eos)
+            ids, text, logprobs = self._cut(list(comp.token_ids), comp.text, comp.logprobs)
+            cut = len(ids) < len(comp.token_ids)  # the dialect cut the turn: it ends as a stop does
+            eos, length = comp.stopped_on_eos and not cut, comp.finish_reason == "length" and not cut
+            before = "".join(s.text for s in traj.segments)  # prompt + response so far (RAG-R1's eval reads it)
+            action = d.parse_action(text, eos=eos, length=length, context=before)
+            if d.rewrite is not None and (new := d.rewrite(text, action)) is not None:
+                # The original continues from its own text (R1-Searcher strips the turn): re-encoded.
+                text, ids, logprobs = new, self.tokenizer.encode(new, add_special_tokens=False), None
+            traj.segments.append(Segment("model", ids, text, logprobs))
+            context.extend(ids)
+            traj.generated_tokens += len(ids)
+            used += len(ids)
+            if action.label:
+                traj.metadata["original_finish"] = action.label
+
             if action.kind == "answer":
-                traj.prediction = action.answer or ""
+                if action.answer is not None:
+                    traj.metadata["answer"] = action.answer
                 traj.finish_reason = "answer"
                 return
-            if comp.finish_reason == "length":
+            if length and d.on_length == "end":
                 # Which limit stopped it: the item's own budget, the context, or the turn cap.
                 bound_by_context = room <= min(base.max_new_tokens, budget)
                 traj.finish_reason = "context_overflow" if bound_by_context else "max_tokens"
+                traj.metadata["length_cut"] = True
                 return
             if not allow_search:
                 # The final no-search turn ended without an answer.
-                traj.finish_reason = "max_turns"
+                self._finish(traj, "max_turns", d.limit_label)
                 return
-            if comp.stopped_on_eos and not d.continue_after_eos or action.kind == "end":
+            if eos and d.on_eos == "end" or action.kind == "end":
                 traj.finish_reason = "eos_without_answer"
                 return
             if action.kind == "search":
@@ -322,6 +358,37 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
             used += len(obs_ids)
             steps += 1
 
+    @staticmethod
+    def _finish(traj: Trajectory, reason: Any, label: str) -> None:
+        traj.finish_reason = reason
+        if label:
+            traj.metadata["original_finish"] = label
+
+    def _cut(
+        self, ids: list[int], text: str, logprobs: list[float] | None
+    ) -> tuple[list[int], str, list[float] | None]:
+        """The turn as the dialect's original keeps it (``Dialect.cut``): the shortest prefix of
+        the generated tokens whose text reaches the cut; the rest (an EOS included: Search-R1
+        re-encodes the cut text) is dropped."""
+        at = self.dialect.cut(text) if self.dialect.cut is not None else None
+        if at is None:
+            return ids, text, logprobs
+
+        def reach(n: int) -> int:  # length of the text of the first n tokens (as the turn's text is decoded)
+            return len(self.tokenizer.decode(ids[:n], skip_special_tokens=True))
+
+        lo, hi = 0, len(ids)  # the smallest n whose text reaches the cut
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if reach(mid) >= at:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo >= len(ids):  # nothing after the cut, not even an EOS: the turn stays whole
+            return ids, text, logprobs
+        cut_text = self.tokenizer.decode(ids[:lo], skip_special_tokens=True)
+        return ids[:lo], cut_text, None if logprobs is None else logprobs[:lo]
+
     async def _generate(self, context: list[int], params: SamplingParams, traj: Trajectory) -> Completion:
         t0 = time.perf_counter()
         try:
@@ -338,6 +405,13 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
                 versions.append(completion.weight_version)
         return completion
 
+    def _turns(self, traj: Trajectory) -> list[tuple[str | None, str | None]]:
+        """HARR's history (``generator.py``): per earlier model turn, its last query block and its
+        last reasoning block (the sub-answer), unstripped; the current turn is not included."""
+        d = self.dialect
+        turns = [s.text for s in traj.segments if s.role == "model"][:-1]
+        return [(_last(d.query_open, d.query_close, t), _last(d.think_open, d.think_close, t)) for t in turns]
+
     async def _search(self, queries: tuple[str, ...], turn: int, traj: Trajectory) -> str:
         if not queries:  # a search with nothing to look up: the dialect says what comes back
             return self.dialect.observation_text((), [])
@@ -348,7 +422,7 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
         # The key (example, sample) lets a sampling retriever seed each call, whatever the concurrency.
         key = f"{traj.example_id}#{traj.sample_index}"
         kw = (
-            {"state": [state_for(traj.question, traj.searches, key)] * len(queries)}
+            {"state": [state_for(traj.question, traj.searches, key, self._turns(traj))] * len(queries)}
             if accepts_state(self.retriever)
             else {}
         )
@@ -371,6 +445,11 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
                 )
             )
         return self.dialect.observation_text(queries, capped)
+
+
+def _last(open_tag: str, close_tag: str, text: str) -> str | None:
+    found = re.findall(re.escape(open_tag) + r"(.*?)" + re.escape(close_tag), text, flags=re.DOTALL)
+    return found[-1] if found else None
 
 
 def cap_doc(tokenizer: Any, doc: Doc, max_tokens: int) -> Doc:

@@ -108,7 +108,8 @@ def _rl_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
     examples = train_examples(cfg)
     retriever = dataset_retriever(cfg.retriever, merged_corpus_dataset(cfg), d.split, d.data_dir)
     backend = backend or rollout_backend(cfg)
-    agent = build_method(cfg.rollout.method, backend, retriever, dict(cfg.rollout.agent))
+    # Rollouts follow a dialect's training code where it differs from its evaluation (RAG-R1).
+    agent = build_method(cfg.rollout.method, backend, retriever, {"mode": "train", **cfg.rollout.agent})
     validation = build_validation(cfg, backend, Path(out))
     return Trainer(cfg, agent, examples, out, validate=validation)
 

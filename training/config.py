@@ -218,6 +218,32 @@ class PRMConfig:
 
 
 @dataclass(frozen=True)
+class RecipeSource:
+    """Where a recipe's values come from (read by ``tests/training/test_recipe_sources.py``; training
+    ignores it): the original run's ``repository``, ``file`` and ``commit`` (``also``: further files
+    its values come from, such as the trainer's defaults), and ``values``: the original's value of
+    each hyper-parameter, keyed by the recipe's dotted key (``optim.lr``)."""
+
+    repository: str = ""
+    file: str = ""
+    commit: str = ""
+    also: tuple[str, ...] = ()
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """A recipe key whose value differs from its source's (or has no counterpart there), and why."""
+
+    key: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not self.reason.strip():
+            raise ValueError(f"deviations: {self.key!r} needs a reason")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     name: str = "train"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -231,3 +257,5 @@ class TrainConfig:
     prm: PRMConfig = field(default_factory=PRMConfig)
     retriever_rl: RetrieverTrainConfig = field(default_factory=RetrieverTrainConfig)  # algo.kind: retriever
     papers: str = ""  # which published settings the recipe follows
+    source: RecipeSource = field(default_factory=RecipeSource)  # the original run's values (checked by a test)
+    deviations: tuple[Deviation, ...] = ()  # where this recipe differs from ``source``, each with its reason

@@ -17,9 +17,14 @@ A node's value is ``W / N`` (sum of backed-up rewards over visits). Settings def
 c_puct 2.5, gamma 0.99, expansion at temperature 0.9 / top-p 0.95, rollouts greedy, reward = F1 of
 the answer (the ``prorag_f1`` reward). Differences, and why:
 
-- ProRAG turns its trees into PRM pairs with GPT-4o choosing a chosen/rejected sibling
-  (``prorag/prm/filter.py``). Here pairs are the siblings whose values differ by more than
-  ``margin`` (no teacher model needed); both need at least ``min_visits`` visits.
+- Pairs (``pair_rule``): ``filter`` (the default) walks the tree as ProRAG's
+  ``prorag/prm/filter.py`` does: at a node, the candidates are its children visited at least
+  ``min_visits`` times whose step passes the dialect's step check (ProRAG's ``format_check``);
+  with two or more, the node gives ONE pair; the walk recurses only into candidates visited at
+  least ``recurse_visits`` (3) times. ProRAG has GPT-4o choose that pair (or none) among the
+  candidates; the teacher is replaced here by a rule: the highest- against the lowest-valued
+  candidate, kept when they differ by more than ``margin``. ``pair_rule: margin`` is the other
+  option: every pair of visited siblings differing by more than ``margin``, anywhere in the tree.
 - Budgets per question (``max_nodes``, ``max_rollouts``, ``max_tokens``) cap the search besides
   ``num_simulations``; ProRAG has only the simulation count.
 
@@ -40,10 +45,10 @@ import math
 import os
 import random
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from harness.config import require_at_least
 from harness.eval_config import BackendConfig, DatasetConfig, RetrieverConfig
@@ -71,6 +76,8 @@ class MCTSConfig:
     reward: Any = "prorag_f1"  # training.rewards.build_reward spec scoring a finished rollout
     margin: float = 0.2  # pairs: sibling values must differ by MORE than this
     min_visits: int = 1  # pairs and step records: nodes visited at least this often
+    pair_rule: Literal["filter", "margin"] = "filter"  # ProRAG's filter.py walk, or all sibling pairs
+    recurse_visits: int = 3  # pair_rule filter: recurse only into candidates visited this often
     max_nodes: int | None = None  # budget: nodes in the tree (root included); a leaf is expanded only if K more fit
     max_rollouts: int | None = None  # budget: rollouts to a terminal answer
     max_tokens: int | None = None  # budget: generated tokens (expansions + rollouts)
@@ -79,6 +86,7 @@ class MCTSConfig:
 
     def __post_init__(self) -> None:
         require_at_least(self, 1, "num_simulations", "expansion_width", "max_depth", "min_visits", "concurrency")
+        require_at_least(self, 1, "recurse_visits")
         require_at_least(self, 1, "max_nodes", "max_rollouts", "max_tokens")
         require_at_least(self, 0, "c_puct", "margin", "expand_temperature", "rollout_temperature")
         if not 0 < self.gamma <= 1:
@@ -263,8 +271,11 @@ def step_of(node: Node) -> list[Segment]:
     return node.traj.segments[len(prefix_of(node)) :]  # type: ignore[union-attr]
 
 
-def tree_records(example: Example, root: Node, cfg: MCTSConfig) -> tuple[list[dict], list[dict]]:
-    """Step records of every visited non-root node, and the contrastive sibling pairs."""
+def tree_records(
+    example: Example, root: Node, cfg: MCTSConfig, step_ok: Callable[[str], bool] | None = None
+) -> tuple[list[dict], list[dict]]:
+    """Step records of every visited non-root node, and the contrastive sibling pairs
+    (``cfg.pair_rule``; ``step_ok``: the dialect's check of a step's text, ProRAG's ``format_check``)."""
     steps, pairs = [], []
     for n in walk(root):
         if n.parent is not None and n.visits >= cfg.min_visits:
@@ -283,23 +294,49 @@ def tree_records(example: Example, root: Node, cfg: MCTSConfig) -> tuple[list[di
                     "finish_reason": n.traj.finish_reason if n.traj else None,
                 }
             )
-        kids = [ch for ch in n.children if ch.visits >= cfg.min_visits]
-        for i, a in enumerate(kids):
-            for b in kids[i + 1 :]:
-                if abs(a.value - b.value) <= cfg.margin:
-                    continue
-                hi, lo = (a, b) if a.value > b.value else (b, a)
-                pairs.append(
-                    {
-                        "question_id": example.id,
-                        "question": example.question,
-                        "parent": n.id,
-                        "prefix": _segs(prefix_of(hi)),
-                        "chosen": {"node": hi.id, "step": _segs(step_of(hi)), "value": hi.value, "visits": hi.visits},
-                        "rejected": {"node": lo.id, "step": _segs(step_of(lo)), "value": lo.value, "visits": lo.visits},
-                    }
-                )
+    if cfg.pair_rule == "margin":
+        for n in walk(root):
+            kids = [ch for ch in n.children if ch.visits >= cfg.min_visits]
+            pairs += [_pair(example, n, a, b) for i, a in enumerate(kids) for b in kids[i + 1 :] if _apart(a, b, cfg)]
+    else:
+        pairs = _filter_pairs(example, root, cfg, step_ok)
     return steps, pairs
+
+
+def _apart(a: Node, b: Node, cfg: MCTSConfig) -> bool:
+    return abs(a.value - b.value) > cfg.margin
+
+
+def _pair(example: Example, parent: Node, a: Node, b: Node) -> dict[str, Any]:
+    hi, lo = (a, b) if a.value > b.value else (b, a)
+    return {
+        "question_id": example.id,
+        "question": example.question,
+        "parent": parent.id,
+        "prefix": _segs(prefix_of(hi)),
+        "chosen": {"node": hi.id, "step": _segs(step_of(hi)), "value": hi.value, "visits": hi.visits},
+        "rejected": {"node": lo.id, "step": _segs(step_of(lo)), "value": lo.value, "visits": lo.visits},
+    }
+
+
+def _filter_pairs(
+    example: Example, node: Node, cfg: MCTSConfig, step_ok: Callable[[str], bool] | None
+) -> list[dict[str, Any]]:
+    """ProRAG's ``traverse_and_collect_jobs``: one pair per node among its well-formed visited
+    children (the highest- and lowest-valued, when apart by more than the margin), recursing only
+    into those visited at least ``recurse_visits`` times."""
+    ok = step_ok or (lambda text: True)
+    cands = [ch for ch in node.children if ch.visits >= cfg.min_visits and ok("".join(s.text for s in step_of(ch)))]
+    pairs = []
+    if len(cands) >= 2:
+        best = max(cands, key=lambda c: c.value)
+        worst = min(cands, key=lambda c: c.value)
+        if _apart(best, worst, cfg):
+            pairs.append(_pair(example, node, best, worst))
+    for ch in cands:
+        if ch.visits >= cfg.recurse_visits:
+            pairs += _filter_pairs(example, ch, cfg, step_ok)
+    return pairs
 
 
 # ---- the resumable writer ---------------------------------------------------------------------
@@ -385,7 +422,9 @@ def run_mcts(agent: Any, examples: Sequence[Example], cfg: MCTSConfig, out: str 
             stats.failed += 1
             return
         root, used = res
-        steps, pairs = tree_records(ex, root, cfg)
+        steps, pairs = tree_records(
+            ex, root, cfg, getattr(agent, "dialect", None) and agent.dialect.options.get("step_check")
+        )
         summary = {
             "question_id": ex.id,
             "steps": len(steps),

@@ -16,13 +16,14 @@ Definitions (and where they come from):
 - ``research_f1_format`` (ReSearch, REFERENCE §1): token F1 when the format is valid and the model
   ended with an answer (``finish_reason == "answer"``, i.e. not cut off before EOS); ``floor``
   (0.1) when that holds but F1 is 0; 0 otherwise.
-- ``r1_searcher_stage1`` (R1-Searcher paper §3, README "Reward Design"): +0.5 when at least one
-  retrieval was issued, +0.5 when the format is valid. With R1-Searcher's own dialect the two
-  terms are its stage-1 server's checks (``reward_server_llama_stage1.py``: query/document tag
-  counts equal and ≥ 1; think/answer tag counts); that server's ±1 answer term is not included.
-- ``r1_searcher_stage2`` (same source): F1 of the answer when the format is valid, ``format_penalty``
-  (−2) when it is not (the paper subtracts 2 from the answer reward; we return −2 flat, the
-  variant REFERENCE §1 specifies).
+- ``r1_searcher_stage1`` (``train/reward_server_llama_stage1.py``): ±1 (``answer_term``: +1 when
+  the answer covers a gold answer under R1-Searcher's cover-EM, −1 otherwise or without answer
+  tags), +0.5 when the retrieval blocks are well formed (with R1-Searcher's own dialect: the
+  server's seven tag counts equal and ≥ 1; otherwise: at least one search), +0.5 for the format
+  (no ``<think>``, one ``</think>``, ``<answer>``, ``</answer>``).
+- ``r1_searcher_stage2`` (``reward_server_llama_stage2.py`` / ``reward_server_qwen_zero.py``,
+  ``server: llama|qwen``): R1-Searcher's F1 of the answer (0 without answer tags), minus 1 (Llama
+  server) or 2 (Qwen server) when that server's format checks fail.
 - ``prorag`` (ProRAG ``prorag/rl/reward.py``): 2·F1 when F1 ≥ 0.2 (else 0) plus ±1 format; see
   :class:`ProRAGOutcome`.
 - ``search_r1_format`` (Search-R1 v0.3, ``verl/utils/reward_score/qa_em_format.py``
@@ -118,41 +119,64 @@ class ResearchF1Format:
 
 @dataclass(frozen=True)
 class R1SearcherStage1:
-    """R1-Searcher stage 1: ``retrieval_bonus`` for issuing at least one retrieval plus
-    ``format_bonus`` for a valid format (it teaches the model to call search at all)."""
+    """R1-Searcher stage 1 (``train/reward_server_llama_stage1.py``): ``answer_term`` ±1 on
+    cover-EM, plus ``retrieval_bonus`` for well-formed retrieval blocks, plus ``format_bonus`` for
+    the think/answer tag counts (it teaches the model to call search at all)."""
 
     retrieval_bonus: float = 0.5
     format_bonus: float = 0.5
+    answer_term: float = 1.0  # the server's ±1 cover-EM term (0: the paper's retrieval + format only)
     validator: Any = None
 
     def __call__(self, traj: Trajectory) -> RewardOut:
+        from benchmarks.metrics import cover_em
+
+        text = traj.response_text
         stage1 = getattr(_dialect(traj, self.validator), "options", {}).get("stage1_checks")
         if stage1 is not None:
             # R1-Searcher's own dialect: its stage-1 server's two checks (well-formed retrieval
             # blocks, think/answer tag counts), not the stricter stage-2 format check.
-            retrieval_ok, format_ok_ = stage1(traj.response_text)
+            retrieval_ok, format_ok_ = stage1(text)
             searched, ok = float(retrieval_ok), float(format_ok_)
-            return self.retrieval_bonus * searched + self.format_bonus * ok, {"searched": searched, "format_valid": ok}
-        searched = float(len(traj.searches) > 0)
-        ok = float(format_ok(traj, self.validator))
-        return self.retrieval_bonus * searched + self.format_bonus * ok, {
-            "searched": searched,
-            "format_valid": ok,
-        }
+        else:
+            searched = float(len(traj.searches) > 0)
+            ok = float(format_ok(traj, self.validator))
+        # The server scores −1 without answer tags; the dialect's extraction is None then.
+        answer = extract_answer(traj, self.validator)
+        covered = float(bool(answer is not None and cover_em(answer, traj.answers)))
+        answer_r = self.answer_term if covered else -self.answer_term
+        r = answer_r + self.retrieval_bonus * searched + self.format_bonus * ok
+        return r, {"cover_em": covered, "searched": searched, "format_valid": ok}
 
 
 @dataclass(frozen=True)
 class R1SearcherStage2:
-    """R1-Searcher stage 2: F1 of the answer; ``format_penalty`` (−2) when the format is bad."""
+    """R1-Searcher stage 2: R1-Searcher's F1 of the answer (0 without answer tags), minus the
+    server's penalty when its format checks fail: ``server="llama"``
+    (``reward_server_llama_stage2.py``: −1; no "Assistant" check, no 10-word limit) or ``"qwen"``
+    (``reward_server_qwen_zero.py``: −2; the dialect's own checks). ``format_penalty`` overrides
+    the server's value; ``validator`` overrides its checks."""
 
-    format_penalty: float = -2.0
+    server: str = "qwen"
+    format_penalty: float | None = None
     validator: Any = None
 
+    def __post_init__(self) -> None:
+        if self.server not in ("llama", "qwen"):
+            raise ValueError(f"r1_searcher_stage2: server must be 'llama' or 'qwen', not {self.server!r}")
+
     def __call__(self, traj: Trajectory) -> RewardOut:
-        ok = format_ok(traj, self.validator)
-        answer = extract_answer(traj, self.validator)
-        f1 = f1_score(answer, traj.answers) if answer else 0.0
-        return (f1 if ok else self.format_penalty), {"f1": f1, "format_valid": float(ok)}
+        from benchmarks.metrics import f1_r1_searcher
+        from pipelines.dialects.protocols import r1_searcher_validate_llama
+
+        validator = self.validator
+        if validator is None and self.server == "llama":
+            validator = r1_searcher_validate_llama
+        ok = format_ok(traj, validator)
+        answer = extract_answer(traj, self.validator)  # None without answer tags: F1 0, as the servers
+        f1 = f1_r1_searcher(answer, traj.answers) if answer else 0.0
+        penalty = self.format_penalty if self.format_penalty is not None else (1.0 if self.server == "llama" else 2.0)
+        return (f1 if ok else f1 - abs(penalty)), {"f1": f1, "format_valid": float(ok)}
 
 
 def prorag_f1(prediction: str, gold: str) -> float:

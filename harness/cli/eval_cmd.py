@@ -53,7 +53,9 @@ def eval_command(
         False, "--launch", help="Start the engine (sglang: SGLang, openai: vLLM) for --model, and stop it at the end."
     ),
     metric_profile: str = typer.Option(
-        None, "--metric-profile", help="A paper's metric set: default|search_r1|r1_searcher|research|rag_r1|prorag."
+        None,
+        "--metric-profile",
+        help="A paper's metric set: default, search_r1, r1_searcher, research, rag_r1, prorag, harr.",
     ),
     judge_url: str = typer.Option(None, "--judge-url", help="OpenAI-compatible endpoint (…/v1) of the LLM judge."),
     judge_model: str = typer.Option(None, "--judge-model", help="Judge model name (default: the judge prompt's)."),

@@ -24,6 +24,9 @@ def prompt_command(
     ),
     template: Path | None = typer.Option(None, "--template", help="A prompt-template file replacing the dialect's."),
     variant: str = typer.Option("exact", "--variant", help="exact (the system's protocol) or small (our wording)."),
+    mode: str | None = typer.Option(
+        None, "--mode", help="eval or train, for a dialect whose two codes differ (RAG-R1); default eval."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on the last line."),
 ) -> None:
     from harness.registry import RegistryError
@@ -35,7 +38,7 @@ def prompt_command(
     try:
         if method_kind(method) != "agent":
             fail(f"--method {method!r} is a baseline, not an agent dialect")
-        dialect = resolve_dialect(method, variant, str(template) if template else None)
+        dialect = resolve_dialect(method, variant, str(template) if template else None, mode)
         documents = read_corpus(docs) if docs is not None else None  # titles verbatim, quotes kept
     except (RegistryError, ValueError, FileNotFoundError) as e:
         fail(str(e))
@@ -74,9 +77,15 @@ def _print(out: dict) -> None:
     console.print(Rule("turns"))
     console.print(f"stops (search turn): {out['stops']['search_turn']}", highlight=False)
     console.print(f"stops (final turn):  {out['stops']['final_turn']}; EOS {out['eos']}", highlight=False)
+    console.print(f"token-limit cut: {out['length_cut']}; final no-search turn: {out['final_turn']}", highlight=False)
+    console.print(
+        f"mode: {out['mode']}" + (f" (of {', '.join(out['modes'])})" if out["modes"] else ""), highlight=False
+    )
     console.print(f"answer: {out['answer']}", highlight=False)
     console.print(f"after an invalid action: {out['corrective']!r}", highlight=False)
     for note in out["notes"]:
         console.print(f"note: {note}", highlight=False)
+    for diff in out["differences"] or ["(none known)"]:
+        console.print(f"differs from the original: {diff}", highlight=False)
     for diff in out["flashrag_differences"]:
         console.print(f"differs from FlashRAG's port: {diff}", highlight=False)

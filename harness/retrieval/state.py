@@ -1,7 +1,9 @@
 """History-aware retrieval state (HARR): what a retriever may know about the trajectory asking.
 
 A retriever whose ``search`` takes a ``state`` keyword gets, per query, a :class:`RetrievalState`:
-the original question and the trajectory's earlier retrieval calls (query + retrieved titles).
+the original question and the trajectory's history: one step per earlier model turn, its
+sub-query and its parsed sub-answer, as HARR's ``llama_index_hacked/tool.py`` and ``generator.py``
+keep it (the retrieved titles are kept too, for the older ``titles`` rendering).
 The agent loop builds it with :func:`state_for` and passes it only when :func:`accepts_state`
 says the retriever takes it, so plain retrievers keep the two-argument protocol.
 
@@ -21,10 +23,13 @@ DEFAULT_STATE_TEMPLATE = "Original Question: {question}\nHistory: {history}\nQue
 
 @dataclass(frozen=True)
 class HistoryStep:
-    """One earlier retrieval call of the trajectory."""
+    """One earlier step of the trajectory: its sub-query (``None``: the turn searched nothing), the
+    titles it retrieved, and its parsed sub-answer (HARR's ``answer``: the turn's last reasoning
+    block; ``None`` when there is none or the caller has no model turns, e.g. a baseline)."""
 
-    query: str
+    query: str | None
     titles: tuple[str, ...] = ()
+    answer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -36,8 +41,11 @@ class RetrievalState:
     """
 
     question: str
-    history: tuple[HistoryStep, ...] = field(default_factory=tuple)
+    history: tuple[HistoryStep, ...] = field(default_factory=tuple)  # one per earlier retrieval call
     key: str = ""
+    # One per earlier model turn (HARR's history: sub-query and sub-answer); empty when the caller
+    # has no model turns (a baseline), and then ``history`` stands in.
+    turns: tuple[HistoryStep, ...] = field(default_factory=tuple)
 
 
 def accepts_state(retriever: Any) -> bool:
@@ -51,7 +59,12 @@ def accepts_state(retriever: Any) -> bool:
         return False
 
 
-def state_for(question: str, searches: list[Any], key: str = "") -> RetrievalState:
-    """The state before a new call: the question and every earlier :class:`SearchRecord`'s query + titles."""
+def state_for(
+    question: str, searches: list[Any], key: str = "", turns: list[tuple[str | None, str | None]] | None = None
+) -> RetrievalState:
+    """The state before a new call: the question, every earlier :class:`SearchRecord`'s query +
+    titles (``history``), and, given the agent's earlier model turns as (sub-query, sub-answer)
+    pairs parsed as HARR's ``generator.py`` does, one step per turn (``turns``)."""
     steps = tuple(HistoryStep(s.query, tuple(d.title for d in s.docs)) for s in searches)
-    return RetrievalState(question=question, history=steps, key=key)
+    per_turn = tuple(HistoryStep(q, (), a) for q, a in turns or ())
+    return RetrievalState(question=question, history=steps, key=key, turns=per_turn)

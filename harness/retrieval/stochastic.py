@@ -10,7 +10,8 @@ possible, both here:
   ``sum_i [s_(i) - logsumexp(s over candidates not yet drawn)]``. With ``greedy=True`` the
   top-k is returned as is (evaluation), still with its PL log-probability.
 - **History-aware state.** The text the query tower encodes is the current query plus the
-  trajectory's earlier queries and retrieved titles (:func:`render_state`), so the same
+  trajectory's earlier steps, each sub-query with its parsed sub-answer as HARR keeps them
+  (``generator.py``, ``tool.py``; :func:`render_state`), so the same
   sub-query at different points of a multi-hop chain is not aliased. The default format is the
   one of HARR's release (``llama_index_hacked/tool.py``: ``Original Question: ...`` /
   ``History: <json>`` / ``Query: ...``); template and length caps are config.
@@ -32,7 +33,7 @@ import logging
 import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -95,13 +96,17 @@ class StateFormat:
     """How a :class:`RetrievalState` becomes the encoder's text.
 
     ``stateful=False`` encodes the bare query (plain dense retrieval). Otherwise the template gets
-    ``question``, ``query`` and ``history`` (a JSON list of ``{"query", "retrieved": [titles]}``,
-    the ``max_history`` most recent calls with at most ``max_titles`` titles each). Past
-    ``max_chars`` the oldest history steps are dropped, then the text is cut from the left so
-    the current query (at the end) survives the tokenizer's truncation.
+    ``question``, ``query`` and ``history``: with ``history="harr"`` (the default) a JSON list of
+    ``{"sub_query", "answer"}``, one per earlier model turn, as HARR's ``tool.py`` /
+    ``generator.py`` build it (``json.dumps(history, ensure_ascii=False)``); with ``"titles"``
+    (towers saved before the sub-answer existed) a JSON list of ``{"query", "retrieved": [titles]}``
+    with at most ``max_titles`` titles each. Only the ``max_history`` most recent steps are kept
+    (HARR keeps all: set it high); past ``max_chars`` the oldest steps are dropped, then the text is
+    cut from the left so the current query (at the end) survives the tokenizer's truncation.
     """
 
     stateful: bool = True
+    history: Literal["harr", "titles"] = "harr"
     template: str = DEFAULT_STATE_TEMPLATE
     max_history: int = 4
     max_titles: int = 5
@@ -115,7 +120,8 @@ def state_format_of(path: str | Path | None) -> StateFormat:
     if state is None:
         return StateFormat()
     try:
-        return StateFormat(**state)
+        # A tower saved before the history kinds existed was trained on the titles rendering.
+        return StateFormat(**{"history": "titles", **state})
     except TypeError as e:
         raise ValueError(f"{Path(str(path)) / SIDECAR}: bad 'state' section ({e})") from e
 
@@ -124,9 +130,13 @@ def render_state(query: str, state: RetrievalState | None, fmt: StateFormat) -> 
     """The text the query tower encodes for ``query`` in ``state``."""
     if not fmt.stateful or state is None:
         return query
-    steps = list(state.history)[-fmt.max_history :] if fmt.max_history > 0 else []
+    source = state.turns or state.history if fmt.history == "harr" else state.history
+    steps = list(source)[-fmt.max_history :] if fmt.max_history > 0 else []
     while True:
-        hist = [{"query": s.query, "retrieved": list(s.titles[: fmt.max_titles])} for s in steps]
+        if fmt.history == "harr":
+            hist: list[dict[str, Any]] = [{"sub_query": s.query, "answer": s.answer} for s in steps]
+        else:
+            hist = [{"query": s.query, "retrieved": list(s.titles[: fmt.max_titles])} for s in steps]
         text = fmt.template.format(question=state.question, history=json.dumps(hist, ensure_ascii=False), query=query)
         if len(text) <= fmt.max_chars or not steps:
             break

@@ -1,10 +1,15 @@
 """Agent dialects: each seed system's protocol as its own code runs it, plus our small-model variants.
 
-``research``, ``search_r1``, ``r1_searcher``, ``rag_r1`` and ``prorag`` reproduce ReSearch,
+``research``, ``search_r1``, ``r1_searcher``, ``rag_r1`` and ``prorag`` follow ReSearch,
 Search-R1, R1-Searcher, RAG-R1 and ProRAG: the prompt template (a data file under
 ``configs/dialects/`` citing repository, file and commit), where it sits (system / user / raw),
-question normalisation, stops, the observation text, action parsing, answer extraction, the
-corrective message and the format check of each system's reward (:mod:`.protocols`).
+question normalisation, stops, how a turn is cut, what follows a malformed turn, an EOS or a
+token-limit cut, the observation text, the answer, the corrective message and the format check
+of each system's reward (:mod:`.protocols`). They follow the evaluation code; RAG-R1, whose
+evaluation script and training loop disagree, has two modes (``eval``, the default for
+``harness eval``, and ``train``, the default for rollouts; :meth:`Dialect.with_mode`). What is
+still known to differ from an original is listed under ``differences`` in its dialect file
+(printed by ``harness prompt``); the token-level loop is one such difference for every system.
 
 ``<name>_small`` (for the first four) keep our own wording and lenient parsing for small models
 (:mod:`.small`); ``AgentConfig.variant="small"`` selects them. ``AgentConfig.template=FILE``
@@ -86,16 +91,42 @@ FLASHRAG_DIFFERENCES: dict[str, tuple[str, ...]] = {
         "FlashRAG's main repository has no ReSearch port; ReSearch ships its own FlashRAG fork whose "
         "ReSearchPipeline is what this dialect follows (EOS ends the answer turn, \\boxed{} answers)",
     ),
-    "rag_r1": ("FlashRAG has no RAG-R1 port; this dialect follows RAG-R1's generation_mq.py",),
+    "rag_r1": (
+        "FlashRAG has no RAG-R1 port; mode eval follows RAG-R1's evaluation/eval_multiquery.py, mode train its "
+        "rag_r1/llm_agent/generation_mq.py",
+    ),
     "prorag": ("FlashRAG has no ProRAG port; this dialect follows ProRAG's inference.py",),
 }
 
-_SEARCH_R1_STOPS = ("</search>", "</answer>")
+# Search-R1's rollout has no stop strings (a turn runs to EOS or the token limit and is then
+# cut); stopping at the first </search> gives the same text. </answer> cannot be a stop: a later
+# </search> moves the cut past it (_postprocess_responses).
+_SEARCH_R1_STOPS = ("</search>",)
+# Search-R1's generation.py on every turn: cut, then the first block; EOS/length without one
+# gets the corrective message; a final no-search turn after max_turns; the score reads the last
+# <answer> of the sequence (qa_em).
+_SEARCH_R1_LOOP: dict[str, Any] = dict(
+    cut=P.search_r1_cut,
+    on_eos="parse",
+    on_length="parse",
+    final_turn=True,
+    answer_from="response",
+    corrective=P.SEARCH_R1_CORRECTIVE,
+    search_stops=_SEARCH_R1_STOPS,
+    final_stops=_SEARCH_R1_STOPS,
+)
 
 
 def _exact(name: str, extra_options: dict[str, Any] | None = None, **kw: Any) -> Dialect:
     t = shipped_template(name)
-    return Dialect(
+    differences = t.get("differences") or {}
+    if not isinstance(differences, dict):
+        raise ValueError(f"configs/dialects/{name}.yaml: 'differences' maps a mode to a list")
+    modes = kw.pop("modes", {})
+    if modes and len({frozenset(o) for o in modes.values()}) != 1:
+        raise ValueError(f"dialect {name!r}: every mode must set the same fields (switching must not leak one)")
+    modes = {m: {**o, "differences": tuple(differences.get(m, ()))} for m, o in modes.items()}
+    d = Dialect(
         name=name,
         system=t["system"],
         template=t["template"],
@@ -108,8 +139,11 @@ def _exact(name: str, extra_options: dict[str, Any] | None = None, **kw: Any) ->
             "notes": tuple(t.get("notes", ())),
             **(extra_options or {}),
         },
+        differences=tuple(differences.get(kw.get("mode", "single"), ())),
+        modes=modes,
         **kw,
     )
+    return d.with_mode(d.mode) if modes else d
 
 
 def _register_exact() -> None:
@@ -121,10 +155,9 @@ def _register_exact() -> None:
             observe=P.search_r1_observe,
             extract=P.last_answer,
             validate=P.search_r1_valid_sequence,
-            search_stops=_SEARCH_R1_STOPS,
-            final_stops=_SEARCH_R1_STOPS,
-            corrective=P.SEARCH_R1_CORRECTIVE,
-            answer_rule="the last <answer>...</answer> of the response, stripped",
+            answer_rule="the last <answer>...</answer> of the response, stripped (qa_em reads prompt + response "
+            "and needs two: metric profile search_r1)",
+            **_SEARCH_R1_LOOP,
         ),
     )
     DIALECTS.register(
@@ -135,12 +168,44 @@ def _register_exact() -> None:
             observe=P.rag_r1_observe,
             extract=P.last_answer,
             validate=P.search_r1_valid_sequence,
-            search_stops=_SEARCH_R1_STOPS,
-            final_stops=_SEARCH_R1_STOPS,
-            corrective=P.SEARCH_R1_CORRECTIVE,
             max_queries=3,
             doc_style="json",
-            answer_rule="the last <answer>...</answer> of the response, stripped",
+            answer_rule="",
+            search_stops=(),
+            final_stops=(),
+            mode="eval",
+            modes={
+                # evaluation/eval_multiquery.py
+                "eval": dict(
+                    parse=P.rag_r1_eval_parse,
+                    observe=P.rag_r1_eval_observe,
+                    extract=P.rag_r1_eval_answer,
+                    validate=P.no_format_check,
+                    search_stops=("</search>",),
+                    final_stops=("</search>",),
+                    on_eos="end",
+                    on_length="parse",
+                    answer_from="response",
+                    prompt_answers_count=True,
+                    question_mark=False,
+                    cut=None,
+                    final_turn=False,
+                    corrective=None,
+                    answer_rule="the last <answer>...</answer> of prompt + response, unstripped (the prompt's "
+                    "example 'Beijing' when the response has none); EM only, no format check",
+                ),
+                # rag_r1/llm_agent/generation_mq.py (Search-R1's loop) and the training data's '?'
+                "train": dict(
+                    parse=P.rag_r1_parse,
+                    observe=P.rag_r1_observe,
+                    extract=P.last_answer,
+                    validate=P.search_r1_valid_sequence,
+                    prompt_answers_count=False,
+                    question_mark=True,
+                    answer_rule="the last <answer>...</answer> of the response, stripped",
+                    **_SEARCH_R1_LOOP,
+                ),
+            },
         ),
     )
     DIALECTS.register(
@@ -156,26 +221,65 @@ def _register_exact() -> None:
             obs_open="<result>",
             obs_close="</result>",
             boxed_answer=True,
-            answer_rule="the last \\boxed{} inside the first <answer>...</answer>; the turn ends on EOS",
+            length_cut_answer="",
+            answer_rule="the last \\boxed{} inside the first <answer>...</answer> of the response, read at EOS; "
+            "'' after a token-limit cut",
         ),
     )
+    r1 = shipped_template("r1_searcher")
     DIALECTS.register(
         "r1_searcher",
         _exact(
             "r1_searcher",
-            parse=P.r1_searcher_parse,
             observe=P.r1_searcher_observe,
-            extract=P.r1_searcher_answer,
             validate=P.r1_searcher_validate,
-            search_stops=("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>"),
-            final_stops=("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>"),
             query_open="<|begin_of_query|>",
             query_close="<|end_of_query|>",
             obs_open="<|begin_of_documents|>",
             obs_close="<|end_of_documents|>",
-            answer_rule="the text between the last <answer> and </answer>, stripped",
+            rewrite=P.r1_searcher_rewrite,
             # Read by training.rewards.R1SearcherStage1: the stage-1 server's own two checks.
             extra_options={"stage1_checks": P.r1_searcher_stage1},
+            parse=P.r1_searcher_parse,
+            extract=P.r1_searcher_answer,
+            search_stops=(),
+            final_stops=(),
+            mode="eval",
+            modes={
+                # evaluation/eval_search_loacl.py
+                "eval": dict(
+                    parse=P.r1_searcher_parse,
+                    search_stops=("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>"),
+                    final_stops=("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>"),
+                    template=r1["template"],
+                    base_template=None,
+                    placement="raw",
+                    prompt_suffix="",
+                    no_answer="I don't know.",
+                    limit_label="many_retrieve",
+                    final_turn=False,
+                    answer_from="action",
+                    answer_rule="the answering turn's text between its last <answer> and </answer>, not stripped; "
+                    '"I don\'t know." without one',
+                ),
+                # OpenRLHF-RAG experience_maker.py + prompts_dataset.py (--apply_chat_template)
+                "train": dict(
+                    parse=P.r1_searcher_train_parse,
+                    search_stops=("<|end_of_query|>",),
+                    final_stops=("<|end_of_query|>",),
+                    template=r1["train_template"],
+                    base_template=r1["train_base_template"],
+                    placement="system",
+                    prompt_suffix="<think>",
+                    no_answer=None,
+                    limit_label="",
+                    # t == 8: the 9th generation is kept and the rollout ends (agent.max_turns 8)
+                    final_turn=True,
+                    answer_from="response",
+                    answer_rule="the reward server's: the text between the last <answer> and </answer> of the "
+                    "response, stripped",
+                ),
+            },
         ),
     )
     DIALECTS.register(
@@ -190,14 +294,19 @@ def _register_exact() -> None:
             final_stops=("</subquery>", "</subanswer>", "</answer>", "<|im_end|>"),
             corrective=P.PRORAG_QUERY_ERROR,
             continue_text=P.PRORAG_NEXT_STEP,
-            continue_after_eos=True,
+            on_eos="parse",
+            on_length="parse",
+            no_answer="",
             query_open="<subquery>",
             query_close="</subquery>",
             obs_open="<retrieval>",
             obs_close="</retrieval>",
             think_open="<step>",
             think_close="</step>",
-            answer_rule="the first <answer>...</answer> of the response, stripped",
+            # Read by training.mcts: ProRAG's format_check of a step (prorag/prm/filter.py).
+            extra_options={"step_check": P.prorag_step_ok},
+            answer_rule="the answering turn's first <answer>...</answer>, stripped ('' without one); the "
+            "reward reads the completion's first, tags case-insensitive",
         ),
     )
 
@@ -233,6 +342,7 @@ def _register_small() -> None:
                 base_template=text + "\n",
                 search_stops=(probe.query_close, probe.answer_close),
                 final_stops=(probe.answer_close,),
+                final_turn=True,  # ours: small models get one more turn to answer
                 corrective=small.CORRECTIVE.replace("{obs_open}", probe.obs_open).replace(
                     "{obs_close}", probe.obs_close
                 ),
@@ -251,10 +361,17 @@ def get_dialect(name: str) -> Dialect:
     return DIALECTS.get(name)
 
 
-def resolve_dialect(dialect: str | Dialect, variant: str = "exact", template: str | None = None) -> Dialect:
-    """The dialect an agent runs: ``variant="small"`` picks ``<name>_small``; ``template`` (a
-    file) replaces the prompt template."""
+def resolve_dialect(
+    dialect: str | Dialect, variant: str = "exact", template: str | None = None, mode: str | None = None
+) -> Dialect:
+    """The dialect an agent runs: ``variant="small"`` picks ``<name>_small``; ``mode`` (``eval``
+    or ``train``) picks a two-mode dialect's protocol (default: its registered one, ``eval``);
+    ``template`` (a file) replaces the prompt template."""
     d = get_dialect(dialect) if isinstance(dialect, str) else dialect
+    if mode is not None:
+        if mode not in ("eval", "train"):
+            raise ValueError(f"agent.mode must be 'eval' or 'train', not {mode!r}")
+        d = d.with_mode(mode)
     if variant == "small" and not d.name.endswith("_small"):
         d = get_dialect(f"{d.name}_small")
     elif variant not in ("exact", "small"):

@@ -40,9 +40,21 @@ class Action:
     queries: tuple[str, ...] = ()
     answer: str | None = None
     reason: str = ""
+    label: str = ""  # the original's own name for how the item ended, where it records one
 
 
-ParseFn = Callable[["Dialect", str, bool], Action]
+@dataclass(frozen=True)
+class TurnEnd:
+    """How a model turn ended, for the parser: ``eos`` (the model's end of sequence), ``length``
+    (the token limit cut it), neither (a stop string, or a dialect's cut); ``context`` is the text
+    before the turn, prompt included (RAG-R1's evaluation script reads its last query there)."""
+
+    eos: bool = False
+    length: bool = False
+    context: str = ""
+
+
+ParseFn = Callable[["Dialect", str, TurnEnd], Action]
 ObserveFn = Callable[["Dialect", tuple[str, ...], list[list[Doc]]], str]
 ExtractFn = Callable[["Dialect", str], "str | None"]
 ValidateFn = Callable[["Dialect", str], tuple[bool, str]]
@@ -60,8 +72,29 @@ class Dialect:
     ``search_stops`` end a turn that may search; ``final_stops`` end the last, no-search turn
     (EOS always ends a turn). A matched stop string stays in the text (the backends keep it,
     and every original re-appends it). ``corrective`` follows an invalid action (``None``: the
-    item ends); ``continue_text`` follows a ``continue`` action; ``continue_after_eos`` makes an
-    EOS without an answer a ``continue`` (ProRAG's inference loop).
+    item ends); ``continue_text`` follows a ``continue`` action.
+
+    How a turn ends and what the answer is, per original (:mod:`.protocols`):
+
+    - ``cut(text)``: where the original cuts a generated turn (Search-R1's
+      ``_postprocess_responses``); ``None`` keeps it whole. The tokens after the cut are dropped.
+    - ``rewrite(text, action)``: the text the original continues from instead of the turn's own
+      (R1-Searcher strips it before ``<|end_of_query|>``); the turn is then re-encoded.
+    - ``on_eos`` / ``on_length``: ``"end"`` ends the item on a turn that ended on EOS / was cut by
+      the token limit without answering; ``"parse"`` lets the parsed action decide (corrective
+      message, continuation, or a search).
+    - ``final_turn``: one more turn without search after ``max_turns`` (Search-R1's
+      ``generation.py``); no other original has one. ``AgentConfig.final_turn`` overrides it.
+    - ``answer_from``: ``"action"`` (the answering turn's answer; without one ``no_answer`` when
+      set, else the extraction from the response) or ``"response"`` (always the extraction from
+      the response, or from prompt + response when ``prompt_answers_count``).
+    - ``length_cut_answer``: the prediction of an item that ended on a token-limit cut (ReSearch
+      predicts ``""``), whatever the response holds.
+    - ``limit_label``: the original's own name for the turn limit (R1-Searcher's ``many_retrieve``),
+      recorded as ``metadata["original_finish"]`` with the labels the parser gives.
+    - ``mode`` / ``modes``: a dialect whose evaluation and training code disagree has one set of
+      field overrides per mode (:meth:`with_mode`); ``differences`` lists what is known to differ
+      from the original (per mode in ``modes``).
     """
 
     name: str
@@ -75,10 +108,23 @@ class Dialect:
     search_stops: tuple[str, ...]
     final_stops: tuple[str, ...]
     base_template: str | None = None
+    prompt_suffix: str = ""  # text after the chat template's generation prompt (R1-Searcher's training "<think>")
     question_mark: bool = False
     corrective: str | None = None
     continue_text: str | None = None
-    continue_after_eos: bool = False
+    cut: Callable[[str], int | None] | None = None
+    rewrite: Callable[[str, Action], str | None] | None = None
+    on_eos: Literal["end", "parse"] = "end"
+    on_length: Literal["end", "parse"] = "end"
+    final_turn: bool = False
+    answer_from: Literal["action", "response"] = "action"
+    prompt_answers_count: bool = False
+    no_answer: str | None = None
+    length_cut_answer: str | None = None
+    limit_label: str = ""
+    mode: str = "single"
+    modes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    differences: tuple[str, ...] = ()
     answer_rule: str = ""  # how the answer is extracted, in words (shown by `harness prompt`)
     source: dict[str, Any] = field(default_factory=dict)
     # Tags, for demonstrations and for the observation/answer blocks the functions build.
@@ -140,7 +186,8 @@ class Dialect:
         in messages, ``chat`` is on and ``tokenizer`` has a chat template; else the raw form."""
         if tokenizer is not None and self.uses_chat_template(tokenizer, chat):
             messages = self.messages(question, few_shot)
-            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return text + self.prompt_suffix
         return self.raw_text(question, few_shot)
 
     def prompt_ids(self, tokenizer: Any, question: str, chat: bool, few_shot: bool = False) -> list[int]:
@@ -180,9 +227,19 @@ class Dialect:
         """Stop strings for a turn that may search, or for the final no-search turn."""
         return self.search_stops if allow_search else self.final_stops
 
-    def parse_action(self, turn_text: str, eos: bool = False) -> Action:
-        """What the model's latest turn asks for (``eos``: the turn ended on EOS)."""
-        return self.parse(self, turn_text, eos)
+    def parse_action(self, turn_text: str, eos: bool = False, length: bool = False, context: str = "") -> Action:
+        """What the model's latest turn asks for (``eos``: the turn ended on EOS; ``length``: the
+        token limit cut it; ``context``: the text before it)."""
+        return self.parse(self, turn_text, TurnEnd(eos, length, context))
+
+    def with_mode(self, mode: str) -> Dialect:
+        """This dialect in ``mode`` (``eval`` or ``train``); a one-mode dialect is returned as is
+        (its one protocol serves both)."""
+        if not self.modes:
+            return self
+        if mode not in self.modes:
+            raise ValueError(f"dialect {self.name!r} has modes {sorted(self.modes)}, not {mode!r}")
+        return replace(self, mode=mode, **self.modes[mode])
 
     def observation_text(self, queries: tuple[str, ...], results: list[list[Doc]]) -> str:
         """The exact text inserted after a search (loss mask 0)."""

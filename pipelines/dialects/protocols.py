@@ -1,17 +1,14 @@
-"""The seed systems' protocols, as their own inference code runs them.
+"""The seed systems' protocols, as their own evaluation (and, where it differs, training) code runs them.
 
-Each function reproduces one rule of one original repository (cited in its docstring; the
-commits are in the template files under ``configs/dialects/``). Where FlashRAG's port of a
-system differs from the original, the original is what is here; the differences are listed in
-each dialect's ``options["flashrag_differences"]`` (see :mod:`.registry`) and shown by
-``harness prompt``.
-
-Two deliberate departures, forced by running on token ids rather than re-encoded text:
-
-- R1-Searcher strips whitespace around the model's text before appending ``<|end_of_query|>``
-  and the documents (``generated_text.strip()``); we keep the model's own tokens.
-- The originals re-append a trimmed stop string (ReSearch, R1-Searcher) or cut the decoded
-  text after it (Search-R1, RAG-R1); the backends here keep the stop string's own tokens.
+Each function follows one rule of one original repository (cited in its docstring; the commits
+are in the dialect files under ``configs/dialects/``): how a turn is cut and parsed, what
+follows it, the observation, the answer, and the format check of the system's reward. Where
+FlashRAG's port of a system differs from the original, the original is what is here (see
+``options["flashrag_differences"]``). What still differs from an original is listed under
+``differences`` in its dialect file and printed by ``harness prompt`` (``--json``: ``differences``);
+the main one, common to all five, is that the loop works on token ids: the originals re-encode
+their text (or re-append a trimmed stop string), while the backends here keep the model's own
+tokens, the stop string's included.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ import json
 import re
 
 from harness.types import Doc
-from pipelines.dialects.base import Action, Dialect, doc_contents, title_and_text
+from pipelines.dialects.base import Action, Dialect, TurnEnd, doc_contents, title_and_text
 
 # ---- Search-R1 (search_r1/llm_agent/generation.py, infer.py) and RAG-R1 (generation_mq.py) ----
 _FIRST_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
@@ -32,10 +29,21 @@ SEARCH_R1_CORRECTIVE = (
 )
 
 
-def search_r1_parse(d: Dialect, text: str, eos: bool) -> Action:
-    """``postprocess_predictions``: the FIRST ``<search>``/``<answer>`` block of the turn, its
+def search_r1_cut(text: str) -> int | None:
+    """``_postprocess_responses``: a turn is cut after its FIRST ``</search>``, even when an
+    ``</answer>`` comes earlier; without one, after its first ``</answer>``; else kept whole.
+    (Search-R1's rollout has no stop strings: the cut is what ends a turn.)"""
+    for tag in ("</search>", "</answer>"):
+        if tag in text:
+            return text.index(tag) + len(tag)
+    return None
+
+
+def search_r1_parse(d: Dialect, text: str, end: TurnEnd) -> Action:
+    """``postprocess_predictions`` on the cut turn: the FIRST ``<search>``/``<answer>`` block, its
     content stripped. An empty query is still a search (the original sends it); no block at all
-    is an invalid action."""
+    (a stray closing tag, or a turn that ended on EOS or the token limit without a block) is an
+    invalid action: the corrective message follows and the loop goes on."""
     m = _FIRST_ACTION.search(text)
     if m is None:
         return Action("invalid", reason="no <search> or <answer> block")
@@ -62,11 +70,20 @@ def search_r1_observe(d: Dialect, queries: tuple[str, ...], results: list[list[D
 
 
 def last_answer(d: Dialect, response: str) -> str | None:
-    """Search-R1 ``qa_em.extract_solution`` on the response only: the LAST ``<answer>`` block,
-    stripped (the original reads prompt + response and skips the prompt's example by asking for
-    two matches)."""
+    """The LAST ``<answer>`` block of the response, stripped: Search-R1's ``qa_em.extract_solution``
+    with harness's fix (the prompt's example answer never counts). ``qa_em_answer`` on prompt +
+    response is the original itself (metric profile ``search_r1``)."""
     matches = re.findall(r"<answer>(.*?)</answer>", response, flags=re.DOTALL)
     return matches[-1].strip() if matches else None
+
+
+def qa_em_answer(text: str) -> str | None:
+    """Search-R1 ``qa_em.extract_solution`` exactly, on prompt + response: ``None`` unless there
+    are at least two ``<answer>`` blocks, else the last one, stripped. Search-R1's own prompt
+    already holds two (``<answer> and </answer>`` and the example ``<answer> Beijing </answer>``),
+    so a response without an answer is scored as "Beijing"."""
+    matches = re.findall(r"<answer>(.*?)</answer>", text, flags=re.DOTALL)
+    return matches[-1].strip() if len(matches) >= 2 else None
 
 
 _SR1_TAG = re.compile(r"(</?(?:think|search|information|answer)>)")
@@ -108,10 +125,11 @@ def search_r1_valid_sequence(d: Dialect, response: str) -> tuple[bool, str]:
     return True, "Valid sequence format"
 
 
-def rag_r1_parse(d: Dialect, text: str, eos: bool) -> Action:
-    """Search-R1's parse; the query is split on commas, pieces stripped, empty ones dropped
-    (``batch_search``). The prompt asks for up to three; the code does not cap them."""
-    action = search_r1_parse(d, text, eos)
+def rag_r1_parse(d: Dialect, text: str, end: TurnEnd) -> Action:
+    """Mode ``train`` (``generation_mq.py``, Search-R1's loop): Search-R1's cut and parse; the
+    query is split on commas, pieces stripped, empty ones dropped (``batch_search``). The prompt
+    asks for up to three; the code does not cap them."""
+    action = search_r1_parse(d, text, end)
     if action.kind != "search":
         return action
     queries = tuple(q.strip() for q in action.queries[0].split(",") if q.strip())
@@ -129,13 +147,53 @@ def rag_r1_observe(d: Dialect, queries: tuple[str, ...], results: list[list[Doc]
     return f"\n<information>\n{payload.strip()}\n</information>\n"
 
 
+_SEARCH_BLOCK = re.compile(r"<search>(.*?)</search>", re.DOTALL)
+
+
+def rag_r1_eval_parse(d: Dialect, text: str, end: TurnEnd) -> Action:
+    """Mode ``eval`` (``evaluation/eval_multiquery.py``): EOS ends the item; any other turn (the
+    ``</search>`` stop, or the 1024-token limit) searches the LAST ``<search>`` block of the whole
+    decoded sequence, prompt included (``get_query``; after a cut without one, an earlier query or
+    the prompt's example is searched again); no block, or an empty one, gives an empty
+    ``<information>`` block. ``</answer>`` does not end a turn."""
+    if end.eos:  # the answer is read from the whole sequence; this only names how the item ended
+        if "</answer>" in text:
+            return Action("answer", answer=None, reason="EOS")
+        return Action("end", reason="EOS without an answer")
+    blocks = _SEARCH_BLOCK.findall(end.context + text)
+    query = blocks[-1] if blocks else ""
+    if not query:
+        return Action("search", queries=(), reason="no query: empty <information> block")
+    return Action("search", queries=tuple(q.strip() for q in query.split(",") if q.strip()))
+
+
+def rag_r1_eval_observe(d: Dialect, queries: tuple[str, ...], results: list[list[Doc]]) -> str:
+    """``curr_search_template`` with the JSON of :func:`rag_r1_observe`; with nothing to search,
+    an empty block (``search_results = ''``)."""
+    if not queries:
+        return "\n<information>\n\n</information>\n"
+    return rag_r1_observe(d, queries, results)
+
+
+def rag_r1_eval_answer(d: Dialect, text: str) -> str | None:
+    """``get_answer``: the last ``<answer>`` block, NOT stripped (EM normalises it)."""
+    matches = re.findall(r"<answer>(.*?)</answer>", text, flags=re.DOTALL)
+    return matches[-1] if matches else None
+
+
+def no_format_check(d: Dialect, response: str) -> tuple[bool, str]:
+    """RAG-R1's evaluation script scores EM only: every response passes."""
+    return True, "no format check (eval_multiquery.py scores EM only)"
+
+
 # ---- ReSearch (src/flashrag/pipeline/active_pipeline.py ReSearchPipeline, reward re_search.py) --
-def research_parse(d: Dialect, text: str, eos: bool) -> Action:
+def research_parse(d: Dialect, text: str, end: TurnEnd) -> Action:
     """``run_item``: a turn that stopped on ``</search>`` searches the text between the last
     ``<search>`` and that tag, stripped (empty: no retrieval); a turn that ended on EOS ends
-    the item, its answer read from the whole response; anything else (cut off) is not an
-    answer."""
-    if not eos and text.endswith("</search>"):
+    the item, its answer read from the whole response; a token-limit cut ends the item with the
+    empty prediction (``over_length_flag``), a ``\\boxed{}`` answer before it notwithstanding."""
+    eos = end.eos
+    if not eos and not end.length and text.endswith("</search>"):
         end = text.rfind("</search>")
         start = text.rfind("<search>", 0, end)
         query = text[start + len("<search>") : end].strip() if start >= 0 else ""
@@ -218,21 +276,49 @@ def research_validate(d: Dialect, response: str) -> tuple[bool, str]:
 
 
 # ---- R1-Searcher (evaluation/eval_search_loacl.py; train/reward_server_qwen_zero.py) ---------
-def r1_searcher_parse(d: Dialect, text: str, eos: bool) -> Action:
-    """A turn stopped on ``</answer>`` with an ``<answer>`` answers (the text after the last
-    ``<answer>``); one stopped on ``<|end_of_query|>`` with a ``<|begin_of_query|>`` searches the
-    text after the last ``<|begin_of_query|>`` with quotes, tabs and ``...`` cleaned (NOT
-    stripped); an empty query (``query_inst_error``) or any other ending (``shot_down``) ends
-    the item."""
-    if text.endswith("</answer>") and "<answer>" in text:
-        return Action("answer", answer=text[: -len("</answer>")].split("<answer>")[-1].strip())
-    if text.endswith("<|end_of_query|>") and "<|begin_of_query|>" in text:
+def r1_searcher_parse(d: Dialect, text: str, end: TurnEnd) -> Action:
+    """``eval_search_loacl.py``: a turn stopped on ``</answer>`` with an ``<answer>`` answers with
+    the text after the last ``<answer>``, NOT stripped (``pred_ans``); one stopped on
+    ``<|end_of_query|>`` with a ``<|begin_of_query|>`` searches the text after the last
+    ``<|begin_of_query|>`` with quotes, tabs and ``...`` cleaned (not stripped); an empty query
+    (``query_inst_error``) or any other ending, EOS and the token limit included (``shot_down``),
+    ends the item; the dialect's ``no_answer`` ("I don't know.") is then the prediction. The
+    label is the original's ``stop_reason_final``."""
+    if not end.length and text.endswith("</answer>") and "<answer>" in text:
+        return Action("answer", answer=text[: -len("</answer>")].split("<answer>")[-1], label="finished")
+    if not end.length and text.endswith("<|end_of_query|>") and "<|begin_of_query|>" in text:
         query = text[: -len("<|end_of_query|>")].split("<|begin_of_query|>")[-1]
         query = query.replace('"', "").replace("'", "").replace("\t", " ").replace("...", "")
         if query:
             return Action("search", queries=(query,))
-        return Action("end", reason="empty query (query_inst_error)")
-    return Action("end", reason="neither an answer nor a query (shot_down)")
+        return Action("end", reason="empty query", label="query_inst_error")
+    return Action("end", reason="neither an answer nor a query", label="shot_down")
+
+
+def r1_searcher_train_parse(d: Dialect, text: str, end: TurnEnd) -> Action:
+    """Mode ``train`` (OpenRLHF-RAG ``experience_maker.py``): the only stop is ``<|end_of_query|>``;
+    a turn that stopped on it with a ``<|begin_of_query|>`` searches the text after the last one,
+    double quotes removed, stripped, whitespace squeezed (empty: the rollout ends); any other turn
+    (EOS, the token limit) ends the rollout, the reward server reading the answer from the whole
+    response."""
+    if not end.eos and not end.length and text.endswith("<|end_of_query|>") and "<|begin_of_query|>" in text:
+        query = text[: -len("<|end_of_query|>")].split("<|begin_of_query|>")[-1]
+        query = " ".join(query.replace('"', "").split())
+        if query:
+            return Action("search", queries=(query,))
+        return Action("end", reason="empty query")
+    if "</answer>" in text:
+        return Action("answer", answer=None)
+    return Action("end", reason="the rollout ended without a query")
+
+
+def r1_searcher_rewrite(text: str, action: Action) -> str | None:
+    """A searching turn continues as ``generated_text.strip()`` + ``<|end_of_query|>``: the
+    original strips the turn (both ends) before appending the tag and the documents."""
+    if action.kind != "search" or not text.endswith("<|end_of_query|>"):
+        return None
+    new = text[: -len("<|end_of_query|>")].strip() + "<|end_of_query|>"
+    return new if new != text else None
 
 
 def r1_searcher_observe(d: Dialect, queries: tuple[str, ...], results: list[list[Doc]]) -> str:
@@ -250,17 +336,48 @@ def r1_searcher_observe(d: Dialect, queries: tuple[str, ...], results: list[list
 
 
 def r1_searcher_answer(d: Dialect, response: str) -> str | None:
-    """The text between the last ``<answer>`` and the ``</answer>`` after it, stripped."""
+    """The reward servers' extraction: the text between the last ``<answer>`` and the
+    ``</answer>`` after it, stripped (the evaluation's prediction is the answering turn's own,
+    unstripped: :func:`r1_searcher_parse`)."""
     if "<answer>" not in response or "</answer>" not in response:
         return None
     return response.split("<answer>")[-1].split("</answer>")[0].strip()
 
 
+def r1_searcher_validate_llama(response: str) -> tuple[bool, str]:
+    """The format checks of R1-Searcher's Llama stage-2 reward server
+    (``train/reward_server_llama_stage2.py``): document/query tag counts all equal, no ``<think>``
+    and one each of ``</think>``, ``<answer>``, ``</answer>``, no CJK outside the documents. Unlike
+    the Qwen server: no "Assistant" check, no check of tags inside the answer, no 10-word limit."""
+    s = response
+    counts = [s.count(t) for t in _R1S_TAGS]
+    if len(set(counts)) != 1:
+        return False, f"query/document tag counts differ: {counts}"
+    if not (s.count("<think>") == 0 and s.count("</think>") == s.count("<answer>") == s.count("</answer>") == 1):
+        return False, "expected no <think> and one </think>, <answer>, </answer>"
+    outside = re.sub(r"<\|begin_of_documents\|>.*?<\|end_of_documents\|>", "", s, flags=re.DOTALL)
+    if any("\u4e00" <= ch <= "\u9fff" for ch in outside):
+        return False, "Chinese characters outside the documents"
+    return True, "ok"
+
+
+_R1S_TAGS = (
+    "<|begin_of_documents|>\n",
+    "<|end_of_documents|>\n\n",
+    "<|begin_of_query|>",
+    "<|end_of_query|>",
+    "<|begin_of_documents|>",
+    "<|end_of_documents|>",
+    "<|begin_of_documents|>\n(1)",
+)
+
+
 def r1_searcher_validate(d: Dialect, response: str) -> tuple[bool, str]:
-    """The format checks of R1-Searcher's stage-2 reward (``reward_server_qwen_zero.py``) on the
-    response after ``Assistant: <think>``: document/query tag counts all equal, no
+    """The format checks of R1-Searcher's Qwen stage-2 reward server (``reward_server_qwen_zero.py``)
+    on the response after ``Assistant: <think>``: document/query tag counts all equal, no
     "Assistant"/"assistant", no ``<think>`` and one ``</think>``, one answer block without query
-    or document tags, at most 10 words, and no CJK outside the documents."""
+    or document tags, at most 10 words, and no CJK outside the documents. The Llama server's
+    checks: :func:`r1_searcher_validate_llama`."""
     s = response.strip()
     counts = [
         s.count(t)
@@ -298,10 +415,11 @@ PRORAG_QUERY_ERROR = "\n<retrieval>Error in query parsing</retrieval>\n<step>\n"
 PRORAG_NEXT_STEP = "\n<step>\n"
 
 
-def prorag_parse(d: Dialect, text: str, eos: bool) -> Action:
-    """``</answer>`` in the turn answers (the first ``<answer>`` block, stripped; "" if none
-    parses); ``</subquery>`` searches the first ``<subquery>`` block, stripped (none parses: the
-    query-error observation); anything else (``</subanswer>``, EOS) continues with a new step."""
+def prorag_parse(d: Dialect, text: str, end: TurnEnd) -> Action:
+    """``inference.py``: ``</answer>`` in the turn answers (the first ``<answer>`` block,
+    stripped; "" if none parses; both case-sensitive there); ``</subquery>`` searches the first
+    ``<subquery>`` block, stripped (none parses: the query-error observation); anything else
+    (``</subanswer>``, EOS, a token-limit cut) continues with ``\\n<step>\\n``."""
     if "</answer>" in text:
         m = re.search(r"<answer>(.*?)</answer>", text, flags=re.DOTALL)
         return Action("answer", answer=m.group(1).strip() if m else "")
@@ -319,8 +437,10 @@ def prorag_observe(d: Dialect, queries: tuple[str, ...], results: list[list[Doc]
 
 
 def first_answer(d: Dialect, response: str) -> str | None:
-    """The first ``<answer>`` block, stripped (ProRAG's ``outcome_reward`` and inference)."""
-    m = re.search(r"<answer>(.*?)</answer>", response, flags=re.DOTALL)
+    """ProRAG's ``outcome_reward`` (``prorag/rl/reward.py``): the first ``<answer>`` block of the
+    completion, tags matched case-insensitively, stripped. (The evaluation's prediction is the
+    answering turn's own, :func:`prorag_parse`.)"""
+    m = re.search(r"<answer>(.*?)</answer>", response, flags=re.DOTALL | re.IGNORECASE)
     return m.group(1).strip() if m else None
 
 
@@ -351,6 +471,24 @@ def prorag_validate(d: Dialect, response: str) -> tuple[bool, str]:
     if len(body) % 5 or any(body[k : k + 5] != ["S", "Q", "R", "S", "A"] for k in range(0, len(body), 5)):
         return False, "steps are not (step subquery retrieval step subanswer)*"
     return True, "ok"
+
+
+_PRORAG_STEPS = (
+    ["<step>", "</step>", "<subquery>", "</subquery>", "<retrieval>", "</retrieval>"],
+    ["<step>", "</step>", "<subanswer>", "</subanswer>"],
+    ["<step>", "</step>", "<answer>", "</answer>"],
+)
+
+
+def prorag_step_ok(step: str) -> bool:
+    """ProRAG's ``format_check`` (``prorag/prm/filter.py``) on one step as the loop records it (the
+    model's turn and its observation): with the step's opening ``<step>`` (in the text before it)
+    put back and the next step's ``<step>`` (its observation's end) left off, the tags are exactly
+    a search, a sub-answer or an answer step."""
+    tags = re.findall(r"</?[a-zA-Z]+>", "<step>\n" + step)
+    if len(tags) > 1 and tags[-1] == "<step>":
+        tags = tags[:-1]
+    return tags in _PRORAG_STEPS
 
 
 def r1_searcher_stage1(response: str) -> tuple[bool, bool]:

@@ -17,7 +17,7 @@ import json
 import re
 
 from harness.types import Doc
-from pipelines.dialects.base import Action, Dialect
+from pipelines.dialects.base import Action, Dialect, TurnEnd
 
 INSTRUCTION = (
     "Work out the answer step by step. Put your reasoning inside {think_open} {think_close}. "
@@ -84,7 +84,7 @@ def split_parallel_queries(raw: str) -> list[str]:
     return [raw]
 
 
-def parse(d: Dialect, text: str, eos: bool) -> Action:
+def parse(d: Dialect, text: str, end: TurnEnd) -> Action:
     """An answer block anywhere answers; a turn ending in the query tag searches its last query."""
     if d.answer_close in text:
         answer = extract(d, text)

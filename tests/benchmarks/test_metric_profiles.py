@@ -104,3 +104,18 @@ def test_score_trajectory_uses_the_response_for_search_r1_em():
     assert s.metrics == {"em_last_answer": 1.0, "f1": 1.0, "judge": None}  # no judge: missing, not 0
     untagged = Trajectory(**{**traj.__dict__, "response_text": "I think Paris"})
     assert score_trajectory(untagged, ("em_last_answer",)).metrics["em_last_answer"] == 0.0
+
+
+def test_search_r1_profile_reads_prompt_plus_response_as_qa_em():
+    # The named option answer_in_response_only: on by default (harness's fix), off for search_r1.
+    from harness.types import Segment, Trajectory
+    from pipelines.dialects import get_dialect
+
+    assert get_profile("default").answer_in_response_only and not get_profile("search_r1").answer_in_response_only
+    prompt = get_dialect("search_r1").raw_text("Which city is the capital of China")
+    traj = Trajectory(example_id="a", question="q", answers=["Beijing"], method="search_r1", finish_reason="answer")
+    traj.segments = [Segment("prompt", [1], prompt)]
+    traj.response_text = "I do not know."
+    assert score_trajectory(traj, ("em_last_answer",)).metrics["em_last_answer"] == 0.0
+    # qa_em exactly: the prompt's own two matches make "Beijing" the extracted answer.
+    assert score_trajectory(traj, ("em_last_answer",), response_only=False).metrics["em_last_answer"] == 1.0

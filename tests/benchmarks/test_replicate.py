@@ -17,7 +17,7 @@ from harness.cli.main import app
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data"
 DEMO_CORPUS = ROOT / "benchmarks" / "demo_data" / "corpus.jsonl"
-CARDS = ["prorag", "r1_searcher", "rag_r1", "research", "search_r1"]
+CARDS = ["harr", "prorag", "r1_searcher", "rag_r1", "research", "search_r1"]
 runner = CliRunner()
 needs_data = pytest.mark.skipif(not (DATA / "hotpotqa").is_dir(), reason="needs ../shared/data (hotpotqa)")
 

@@ -65,10 +65,16 @@ def test_sampling_frequencies_match_probabilities():
 
 def test_render_state_format_and_cap():
     st = RetrievalState("Who?", (HistoryStep("first q", ("A", "B")), HistoryStep("second q", ("C",))))
-    text = render_state("third q", st, StateFormat())
+    text = render_state("third q", st, StateFormat(history="titles"))
     assert text.startswith("Original Question: Who?\nHistory: [")
     assert '"query": "first q"' in text and '"retrieved": ["C"]' in text and text.endswith("Query: third q")
-    short = render_state("third q", st, StateFormat(max_chars=90))
+    # HARR's own (the default): per model turn, {"sub_query", "answer"} as json.dumps writes it.
+    harr = RetrievalState("Who?", st.history, turns=(HistoryStep(" a ", (), "think 1"), HistoryStep(None, (), None)))
+    assert render_state("q", harr, StateFormat()) == (
+        'Original Question: Who?\nHistory: [{"sub_query": " a ", "answer": "think 1"}, '
+        '{"sub_query": null, "answer": null}]\nQuery: q'
+    )
+    short = render_state("third q", st, StateFormat(max_chars=90, history="titles"))
     assert "first q" not in short and short.endswith("Query: third q") and len(short) <= 90
     assert render_state("third q", st, StateFormat(stateful=False)) == "third q"
     assert render_state("q", None, StateFormat()) == "q"
@@ -102,14 +108,15 @@ def test_agent_passes_history_and_records_samples(toy):
     tower, index_dir = toy
     retriever = StochasticDenseRetriever.from_index_dir(index_dir, tower, n_candidates=8, tau=0.1)
     assert accepts_state(retriever)
-    script = [{"match": "Question: Which code", "turns": ["<search>steam loom</search>", "<search>code</search>"]}]
+    turns = ["<think>the loom</think><search>steam loom</search>", "<search>code</search>"]
+    script = [{"match": "Question: Which code", "turns": turns}]
     agent = SearchAgent(ScriptedBackend(script), retriever, "search_r1", AgentConfig(max_turns=2, topk=2))
     traj = agent.run_examples([Example("x", "Which code does the loom keep?", ("W1",))])[0]
     assert [s.query for s in traj.searches] == ["steam loom", "code"]
     first, second = (s.sample for s in traj.searches)
     assert first["state"].endswith("History: []\nQuery: steam loom")
-    titles = [d.title for d in traj.searches[0].docs]
-    assert '"query": "steam loom"' in second["state"] and all(t in second["state"] for t in titles)
+    # HARR's history: the earlier turn's sub-query and its reasoning block (generator.py).
+    assert '[{"sub_query": "steam loom", "answer": "the loom"}]' in second["state"]
     assert second["sampled_ids"] == traj.searches[1].doc_ids
     back = Trajectory.from_dict(traj.to_dict())
     assert back.searches[1].sample == second

@@ -29,7 +29,7 @@ def same(a, b) -> None:
 
 @pytest.mark.parametrize("dialect", ["research", "prorag", "search_r1"])
 def test_one_step_at_a_time_equals_one_run(dialect, toy_retriever):
-    agent = agent_for(dialect, toy_retriever, max_turns=4)
+    agent = agent_for(dialect, toy_retriever, max_turns=5)
     full = asyncio.run(agent.arun(Q))
     assert full.finish_reason == "answer"
     traj, n_steps = None, 0

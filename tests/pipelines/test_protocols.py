@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from harness.cli.main import app
 from harness.retrieval.corpus import read_corpus
-from pipelines.dialects import get_dialect
+from pipelines.dialects import get_dialect, resolve_dialect
 from pipelines.dialects.inspect import describe
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -38,6 +38,8 @@ def test_harness_prompt_matches_the_golden_rendering(name):
     args = ["--method", name, "--question", g["question"], "--docs", str(GOLDEN / "docs.jsonl"), "--model", "none"]
     for q in g["queries"]:
         args += ["--query", q]
+    if g.get("mode"):
+        args += ["--mode", g["mode"]]
     out = prompt_json(*args)
     assert out["messages"] == g["messages"]
     assert out["text"] == g["text"]
@@ -50,7 +52,7 @@ def test_harness_prompt_matches_the_golden_rendering(name):
 
 @pytest.mark.parametrize("name", SYSTEMS)
 def test_a_checkpoints_typical_turns_parse_as_the_original_parses_them(name):
-    d = get_dialect(name)
+    d = resolve_dialect(name, mode=golden(name).get("mode"))
     for case in golden(name)["turns"]:
         action = d.parse_action(case["text"], eos=case["eos"])
         assert action.kind == case["kind"], case["text"]
@@ -62,7 +64,7 @@ def test_a_checkpoints_typical_turns_parse_as_the_original_parses_them(name):
 
 @pytest.mark.parametrize("name", SYSTEMS)
 def test_answer_extraction_and_reward_format_check(name):
-    d = get_dialect(name)
+    d = resolve_dialect(name, mode=golden(name).get("mode"))
     for case in golden(name)["responses"]:
         assert d.extract_answer(case["text"]) == case["answer"], case["text"]
         ok, reason = d.validate_format(case["text"])

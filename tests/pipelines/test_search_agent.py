@@ -81,7 +81,7 @@ def assert_token_exact(traj, backend):
 @pytest.mark.parametrize("dialect", sorted(SCRIPTS))
 def test_every_dialect_multi_turn(dialect, toy_retriever):
     backend = RecordingBackend([{"match": "glass harp-clock", "turns": SCRIPTS[dialect]}])
-    traj = run_one(backend, toy_retriever, dialect, max_turns=4)
+    traj = run_one(backend, toy_retriever, dialect, max_turns=len(SCRIPTS[dialect]))
     assert traj.error is None
     assert traj.finish_reason == "answer"
     assert traj.prediction == "Lunne"
@@ -172,8 +172,9 @@ def test_prorag_continues_after_eos_with_a_new_step(toy_retriever):
 
 
 def test_eos_without_answer(toy_retriever):
+    # ReSearch ends the item on EOS (Search-R1 sends its corrective message: test_protocol_edges.py).
     backend = RecordingBackend([{"match": "glass harp-clock", "turns": ["I do not know."]}])
-    traj = run_one(backend, toy_retriever, "search_r1")
+    traj = run_one(backend, toy_retriever, "research")
     assert traj.finish_reason == "eos_without_answer"
     assert traj.prediction == ""
     assert traj.segments[-1].token_ids[-1] == backend.tokenizer.eos_token_id
@@ -205,7 +206,7 @@ def test_final_turn_can_still_answer(toy_retriever):
 def test_max_tokens_per_turn_and_total(toy_retriever):
     long = "<think>" + "x" * 200 + "</think><answer>Lunne</answer>"
     backend = RecordingBackend([{"match": "glass harp-clock", "turns": [long]}])
-    traj = run_one(backend, toy_retriever, "search_r1", max_new_tokens=50)
+    traj = run_one(backend, toy_retriever, "research", max_new_tokens=50)  # a cut ends a ReSearch item
     assert traj.finish_reason == "max_tokens"
     assert traj.generated_tokens == 50
     # A total budget smaller than one turn's allowance also ends with max_tokens.

@@ -153,3 +153,41 @@ def test_cli_writes_and_resumes(tmp_path):
     assert res.exit_code == 0 and "2 already done" in res.output, res.output
     bad = CliRunner().invoke(app, [*args, "mcts.gamma=2"])
     assert bad.exit_code != 0 and "gamma" in bad.output
+
+
+def test_pairs_as_prorag_filter_one_per_node_recursing_into_well_visited_well_formed_steps():
+    # prorag/prm/filter.py traverse_and_collect_jobs, with the GPT-4o choice replaced by
+    # highest-vs-lowest value (apart by more than the margin).
+    from harness.types import Segment, Trajectory
+    from pipelines.dialects.protocols import prorag_step_ok
+    from training.mcts import Node, tree_records
+
+    ex = EXAMPLES[0]
+    search = "q.</step>\n<subquery>x</subquery>"
+    obs = "\n<retrieval>\nDoc 1(Title: t) x\n</retrieval>\n<step>\n"
+
+    def child(parent, turn, value, visits, nid, observation=obs):
+        base = parent.traj.segments if parent.traj else [Segment("prompt", [1], "P<step>\n")]
+        segs = [*base, Segment("model", [2], turn), Segment("observation", [3], observation)]
+        traj = Trajectory(example_id=ex.id, question=ex.question, answers=list(ex.answers), method="m")
+        traj.segments, traj.finish_reason = segs, "paused"
+        n = Node(traj, parent=parent, depth=parent.depth + 1, id=nid, visits=visits, total=value * visits)
+        parent.children.append(n)
+        return n
+
+    root = Node(None, visits=10)
+    a = child(root, search, 0.9, 4, 1)
+    child(root, search, 0.5, 2, 2)
+    child(root, search, 0.1, 3, 3)
+    child(root, "</step>\n<ANSWER>x</ANSWER>", 0.0, 1, 4, observation="\n<step>\n")  # format_check fails
+    child(a, "b.</step>\n<subanswer>y</subanswer>", 1.0, 2, 5, observation="\n<step>\n")
+    child(a, "c.</step>\n<answer>y</answer>", 0.2, 1, 6, observation="")
+    low = root.children[2]
+    child(low, search, 1.0, 1, 7)  # under a node visited 3 times: recursed into
+    child(low, search, 0.0, 1, 8)
+    cfg = MCTSConfig(margin=0.2)
+    _, pairs = tree_records(ex, root, cfg, prorag_step_ok)
+    got = {(p["parent"], p["chosen"]["node"], p["rejected"]["node"]) for p in pairs}
+    assert got == {(0, 1, 3), (1, 5, 6), (3, 7, 8)}  # one per node; node 4 malformed, node 2 not recursed (n=2)
+    _, every = tree_records(ex, root, MCTSConfig(margin=0.2, pair_rule="margin"))
+    assert len(every) > len(pairs)

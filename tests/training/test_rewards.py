@@ -77,19 +77,38 @@ def test_research_f1_format_table():
 
 
 def test_r1_searcher_stage1_table():
+    # reward_server_llama_stage1.py: ±1 cover-EM, +.5 retrieval, +.5 format.
     r = R1SearcherStage1(validator=FAKE)
-    assert r(traj("A: x END", searches=[MISS]))[0] == 1.0  # .5 retrieval + .5 format
-    assert r(traj("A: x END"))[0] == 0.5  # format only
-    assert r(traj("A: x", searches=[MISS]))[0] == 0.5  # retrieval only
-    assert r(traj("junk"))[0] == 0.0
+    assert r(traj("A: the Paris city END", searches=[MISS]))[0] == 2.0  # covers "Paris"
+    assert r(traj("A: x END", searches=[MISS]))[0] == 0.0  # -1 + .5 + .5
+    assert r(traj("A: x END"))[0] == -0.5  # format only
+    assert r(traj("A: x", searches=[MISS]))[0] == -0.5  # retrieval only
+    assert r(traj("junk"))[0] == -1.0  # no answer: -1
+    assert R1SearcherStage1(answer_term=0.0, validator=FAKE)(traj("A: x END", searches=[MISS]))[0] == 1.0
 
 
 def test_r1_searcher_stage2_table():
-    r = R1SearcherStage2(validator=FAKE)
+    r = R1SearcherStage2(validator=FAKE)  # the Qwen server's −2 by default
     assert r(traj("A: Paris city END"))[0] == pytest.approx(2 / 3)
     assert r(traj("A: Lyon END"))[0] == 0.0
-    assert r(traj("A: Paris"))[0] == -2.0  # right answer, bad format: the penalty
+    assert r(traj("A: Paris"))[0] == -1.0  # right answer, bad format: F1 − 2
+    assert R1SearcherStage2(server="llama", validator=FAKE)(traj("A: Paris"))[0] == 0.0  # F1 − 1
     assert R1SearcherStage2(format_penalty=-1.0, validator=FAKE)(traj("junk"))[0] == -1.0
+    with pytest.raises(ValueError, match="server"):
+        R1SearcherStage2(server="mistral")
+
+
+def test_r1_searcher_stage2_validator_follows_the_server():
+    docs = "<|begin_of_query|>q<|end_of_query|>\n\n<|begin_of_documents|>\n(1)D\n<|end_of_documents|>\n\n"
+    # The Llama server has no "Assistant" check and no 10-word limit; the Qwen server has both.
+    long = docs + "Assistant says.</think>\n\n<answer>Paris " + "and more words " * 4 + "</answer>"
+    llama, qwen = R1SearcherStage2(server="llama"), R1SearcherStage2(server="qwen")
+    f1 = llama(traj(long, dialect="r1_searcher"))[1]["f1"]
+    assert 0 < f1 < 1
+    assert llama(traj(long, dialect="r1_searcher"))[0] == pytest.approx(f1)  # valid for Llama
+    assert qwen(traj(long, dialect="r1_searcher"))[0] == pytest.approx(f1 - 2)  # invalid for Qwen
+    bad = docs + "<think>again</think>\n\n<answer>Paris</answer>"
+    assert llama(traj(bad, dialect="r1_searcher"))[0] == pytest.approx(0.0)  # 1 − 1
 
 
 def test_search_r1_format_every_branch():
@@ -115,7 +134,7 @@ def test_retrieval_hit_reads_observation_segments():
 def test_compose_and_build_from_config():
     r = compose(("em", 2.0, EM(validator=FAKE)), ("s1", 0.5, R1SearcherStage1(validator=FAKE)))
     total, parts = r(traj("A: Paris END", searches=[HIT]))
-    assert total == pytest.approx(2.0 * 1.0 + 0.5 * 1.0)
+    assert total == pytest.approx(2.0 * 1.0 + 0.5 * 2.0)  # s1: +1 cover-EM, +.5, +.5
     assert parts["em"] == 1.0 and parts["s1/searched"] == 1.0
     built = build_reward([{"name": "r1_searcher_stage2", "weight": 0.5}, "em"])
     # R1-Searcher's own check (reward_server_qwen_zero.py) wants the think block closed once and
@@ -144,7 +163,7 @@ def test_real_dialects():
     assert r(traj(ok, dialect="research"))[0] == pytest.approx(2 / 3)
     assert r(traj("<answer>Paris</answer>", dialect="research"))[0] == 0.0  # no \boxed{}: invalid
     s1 = build_reward("r1_searcher_stage1")
-    assert s1(traj("no tags", dialect="r1_searcher"))[0] == 0.0
+    assert s1(traj("no tags", dialect="r1_searcher"))[0] == -1.0  # no answer tags: the −1 term only
 
 
 def test_r1_searcher_stage1_uses_its_own_checks():
@@ -153,11 +172,12 @@ def test_r1_searcher_stage1_uses_its_own_checks():
         " Look. <|begin_of_query|>q<|end_of_query|>\n\n<|begin_of_documents|>\n(1)D\n<|end_of_documents|>\n\n"
         "So.</think>\n\n<answer>a long answer that is more than ten words is fine in stage one</answer>"
     )
-    assert s1(traj(good, dialect="r1_searcher"))[0] == 1.0  # stage 2 would reject the length
+    # Not covering "Paris": −1, +.5 retrieval, +.5 format (stage 2 would reject the length).
+    assert s1(traj(good, dialect="r1_searcher"))[0] == 0.0
     no_docs = " So.</think>\n\n<answer>Paris</answer>"
-    assert s1(traj(no_docs, dialect="r1_searcher", searches=[MISS]))[0] == 0.5  # format only
+    assert s1(traj(no_docs, dialect="r1_searcher", searches=[MISS]))[0] == 1.5  # +1 cover-EM, format only
     broken = good.replace("(1)D", "D")  # documents not numbered as the original inserts them
-    assert s1(traj(broken, dialect="r1_searcher"))[0] == 0.5
+    assert s1(traj(broken, dialect="r1_searcher"))[0] == -0.5
 
 
 def test_prorag_reward_by_hand_with_its_dialect():

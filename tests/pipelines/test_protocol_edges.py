@@ -1,0 +1,245 @@
+"""Malformed and edge-case turns, run through THE agent loop, against what each original's own
+evaluation code does with them (stray closing tags, EOS without tags, token-limit cuts, two
+answers, upper-case tags, whitespace). Each case names the original's rule it checks; the
+expected values were worked out by hand from that code at the commits in configs/dialects/."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.backends.scripted import ScriptedBackend
+from harness.types import Example
+from pipelines.dialects import DIALECTS, get_dialect, resolve_dialect
+from pipelines.dialects.protocols import qa_em_answer
+from pipelines.search_agent import AgentConfig, SearchAgent
+
+Q = Example("q1", "Which river flows through Eddavik?", ("Lunne",))
+
+
+class InOrder(ScriptedBackend):
+    """Emits its turns in call order (the stop/EOS/length rules are the scripted backend's), so a
+    turn the dialect rewrites (R1-Searcher's strip) or cuts still advances the script."""
+
+    def __init__(self, turns: list[str]) -> None:
+        super().__init__([])
+        self.turns = turns
+
+    def _pick(self, context: str):
+        return (self.turns[self.calls - 1] if self.calls <= len(self.turns) else self.default), None
+
+
+def run(dialect: str, turns: list[str], retriever, **cfg):
+    cfg.setdefault("max_total_tokens", 8192)
+    backend = InOrder(turns)
+    traj = SearchAgent(backend, retriever, dialect, AgentConfig(**cfg)).run_examples([Q])[0]
+    assert traj.error is None, traj.error
+    return traj, backend
+
+
+def texts(traj, role):
+    return [s.text for s in traj.segments if s.role == role]
+
+
+# ---- Search-R1: generation.py (_postprocess_responses, postprocess_predictions, execute_predictions)
+def test_search_r1_stray_closing_answer_before_a_search_does_not_end_the_item(toy_retriever):
+    # No stop strings in the original: the turn runs on and is cut at its first </search>.
+    traj, _ = run(
+        "search_r1", ["Maybe </answer> no: <search>Eddavik river</search>", "<answer>Lunne</answer>"], toy_retriever
+    )
+    assert [s.query for s in traj.searches] == ["Eddavik river"]
+    assert traj.finish_reason == "answer" and traj.prediction == "Lunne"
+
+
+def test_search_r1_cut_at_the_first_search_even_after_an_answer(toy_retriever):
+    traj, _ = run("search_r1", ["<answer> Lunne </answer> or <search>x</search> tail", "unused"], toy_retriever)
+    # The cut keeps text up to </search>; the FIRST block (the answer) is the action.
+    assert texts(traj, "model") == ["<answer> Lunne </answer> or <search>x</search>"]
+    assert traj.finish_reason == "answer" and traj.prediction == "Lunne" and traj.searches == []
+
+
+def test_search_r1_two_answers_cut_after_the_first_and_eos_dropped(toy_retriever):
+    traj, backend = run("search_r1", ["<answer>Lunne</answer> <answer>Eddavik</answer>"], toy_retriever)
+    model = traj.segments[-1]
+    assert model.text == "<answer>Lunne</answer>" and backend.tokenizer.eos_token_id not in model.token_ids
+    assert traj.prediction == "Lunne"
+
+
+@pytest.mark.parametrize("first", ["I am not sure.", "<ANSWER>Lunne</ANSWER>", "</search"])
+def test_search_r1_eos_without_a_block_gets_the_corrective_message_and_goes_on(first, toy_retriever):
+    traj, _ = run("search_r1", [first, "<answer>Lunne</answer>"], toy_retriever)
+    assert texts(traj, "observation") == [get_dialect("search_r1").corrective]
+    assert traj.finish_reason == "answer" and traj.prediction == "Lunne"
+
+
+def test_search_r1_length_cut_without_a_block_goes_on(toy_retriever):
+    traj, _ = run("search_r1", ["<think>" + "x" * 80, "<answer>Lunne</answer>"], toy_retriever, max_new_tokens=40)
+    assert len(traj.segments[1].token_ids) == 40
+    assert texts(traj, "observation") == [get_dialect("search_r1").corrective] and traj.prediction == "Lunne"
+
+
+def test_search_r1_whitespace_in_a_query_is_stripped_and_the_final_turn_runs(toy_retriever):
+    turns = ["<search>  Eddavik river \n</search>", "<search>again</search>", "<search>more</search>"]
+    traj, _ = run("search_r1", turns, toy_retriever, max_turns=2)
+    assert [s.query for s in traj.searches] == ["Eddavik river", "again"]
+    # max_turns turns, then the original's final no-search turn; its search is not run.
+    assert traj.n_turns == 3 and traj.finish_reason == "max_turns" and traj.prediction == ""
+
+
+def test_search_r1_qa_em_reads_prompt_plus_response_and_needs_two_answers():
+    prompt = get_dialect("search_r1").raw_text("who?")
+    assert qa_em_answer(prompt + "<answer> a </answer> <answer> b </answer>") == "b"
+    # The prompt itself holds two matches ("<answer> and </answer>", "<answer> Beijing </answer>"):
+    # without an answer of its own, a response is scored as the example.
+    assert qa_em_answer(prompt + "no answer") == "Beijing"
+    assert qa_em_answer("<answer> a </answer>") is None  # a prompt without the example: one is not enough
+
+
+# ---- ReSearch: active_pipeline.py ReSearchPipeline.run_item ---------------------------------
+def test_research_boxed_answer_then_length_cut_predicts_empty(toy_retriever):
+    turns = ["<think>ok</think><answer>\\boxed{Lunne}</answer> and then it rambles on and on"]
+    traj, _ = run("research", turns, toy_retriever, max_new_tokens=45)
+    assert traj.finish_reason == "max_tokens" and traj.prediction == ""
+
+
+def test_research_two_answers_first_block_last_boxed_and_upper_case_tags(toy_retriever):
+    traj, _ = run("research", ["<answer>\\boxed{a} \\boxed{Lunne}</answer><answer>\\boxed{b}</answer>"], toy_retriever)
+    assert traj.finish_reason == "answer" and traj.prediction == "Lunne"
+    traj, _ = run("research", ["<ANSWER>\\boxed{Lunne}</ANSWER>"], toy_retriever)
+    assert traj.finish_reason == "eos_without_answer" and traj.prediction == ""
+
+
+def test_research_search_query_whitespace_and_empty_search(toy_retriever):
+    traj, _ = run(
+        "research",
+        ["<search>\n Eddavik river </search>", "<search> </search>", "<answer>\\boxed{x}</answer>"],
+        toy_retriever,
+    )
+    assert [s.query for s in traj.searches] == ["Eddavik river"]
+    assert texts(traj, "observation")[1] == " <result>\nnothing to search\n</result>"
+
+
+# ---- R1-Searcher: evaluation/eval_search_loacl.py ------------------------------------------
+def test_r1_searcher_strips_the_turn_before_end_of_query_but_not_the_query(toy_retriever):
+    turns = [" I need it. <|begin_of_query|> Eddavik river \n<|end_of_query|>", "</think>\n\n<answer> Lunne </answer>"]
+    traj, _ = run("r1_searcher", turns, toy_retriever)
+    assert texts(traj, "model")[0] == "I need it. <|begin_of_query|> Eddavik river<|end_of_query|>"
+    assert [s.query for s in traj.searches] == [" Eddavik river \n"]
+    # The prediction is the answering turn's pred_ans, not stripped.
+    assert traj.finish_reason == "answer" and traj.prediction == " Lunne "
+    assert traj.metadata["original_finish"] == "finished"
+    # The re-encoded turn is exactly what the next turn was fed after.
+    assert traj.segments[1].token_ids == InOrder([]).tokenizer.encode(traj.segments[1].text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize(
+    ("turns", "cfg", "label"),
+    [
+        (["I am not sure."], {}, "shot_down"),  # EOS, no tags
+        (["<answer>Lunne" + " x" * 40], {"max_new_tokens": 30}, "shot_down"),  # token-limit cut
+        (["<|begin_of_query|>'\"...<|end_of_query|>"], {}, "query_inst_error"),  # nothing left of the query
+        (
+            ["<|begin_of_query|>a<|end_of_query|>", "<|begin_of_query|>b<|end_of_query|>", "<answer>Lunne</answer>"],
+            {"max_turns": 2},
+            "many_retrieve",
+        ),  # fmt: skip
+    ],
+)
+def test_r1_searcher_no_answer_is_i_dont_know_with_the_originals_finish(turns, cfg, label, toy_retriever):
+    traj, _ = run("r1_searcher", turns, toy_retriever, **cfg)
+    assert traj.prediction == "I don't know." and traj.metadata["original_finish"] == label
+    if label == "many_retrieve":  # no extra final turn: the answer the model would give is never asked
+        assert traj.n_turns == 2 and traj.finish_reason == "max_turns"
+
+
+# ---- RAG-R1: two modes ---------------------------------------------------------------------
+def test_rag_r1_eval_mode_is_eval_multiquery(toy_retriever):
+    d = get_dialect("rag_r1")
+    assert d.mode == "eval" and d.stops() == ("</search>",) and not d.final_turn
+    assert d.raw_text(" who founded Eddavik ").endswith("Question:  who founded Eddavik \n")  # no strip, no '?'
+    turns = [
+        "<answer>x</answer> hmm <search> Eddavik river , </search>",  # </answer> is no stop
+        "<search></search>",  # empty: an empty <information> block, no retrieval
+        "<answer> Eddavik </answer> no, <answer> Lunne </answer>",  # EOS: the last answer, unstripped
+    ]
+    traj, _ = run("rag_r1", turns, toy_retriever)
+    assert [s.query for s in traj.searches] == ["Eddavik river"]
+    assert texts(traj, "observation")[1] == "\n<information>\n\n</information>\n"
+    assert traj.prediction == " Lunne " and d.validate_format("anything") == (True, d.validate_format("")[1])
+
+
+def test_rag_r1_eval_mode_length_cut_searches_the_last_query_of_the_sequence(toy_retriever):
+    # get_query reads the whole decoded sequence: after a cut with no query of its own, the
+    # prompt's example query is searched; at EOS without an answer, the prompt's example answer counts.
+    traj, _ = run("rag_r1", ["<think>" + "x" * 60, "I give up."], toy_retriever, max_new_tokens=30)
+    assert [s.query for s in traj.searches] == ["query_1", "query_2"]
+    assert traj.finish_reason == "eos_without_answer" and traj.prediction == " Beijing "
+
+
+def test_rag_r1_train_mode_is_generation_mq(toy_retriever):
+    d = resolve_dialect("rag_r1", mode="train")
+    assert d.final_turn and d.raw_text(" who founded Eddavik ").endswith("Question: who founded Eddavik?\n")
+    traj, _ = run(
+        "rag_r1", ["I am not sure.", "<answer> Lunne </answer> <search>q</search>"], toy_retriever, mode="train"
+    )
+    assert texts(traj, "observation") == [d.corrective]
+    assert traj.prediction == "Lunne" and traj.searches == []
+
+
+# ---- ProRAG: inference.py, prorag/rl/reward.py ---------------------------------------------
+def test_prorag_length_cut_continues_with_a_new_step(toy_retriever):
+    traj, _ = run(
+        "prorag", ["I think " + "x" * 60, "</step>\n<answer>Lunne</answer>"], toy_retriever, max_new_tokens=30
+    )
+    assert texts(traj, "observation") == ["\n<step>\n"] and traj.prediction == "Lunne"
+
+
+def test_prorag_answers_case_and_stray_tags(toy_retriever):
+    # The turn loop is case-sensitive (inference.py): <ANSWER> is not an answer, a new step follows.
+    turns = ["</step>\n<ANSWER>Lunne</ANSWER>", "</subquery>", "</step>\n<answer> Lunne </answer><answer>b</answer>"]
+    traj, _ = run("prorag", turns, toy_retriever)
+    assert texts(traj, "observation") == ["\n<step>\n", "\n<retrieval>Error in query parsing</retrieval>\n<step>\n"]
+    assert traj.prediction == "Lunne"  # the first block, stripped
+    # The reward's extraction (reward.py outcome_reward) ignores case.
+    assert get_dialect("prorag").extract_answer("</step>\n<ANSWER> Lunne </Answer>") == "Lunne"
+
+
+def test_prorag_no_answer_within_max_hop_predicts_empty(toy_retriever):
+    traj, _ = run("prorag", ["</step>\n<subanswer>a</subanswer>"] * 3, toy_retriever, max_turns=3)
+    assert traj.n_turns == 3 and traj.finish_reason == "max_turns" and traj.prediction == ""
+
+
+# ---- all seeds -----------------------------------------------------------------------------
+def test_the_final_answer_now_turn_is_off_where_the_original_has_none():
+    exact = {n: DIALECTS.get(n) for n in ("search_r1", "research", "r1_searcher", "rag_r1", "prorag")}
+    assert {n for n, d in exact.items() if d.final_turn} == {"search_r1"}  # generation.py's final turn
+    assert resolve_dialect("rag_r1", mode="train").final_turn  # generation_mq.py is Search-R1's loop
+    for d in exact.values():  # every seed dialect's file lists its known differences (the list may be empty)
+        assert isinstance(d.differences, tuple)
+
+
+@pytest.mark.parametrize("name", ["search_r1", "research", "r1_searcher", "rag_r1", "prorag"])
+def test_each_dialect_file_lists_its_known_differences_per_mode(name):
+    from pipelines.dialects import shipped_template
+
+    listed = shipped_template(name)["differences"]
+    d = get_dialect(name)
+    assert set(listed) == (set(d.modes) or {"single"})
+    for mode in listed:
+        assert resolve_dialect(name, mode=mode if d.modes else None).differences == tuple(listed[mode])
+
+
+def test_r1_searcher_train_mode_is_its_training_rollout(byte_tok, toy_retriever):
+    # prompts_dataset.py: the chat template, its own system text, then "<think>".
+    d = resolve_dialect("r1_searcher", mode="train")
+    text = d.render("Which river?", byte_tok)
+    assert text.endswith("<think>") and "You are a helpful assistant." in text and d.stops() == ("<|end_of_query|>",)
+    # experience_maker.py: query stripped and squeezed; at most max_turns retrievals, then the next
+    # generation is kept and the rollout ends; the reward reads the answer from the response.
+    turns = [
+        ' a <|begin_of_query|>  "Eddavik"\t river <|end_of_query|>',
+        "<|begin_of_query|>x<|end_of_query|>",
+        "<answer> Lunne </answer> done",
+    ]
+    traj, _ = run("r1_searcher", turns, toy_retriever, mode="train", max_turns=2)
+    assert [s.query for s in traj.searches] == ["Eddavik river", "x"]
+    assert traj.n_turns == 3 and traj.prediction == "Lunne"
