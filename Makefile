@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# Baselines, the untrained agent, an SFT warm-up on the demo's train split, the trained agent
-# (research+sft) and a paired report in runs/demo/report; every step is cached in runs/demo.
+# Baselines, the untrained agent, an SFT warm-up on the demo's train split, the SFT agent
+# (research+sft), GRPO from it, the RL agent (research+sft+rl) and a paired report with training
+# curves in runs/demo/report; every step is cached in runs/demo.
 demo: $(STAMP)
 	$(VENV)/bin/harness demo --out runs/demo
 

@@ -9,8 +9,8 @@
    rollouts through the very agent step 3 evaluates (the methods config's agent and retriever
    blocks are copied into the RL recipe);
 5. the RL agent on the ``test`` split, labelled ``research+sft+rl``;
-6. a report whose rows carry 95% bootstrap intervals, every row paired-tested against the
-   untrained agent, the RL run's training curves, and ``demo.md``: untrained → SFT → RL (EM, F1,
+6. a report whose rows carry 95% bootstrap intervals, every row paired-tested against the SFT
+   agent (where RL starts), the RL run's training curves, and ``demo.md``: untrained → SFT → RL (EM, F1,
    format-valid responses, searches per question) with each stage paired against the one before
    it, overall and per question template.
 
@@ -186,8 +186,10 @@ def _report(ui: DemoUI, eval_dir: Path, out: Path, rl_run: Path) -> Path:
     from benchmarks.demo_summary import summarize
     from benchmarks.report_write import write_report
 
-    # The RL run's folder makes the report draw its training curves (report.html and out/curves/*.png).
-    report = write_report([str(eval_dir / "*"), str(rl_run)], out, "md,html,csv", baseline=UNTRAINED)
+    # Every row is paired against the SFT agent, the RL stage's starting point (demo.md pairs the
+    # whole chain: SFT against the untrained agent, RL against SFT); the RL run's folder makes the
+    # report draw its training curves (report.html and out/curves/*.png).
+    report = write_report([str(eval_dir / "*"), str(rl_run)], out, "md,html,csv", baseline=TRAINED)
     ui.report(report)
     stages = [eval_dir / f"{name}-demo-test" for name in (UNTRAINED, TRAINED, RL)]
     text = summarize(*stages, curves=[(Path(c).stem, c) for c in report.curves])
