@@ -81,9 +81,6 @@ def test_an_oversized_plan_names_a_knob_that_makes_it_fit():
     assert not p.fits and p.max_micro_batch == 0
     assert "model.gradient_checkpointing=true" in p.knob and "optim.micro_batch_size=" in p.knob
     sets = p.knob.split()
-    fixed = compose(
-        TrainConfig, [ROOT / "configs/train/research_grpo_qwen2.5_7b.yaml"], sets + ["optim.zero_stage=3"][:0]
-    )
     # the named settings fit (re-planned from the same starting point plus the knob)
     again = compose(
         TrainConfig,
