@@ -122,7 +122,7 @@ def test_plan_covers_every_recipe(recipe):
         cwd=ROOT,
         check=False,
     )
-    text = " ".join(out.stdout.split())
+    text = " ".join((out.stdout + out.stderr).split())  # the CLI prints on stderr (harness.cli.common)
     assert out.returncode == 0, out.stderr[-2000:]
     plans = plan_recipe([str(ROOT / recipe)]) if "chain" in recipe else None
     assert ("FITS" in text) or ("nothing to plan" in text), text[-500:]
