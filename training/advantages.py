@@ -206,8 +206,10 @@ def step_score_tensor(trajs: list[Any], scorer: Any, T: int) -> torch.Tensor:
 
     ``scorer`` is a ``training.rewards.StepScorer`` (the rule scorer or a learned PRM)."""
     out = torch.zeros(len(trajs), T)  # [B, T]
-    for i, traj in enumerate(trajs):
-        for start, end, score in scorer.score_steps(traj):
+    # A learned PRM scores the whole step's turns together (batched); the rule scorer one by one.
+    steps = scorer.score_many(trajs) if hasattr(scorer, "score_many") else [scorer.score_steps(t) for t in trajs]
+    for i, per_traj in enumerate(steps):
+        for start, end, score in per_traj:
             a, b = max(0, start - 1), min(T, end - 1)
             if a < b:
                 out[i, a:b] = score

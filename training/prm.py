@@ -345,19 +345,30 @@ class PRM:
         tok = self.tokenizer
         return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     @torch.no_grad()
     def score(self, seqs: list[list[int]], batch_size: int = 8) -> list[float]:
-        """Scores of token-id sequences (prefix + step; EOS appended here when the PRM was trained so)."""
+        """Scores of token-id sequences (prefix + step; EOS appended here when the PRM was trained so),
+        on the model's device, in batches of similar length (less padding); returned in input order."""
         tail = [self.tokenizer.eos_token_id] if self.append_eos else []
-        out: list[float] = []
-        for i in range(0, len(seqs), batch_size):
-            part = [list(s) + tail for s in seqs[i : i + batch_size]]
-            out += scores_of(self.model, part, self.pad_id, self.max_len).tolist()
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+        out = [0.0] * len(seqs)
+        for i in range(0, len(order), batch_size):
+            idx = order[i : i + batch_size]
+            part = [list(seqs[j]) + tail for j in idx]
+            for j, v in zip(
+                idx, scores_of(self.model, part, self.pad_id, self.max_len, self.device).tolist(), strict=True
+            ):
+                out[j] = v
         return out
 
 
-def load_prm(path: str | Path, threads: int | None = None) -> PRM:
-    """Read a folder :func:`save_prm` wrote (safetensors only)."""
+def load_prm(path: str | Path, threads: int | None = None, device: str | torch.device | None = None) -> PRM:
+    """Read a folder :func:`save_prm` wrote (safetensors only), onto ``device`` (default CPU):
+    bf16 on a GPU (as the policy), fp32 on CPU."""
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModel
 
@@ -387,7 +398,9 @@ def load_prm(path: str | Path, threads: int | None = None) -> PRM:
         from harness.models import load_tokenizer
 
         tok = load_tokenizer(str(path))
-    return PRM(model.float(), tok, bool(meta.get("append_eos", True)), meta.get("max_len"))
+    device = torch.device(device or "cpu")
+    model = model.to(device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+    return PRM(model, tok, bool(meta.get("append_eos", True)), meta.get("max_len"))
 
 
 # ---- the step scorer --------------------------------------------------------------------------
@@ -435,16 +448,25 @@ class PRMStepScorer:
     """``algo.step_scorer: prm``: each model turn scores σ(PRM(prefix + step)) — ProRAG's step
     reward (``prorag/rl/rollout.py``) — plus, with ``format_term``, :func:`prorag_step_format`.
 
-    ``path``: a PRM folder loaded in process; ``url``: a ``harness serve prm`` server."""
+    ``path``: a PRM folder, loaded on ``device`` (the policy's: bf16 on a GPU) ONCE PER NODE: with
+    several ranks, local rank 0 loads it and serves it to the node's other ranks
+    (:func:`node_local_prm`); ``url``: a ``harness serve prm`` server instead. :meth:`score_many`
+    scores all turns of an RL step's rollouts together, in batches of ``batch_size``."""
 
     def __init__(
-        self, path: str | None = None, url: str | None = None, format_term: bool = False, batch_size: int = 8
+        self,
+        path: str | None = None,
+        url: str | None = None,
+        format_term: bool = False,
+        batch_size: int = 8,
+        device: str | torch.device | None = None,
     ) -> None:
         if (path is None) == (url is None):
             raise ValueError("the prm step scorer needs exactly one of algo.step_scorer_path or algo.step_scorer_url")
         self.format_term, self.batch_size = format_term, batch_size
-        self.prm = load_prm(path) if path else None
-        self.url = url.rstrip("/") if url else None
+        self.prm, self.url = node_local_prm(path, device) if path else (None, None)
+        if url:
+            self.url = url.rstrip("/")
 
     def raw_scores(self, seqs: list[list[int]]) -> list[float]:
         if not seqs:
@@ -453,16 +475,114 @@ class PRMStepScorer:
             return self.prm.score(seqs, self.batch_size)
         import httpx
 
-        r = httpx.post(f"{self.url}/score", json={"sequences": seqs}, timeout=300.0)
+        r = httpx.post(f"{self.url}/score", json={"sequences": seqs}, timeout=600.0)
         if r.status_code != 200:
             raise RuntimeError(f"PRM server {self.url}: HTTP {r.status_code}: {r.text[:300]}")
         return [float(x) for x in r.json()["scores"]]
 
-    def score_steps(self, trajectory: Any) -> list[tuple[int, int, float]]:
-        spans, seqs, texts = step_sequences(trajectory)
-        raw = self.raw_scores(seqs)
-        out = []
-        for (a, b), r, text in zip(spans, raw, texts, strict=True):
-            s = float(torch.sigmoid(torch.tensor(r)))
-            out.append((a, b, s + (prorag_step_format(text) if self.format_term else 0.0)))
+    def score_many(self, trajectories: list[Any]) -> list[list[tuple[int, int, float]]]:
+        """:meth:`score_steps` of every trajectory, their turns scored together (one request or
+        one batched pass over the step, not one per trajectory)."""
+        parts = [step_sequences(t) for t in trajectories]
+        raw = self.raw_scores([s for _, seqs, _ in parts for s in seqs])
+        out, k = [], 0
+        for spans, seqs, texts in parts:
+            mine, k = raw[k : k + len(seqs)], k + len(seqs)
+            out.append(
+                [
+                    (
+                        a,
+                        b,
+                        float(torch.sigmoid(torch.tensor(r))) + (prorag_step_format(text) if self.format_term else 0.0),
+                    )
+                    for (a, b), r, text in zip(spans, mine, texts, strict=True)
+                ]
+            )
         return out
+
+    def score_steps(self, trajectory: Any) -> list[tuple[int, int, float]]:
+        return self.score_many([trajectory])[0]
+
+
+# ---- one PRM per node ---------------------------------------------------------------------------
+def _rendezvous_file() -> Path:
+    """Node-local (the temp dir) and per job (the launcher's master address and port)."""
+    import os
+    import tempfile
+
+    addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), os.environ.get("MASTER_PORT", "0")
+    return Path(tempfile.gettempdir()) / f"harness-prm-{addr}-{port}.json"
+
+
+def _healthy(url: str, path: str) -> bool:
+    import httpx
+
+    try:
+        r = httpx.get(f"{url}/health", timeout=5.0)
+        return r.status_code == 200 and r.json().get("path") == path
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
+def node_local_prm(
+    path: str, device: str | torch.device | None = None, timeout_s: float = 1800.0
+) -> tuple[PRM | None, str | None]:
+    """The PRM of ``path`` for this rank: ``(PRM, None)`` on local rank 0 (loaded on ``device``)
+    or in a single process; ``(None, url)`` on the node's other ranks.
+
+    With ``WORLD_SIZE`` > 1, local rank 0 loads the PRM and serves it on 127.0.0.1 (the ``harness
+    serve prm`` app, in a daemon thread) and writes the URL to a node-local rendezvous file; the
+    other local ranks wait for that file and a healthy server (the job's master address and port
+    name the file, and the server must report this PRM's path, so a stale file is never used)."""
+    import os
+
+    world, local_rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_RANK", "0"))
+    if world <= 1:
+        return load_prm(path, device=device), None
+    meet = _rendezvous_file()
+    if local_rank == 0:
+        meet.unlink(missing_ok=True)  # a previous job's
+        prm = load_prm(path, device=device)
+        url = _serve_in_thread(prm, str(path))
+        tmp = meet.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"url": url, "path": str(path), "kind": "harness-prm-rendezvous"}))
+        tmp.replace(meet)
+        import atexit
+
+        atexit.register(meet.unlink, missing_ok=True)
+        logger.info("PRM %s on %s, served to this node's ranks at %s", path, prm.device, url)
+        return prm, None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            url = json.loads(meet.read_text())["url"]
+            if _healthy(url, str(path)):
+                return None, url
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(2.0)
+    raise TimeoutError(f"local rank {local_rank}: no PRM server from local rank 0 after {timeout_s:.0f} s ({meet})")
+
+
+def _serve_in_thread(prm: PRM, path: str) -> str:
+    """Start the PRM app on a free local port in a daemon thread; returns its URL once healthy."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from training.prm_server import create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(prm, path), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    )
+    threading.Thread(target=server.run, name="prm-server", daemon=True).start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        if _healthy(url, path):
+            return url
+        time.sleep(0.1)
+    raise RuntimeError(f"the node's PRM server did not start at {url}")

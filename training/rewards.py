@@ -390,13 +390,15 @@ def build_step_scorer(name: str, options: dict[str, Any] | None = None) -> StepS
     return cls(**options)
 
 
-def algo_step_scorer(algo: Any) -> StepScorer:
+def algo_step_scorer(algo: Any, device: Any = None) -> StepScorer:
     """The step scorer of a training recipe: ``algo.step_scorer``, and for ``prm`` its
-    ``algo.step_scorer_path`` (a PRM folder) or ``algo.step_scorer_url`` (``harness serve prm``)
-    and ``algo.step_scorer_format``."""
+    ``algo.step_scorer_path`` (a PRM folder, loaded on ``device``, the policy's, once per node)
+    or ``algo.step_scorer_url`` (``harness serve prm``) and ``algo.step_scorer_format``."""
     name = algo.step_scorer
     if name == "prm":
         options = {"path": algo.step_scorer_path, "url": algo.step_scorer_url, "format_term": algo.step_scorer_format}
+        if algo.step_scorer_path:
+            options["device"] = device
         return build_step_scorer(name, options)
     if algo.step_scorer_path or algo.step_scorer_url:
         raise ValueError(f"algo.step_scorer_path/url are for step_scorer=prm, not {name!r}")

@@ -118,7 +118,7 @@ class Trainer:
             self.ref.to(self.device, dtype=torch.bfloat16 if o.bf16 else None)
         self._place_rollout_model()
         self.critic = None
-        self.step_scorer = algo_step_scorer(a) if adv_info.get("needs_step_scores") else None
+        self.step_scorer = algo_step_scorer(a, self.device) if adv_info.get("needs_step_scores") else None
         self.loss_fn = losses.RLLoss.from_config(a)
         if adv_info.get("needs_critic"):  # PPO: a critic on the same LM architecture
             critic = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))

@@ -1,4 +1,6 @@
 """``harness train -c configs/train/NAME.yaml [--data-dir DIR] [--out DIR] [--resume RUN_DIR] [key=value ...]``
+(or ``harness train --plan -c RECIPE [--gpus N --gpu-mem GB]``: the per-GPU memory plan, see
+``training.memory_plan``)
 (or ``harness train --stages CHAIN.yaml [--out WORKDIR]``: a stage chain, see ``harness stages``)
 
 One entry for every trainer: ``algo.kind`` (rl, sft, prm, retriever) picks it from
@@ -29,9 +31,28 @@ def train_command(
     stages: str = typer.Option(
         None, "--stages", help="Run a stage chain (configs/train/prorag/chain.yaml) as `harness stages run` does."
     ),
+    plan: bool = typer.Option(
+        False, "--plan", help="Print the per-GPU memory plan of the recipe (no weights loaded) and exit."
+    ),
+    gpus: int = typer.Option(8, "--gpus", help="--plan: data-parallel GPUs."),
+    gpu_mem: float = typer.Option(80.0, "--gpu-mem", help="--plan: memory of one GPU, GB."),
+    arch: str = typer.Option(None, "--arch", help="--plan: architecture (shipped name or config.json) to plan with."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. trainer.max_steps=2"),
 ) -> None:
     """Train with a recipe; see the module docstring."""
+    if plan:
+        from harness.config import ConfigError
+        from training.memory_plan import plan_report
+
+        if not config:
+            fail("--plan needs a recipe: -c configs/train/NAME.yaml")
+        try:
+            console.print(
+                plan_report(list(config), list(overrides or []), gpus, gpu_mem, arch), highlight=False, soft_wrap=True
+            )
+        except (ConfigError, FileNotFoundError, ValueError) as e:
+            fail(f"--plan: {e}")
+        return
     if stages:
         from harness.cli import stages_cmd
 

@@ -245,3 +245,59 @@ def test_checkpoint_resume_continues_the_same_run(mcts_dir, tmp_path):
     assert b.step_no == 2 and b.sampler.state() == a.sampler.state()
     pa, pb = a.step(), b.step()  # the same next step: same pairs, same weights and optimizer state
     assert pa["loss"] == pytest.approx(pb["loss"], rel=1e-5)
+
+
+@pytest.mark.slow  # trains a tiny PRM (~30-90 s on a loaded 2-core machine)
+def test_a_steps_turns_are_scored_together_and_equal_one_by_one(trained):
+    _, _, final = trained
+    scorer = PRMStepScorer(path=str(final), batch_size=3)
+    assert scorer.prm.device.type == "cpu" and next(scorer.prm.model.parameters()).dtype == torch.float32
+    trajs = []
+    for k in range(4):
+        t = Trajectory(f"q{k}", "?", ["Lunne"], "prorag")
+        t.segments = [
+            Segment("prompt", [65, 66, 67 + k]),
+            Segment("model", [68, 69] * (k + 1), "x</step>\n<subquery>a</subquery>"),
+            Segment("observation", [70], "\n<retrieval>d</retrieval>\n<step>\n"),
+            Segment("model", [71, 72, 73], "y</step>\n<answer>Lunne</answer>"),
+        ]
+        trajs.append(t)
+    calls = []
+    raw = scorer.raw_scores
+    scorer.raw_scores = lambda seqs: calls.append(len(seqs)) or raw(seqs)
+    together = scorer.score_many(trajs)
+    assert calls == [8]  # one call for the step's 8 turns, batched inside
+    one_by_one = [scorer.score_steps(t) for t in trajs]
+    for a, b in zip(together, one_by_one, strict=True):
+        assert [x[:2] for x in a] == [x[:2] for x in b]
+        assert [x[2] for x in a] == pytest.approx([x[2] for x in b], abs=1e-5)
+
+
+@pytest.mark.slow  # trains a tiny PRM
+def test_one_prm_per_node_local_rank_0_serves_the_others(trained, monkeypatch):
+    """Two ranks of one node: local rank 0 loads the PRM and serves it; local rank 1 loads
+    nothing and scores through local rank 0's server, with the same scores."""
+    import socket
+
+    from training.prm import _rendezvous_file
+
+    _, _, final = trained
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("MASTER_PORT", str(s.getsockname()[1]))  # this "job"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    rank0 = PRMStepScorer(path=str(final))
+    assert rank0.prm is not None and rank0.url is None and _rendezvous_file().is_file()
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    rank1 = PRMStepScorer(path=str(final))
+    assert rank1.prm is None and rank1.url.startswith("http://127.0.0.1:")
+    t = Trajectory("q", "?", ["Lunne"], "prorag")
+    t.segments = [
+        Segment("prompt", [65, 66, 67]),
+        Segment("model", [68, 69], "x</step>\n<subquery>a</subquery>"),
+        Segment("observation", [70], "\n<retrieval>d</retrieval>\n<step>\n"),
+        Segment("model", [71, 72, 73], "y</step>\n<answer>Lunne</answer>"),
+    ]
+    assert [x[2] for x in rank1.score_steps(t)] == pytest.approx([x[2] for x in rank0.score_steps(t)], abs=1e-5)
+    _rendezvous_file().unlink()

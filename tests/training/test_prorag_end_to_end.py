@@ -136,14 +136,14 @@ def test_prorag_four_stages_end_to_end(tmp_path):
     rl = build_trainer(cfg, tmp_path / "rl")
     assert isinstance(rl.step_scorer, PRMStepScorer)
     seen: list[list[float]] = []
-    score_steps = rl.step_scorer.score_steps
+    score_many = rl.step_scorer.score_many
 
-    def recorded(traj):  # the scores the step's advantages are computed from
-        out = score_steps(traj)
-        seen.append([sc for _, _, sc in out])
+    def recorded(trajs):  # the scores the step's advantages are computed from, all turns at once
+        out = score_many(trajs)
+        seen.extend([sc for _, _, sc in per] for per in out)
         return out
 
-    rl.step_scorer.score_steps = recorded
+    rl.step_scorer.score_many = recorded
     m = rl.step()
     assert m["grad_norm"] > 0 and all(v == v for v in m.values()), m
     assert len(seen) == 4, "every rollout of the step is scored by the learned PRM"
