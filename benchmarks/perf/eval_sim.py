@@ -181,6 +181,7 @@ class SimEngine(BackendBase):
         self.prompts = prompts
         self.prompt_lengths = sorted({len(k) for k in prompts})
         self.items: dict[tuple[int, ...], _Item] = {}
+        self._ids: dict[str, list[int]] = {}
         self.now = 0.0
         self.busy = 0.0  # simulated seconds with at least one sequence running
         self.steps = 0
@@ -214,7 +215,9 @@ class SimEngine(BackendBase):
         final = item.turn == len(item.shape.turns) - 1
         await future
         text = "<answer> x </answer>" if final else f"<search> q{item.turn} </search>"
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if text not in self._ids:  # a handful of distinct texts: encode each once
+            self._ids[text] = self.tokenizer.encode(text, add_special_tokens=False)
+        ids = list(self._ids[text])
         return Completion(ids, text, "stop", "</answer>" if final else "</search>", prompt_tokens=len(input_ids))
 
     def _item(self, input_ids: list[int]) -> _Item:
