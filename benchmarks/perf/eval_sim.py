@@ -74,7 +74,6 @@ from typing import Any
 from harness.backends.base import BackendBase, Completion, SamplingParams
 from harness.retrieval.memory import InMemoryRetriever
 from harness.textfiles import read_jsonl
-from harness.tokenization import byte_tokenizer
 from harness.types import Doc, Example
 
 logger = logging.getLogger("eval_sim")
@@ -176,7 +175,7 @@ class SimEngine(BackendBase):
 
     def __init__(self, cost: CostModel, schedule: str, concurrency: int, prompts: dict[tuple[int, ...], Shape]):
         self.cost, self.schedule, self.concurrency = cost, schedule, concurrency
-        self.tokenizer = byte_tokenizer()
+        self.tokenizer = _Bytes()
         self.max_context = 1 << 20
         self.prompts = prompts
         self.prompt_lengths = sorted({len(k) for k in prompts})
@@ -341,7 +340,7 @@ def simulate(shapes: list[Shape], schedule: str, concurrency: int, cost: CostMod
     """Run the real agent over ``shapes`` against the simulated engine; simulated figures."""
     from pipelines.methods import build_method
 
-    tok = byte_tokenizer()
+    tok = _Bytes()
     examples = [Example(f"q{i}", f"Which town is number {i}?", ("x",)) for i in range(len(shapes))]
     retriever = InMemoryRetriever([Doc("d1", "Town", "A town.")])
     opts = {"max_concurrency": concurrency, "max_turns": 4, "max_total_tokens": 1 << 20, "topk": 1, "chat": False}
@@ -382,6 +381,23 @@ def simulate(shapes: list[Shape], schedule: str, concurrency: int, cost: CostMod
     }
 
 
+class _Bytes:
+    """A plain byte-level tokenizer (ids = UTF-8 bytes), cheap enough that the simulation's cost is
+    the agent's own. The engine's token counts come from the real trajectories, not from these ids."""
+
+    chat_template = None
+    eos_token_id = 256
+    bos_token_id = 257
+    model_max_length = 1 << 20
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = list(text.encode("utf-8"))
+        return [self.bos_token_id, *ids] if add_special_tokens else ids
+
+    def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
 class _InlineExecutor(concurrent.futures.ThreadPoolExecutor):
     """Runs each submitted call at once, in the caller's thread (asyncio wants a ThreadPoolExecutor)."""
 
@@ -398,7 +414,7 @@ class _Probe(BackendBase):
     """A backend that only lends its tokenizer (to compute the prompts the agent will send)."""
 
     def __init__(self) -> None:
-        self.tokenizer = byte_tokenizer()
+        self.tokenizer = _Bytes()
         self.max_context = 1 << 20
 
 
