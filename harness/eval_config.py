@@ -37,7 +37,10 @@ class BackendConfig:
     max_concurrency: int = 16
     timeout: float = 120.0
     retries: int = 3
-    max_batch_size: int = 8
+    max_batch_size: int = 8  # hf: rows per forward; sglang: requests per batched /generate
+    # sglang: requests that become ready within this many ms go out as one batched /generate
+    # (SGLang takes lists of input_ids); 0 sends each request on its own.
+    batch_window_ms: float = 2.0
     threads: int | None = None
     dtype: str = "float32"
     script: str | None = None  # scripted backend: JSONL script file
@@ -48,7 +51,7 @@ class BackendConfig:
 
     def __post_init__(self) -> None:
         require_at_least(self, 1, "max_concurrency", "max_batch_size", "threads")
-        require_at_least(self, 0, "retries")
+        require_at_least(self, 0, "retries", "batch_window_ms")
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,10 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
             temperature=c.temperature,
             top_p=c.top_p,
             seed=None if c.temperature == 0 else c.seed + sample_index,
-            logprobs=True,
+            # Evaluation reads no logprobs (no metric uses them); asking costs the engine a
+            # log-softmax per token and the wire a float per token. RL rollouts ask for them
+            # (training.rollout.collect sets logprobs=True).
+            logprobs=False,
         )
         return params.with_(**overrides) if overrides else params
 

@@ -18,13 +18,30 @@ generations (FlashRAG's ``max_retrieval_num`` is the agent's turns, its final tu
     ... --backend sglang --url http://127.0.0.1:30000   # a server that is already running
     ... --backend openai --url http://127.0.0.1:8000    # vLLM's OpenAI server
 
-Runs alternate FlashRAG, harness, then harness, FlashRAG (per pair; ABBA cancels a load
-trend) and medians are reported. Beside questions/s each run prints generated tokens/s, turns
-and searches per question; then how many
-predictions agree and, for each disagreement, where the two runs first part: the first turn
-(the prompts differ), a later turn (observation format or turn handling differ) or only the
-prediction (answer extraction differs). The known protocol differences of FlashRAG's ports are
-printed from ``pipelines.dialects.FLASHRAG_DIFFERENCES``.
+Fairness: each side gets its own warm-up run before the timed rounds; the rounds go FlashRAG,
+harness, harness, FlashRAG (A B B A, ``--repeats 2``; more repeats continue the pattern) and
+medians are reported; before every run (warm-ups included) the engine's prefix cache is emptied
+(SGLang ``POST /flush_cache``; vLLM ``POST /reset_prefix_cache``, which needs
+``VLLM_SERVER_DEV_MODE=1``; the in-process ``hf`` backend keeps no cache between requests), so no
+side runs on a cache the other warmed. Agreement is checked on EVERY round (FlashRAG's run of
+round r against the agent's), and counted as a like-for-like figure only with
+``--flashrag-prompt agent``, where both sides start from the same prompt text.
+
+Workloads (``--workload``): ``uniform``: the first ``--n`` questions of ``--dataset/--split`` as
+they come (on the demo every question takes about three turns); ``mixed``: first a selection pass
+of the agent over ``--pool`` questions (untimed, before the warm-ups), then ``--n`` questions
+drawn evenly across the number of searches the model made on them (0 to ``--max-turns``), so the
+timed set mixes questions answered without a search with questions that search four times. The
+turns-per-question distribution of each side is printed.
+
+Beside questions/s each run prints generated tokens/s, turns and searches per question; then
+how many predictions agree and, for each disagreement, the question and where the two runs first
+part: the first turn (the prompts differ), a later turn (observation format or turn handling
+differ) or only the prediction (answer extraction differs). The known protocol differences of
+FlashRAG's ports are printed from ``pipelines.dialects.FLASHRAG_DIFFERENCES``.
+
+The searching model for this comparison (SFT in the search_r1 dialect): ``benchmarks/perf/
+search_model.py`` builds and caches one and prints its directory, to pass as ``--model``.
 """
 
 from __future__ import annotations
@@ -198,14 +215,14 @@ def where_they_part(a: RunResult, b: RunResult, qid: str) -> str:
     return "same generations, different prediction (answer extraction / no-answer value differ)"
 
 
-def agreement(a: RunResult, b: RunResult) -> tuple[int, dict[str, int]]:
-    same, why = 0, {}
+def agreement(a: RunResult, b: RunResult) -> tuple[int, list[tuple[str, str]]]:
+    """How many predictions agree (SQuAD-normalised), and each disagreement with where it starts."""
+    same, why = 0, []
     for qid, pa in a.preds.items():
         if normalize_answer(pa) == normalize_answer(b.preds.get(qid, "")):
             same += 1
         else:
-            w = where_they_part(a, b, qid)
-            why[w] = why.get(w, 0) + 1
+            why.append((qid, where_they_part(a, b, qid)))
     return same, why
 
 
@@ -224,7 +241,8 @@ def versions(args: argparse.Namespace, backend: Any) -> str:
         f"pinned: flashrag_dev={v('flashrag_dev')} torch={v('torch')} transformers={v('transformers')} "
         f"harness@{commit or '?'} backend={args.backend}({type(backend).__name__}) model={args.model} "
         f"questions={args.n} max_turns={args.max_turns} max_new_tokens={args.max_new_tokens} topk={args.topk} "
-        f"retriever=bm25({args.dataset} corpus) flashrag_prompt={args.flashrag_prompt} greedy"
+        f"retriever=bm25({args.dataset}/{args.split} corpus) workload={args.workload} "
+        f"flashrag_prompt={args.flashrag_prompt} greedy"
     )
 
 
@@ -255,7 +273,57 @@ def make_backend(args: argparse.Namespace, stack: contextlib.ExitStack) -> Any:
     return OpenAIBackend(url, model=args.model, max_concurrency=args.n)
 
 
-def report(pair: str, runs: dict[str, list[RunResult]], n: int) -> None:
+def flush_cache(backend: Any, args: argparse.Namespace) -> None:
+    """Empty the engine's prefix cache so the next run starts cold (see module docstring)."""
+    import httpx
+
+    if args.backend == "hf":
+        return  # in process: no KV is kept between requests
+    path = "/flush_cache" if args.backend == "sglang" else "/reset_prefix_cache"
+    for url in backend.sync_urls() if hasattr(backend, "sync_urls") else backend.urls:
+        base = url[: -len("/v1")] if url.endswith("/v1") else url
+        r = httpx.post(base + path, timeout=60.0)
+        if r.status_code != 200:
+            raise SystemExit(
+                f"{base}{path} answered {r.status_code}: cannot start each run on a cold cache"
+                + (" (vLLM needs VLLM_SERVER_DEV_MODE=1 for this route)" if args.backend == "openai" else "")
+            )
+
+
+def turn_histogram(r: RunResult) -> str:
+    counts: dict[int, int] = {}
+    for texts in r.turns.values():
+        counts[len(texts)] = counts.get(len(texts), 0) + 1
+    return ", ".join(f"{k}:{v}" for k, v in sorted(counts.items()))
+
+
+def select_mixed(
+    pair: str, backend: Any, retriever: Any, pool: list[Example], args: argparse.Namespace
+) -> list[Example]:
+    """``--n`` questions spread evenly over the number of searches the agent made on them (0 to
+    ``--max-turns``), from one untimed agent pass over ``pool``."""
+    probe = run_harness(pair, backend, retriever, pool, args)
+    by_searches: dict[int, list[Example]] = {}
+    for ex in pool:
+        k = max(0, len(probe.turns.get(ex.id, [])) - 1)  # searches = turns - 1 (the last answers)
+        by_searches.setdefault(min(k, args.max_turns), []).append(ex)
+    print(
+        f"[{pair}] selection pass over {len(pool)} questions: searches per question "
+        + ", ".join(f"{k}:{len(v)}" for k, v in sorted(by_searches.items())),
+        flush=True,
+    )
+    if len(by_searches) < 2:
+        print(f"[{pair}] WARNING: the model made the same number of searches on every question: not mixed", flush=True)
+    chosen: list[Example] = []
+    buckets = [list(v) for _, v in sorted(by_searches.items())]
+    while len(chosen) < args.n and any(buckets):
+        for b in buckets:  # round-robin over the search counts
+            if b and len(chosen) < args.n:
+                chosen.append(b.pop(0))
+    return chosen
+
+
+def report(pair: str, runs: dict[str, list[RunResult]], n: int, like_for_like: bool) -> None:
     med = {}
     for side, rs in runs.items():
         qps = statistics.median(n / r.wall_s for r in rs)
@@ -266,16 +334,21 @@ def report(pair: str, runs: dict[str, list[RunResult]], n: int) -> None:
         print(
             f"[{pair}] {side:8s} median questions/s={qps:.3f} generated tokens/s={tps:.1f} "
             f"turns/question={turns:.2f} searches/question={last.searches / n:.2f} "
+            f"turns per question (count:questions)={turn_histogram(last)} "
             f"finish={last.extra.get('finish')} runs={len(rs)}"
         )
-    fl, ha = runs["flashrag"][-1], runs["harness"][-1]
-    same, why = agreement(fl, ha)
-    print(f"[{pair}] ratio harness/flashrag questions/s = {med['harness'] / med['flashrag']:.2f}x")
-    print(f"[{pair}] predictions agree: {same}/{n}")
-    for w, c in sorted(why.items(), key=lambda kv: -kv[1]):
-        print(f"[{pair}]   disagree {c}: they first part at the {w}")
+    print(f"[{pair}] ratio harness/flashrag questions/s (medians) = {med['harness'] / med['flashrag']:.2f}x")
+    counted = "" if like_for_like else " (NOT counted as agreement: --flashrag-prompt own runs different protocols)"
+    for r, (fl, ha) in enumerate(zip(runs["flashrag"], runs["harness"], strict=True)):
+        same, why = agreement(fl, ha)
+        print(f"[{pair}] round {r + 1}: predictions agree {same}/{n}{counted}")
+        for qid, where in why:
+            print(
+                f"[{pair}]   {qid}: flashrag={fl.preds.get(qid)!r} harness={ha.preds.get(qid)!r}; "
+                f"they first part at the {where}"
+            )
     stable = all(r.preds == rs[0].preds for rs in runs.values() for r in rs)
-    print(f"[{pair}] each side's predictions identical across repeats: {stable}")
+    print(f"[{pair}] each side's predictions identical across rounds: {stable}")
     print(f"[{pair}] FlashRAG's port differs from the original protocol the agent runs:")
     for d in FLASHRAG_DIFFERENCES.get(pair, ()):
         print(f"[{pair}]   - {d}")
@@ -297,8 +370,12 @@ def main() -> None:
         help="FlashRAG's side: its pipeline's own prompt, or the agent's prompt string for the dialect",
     )
     p.add_argument("--dataset", default="demo")
+    p.add_argument("--split", default="test")
+    p.add_argument("--data-dir", default=None, help="where the benchmark data lives (default: the harness's)")
+    p.add_argument("--workload", choices=("uniform", "mixed"), default="uniform")
+    p.add_argument("--pool", type=int, default=None, help="mixed: questions of the selection pass (default 4 x --n)")
     p.add_argument("--n", type=int, default=8, help="questions")
-    p.add_argument("--repeats", type=int, default=2, help="A/B rounds per pair")
+    p.add_argument("--repeats", type=int, default=2, help="rounds per pair (2: A B B A)")
     p.add_argument("--max-turns", type=int, default=2, help="search turns (Search-R1 adds a final turn)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="per turn")
     p.add_argument("--max-total-tokens", type=int, default=4096)
@@ -312,27 +389,38 @@ def main() -> None:
             raise SystemExit(f"--pairs: unknown {x!r}; choose from {', '.join(PAIRS)}")
 
     print(NOT_LIKE_FOR_LIKE, flush=True)
-    examples = load_examples(args.dataset, "test", limit=args.n)
-    args.n = len(examples)
-    retriever = dataset_retriever(RetrieverConfig(kind="bm25", topk=args.topk), args.dataset, "test")
+    pool_n = (args.pool or 4 * args.n) if args.workload == "mixed" else args.n
+    pool = load_examples(args.dataset, args.split, data_dir=args.data_dir, limit=pool_n)
+    rcfg = RetrieverConfig(kind="bm25", topk=args.topk)
+    retriever = dataset_retriever(rcfg, args.dataset, args.split, args.data_dir)
     retriever.search(["warm up"], args.topk)  # numba compiles on first use; keep it out of the timing
     with contextlib.ExitStack() as stack:
         backend = make_backend(args, stack)
+        args.n = min(args.n, len(pool))
         print(versions(args, backend), flush=True)
-        run_harness(pairs[0], backend, retriever, examples[:1], args)  # warm-up (weights, kernels)
         for pair in pairs:
+            examples = pool[: args.n]
+            if args.workload == "mixed":
+                flush_cache(backend, args)
+                examples = select_mixed(pair, backend, retriever, pool, args)
+            n = len(examples)
             runs: dict[str, list[RunResult]] = {"flashrag": [], "harness": []}
             sides = (("flashrag", run_flashrag), ("harness", run_harness))
+            for _side, fn in sides:  # each side its own warm-up (weights, kernels, its code paths)
+                flush_cache(backend, args)
+                fn(pair, backend, retriever, examples[:1], args)
             for r in range(args.repeats):  # A B, then B A: a load trend on the machine hits both sides alike
                 for side, fn in sides if r % 2 == 0 else sides[::-1]:
+                    flush_cache(backend, args)
                     res = fn(pair, backend, retriever, examples, args)
                     runs[side].append(res)
                     print(
                         f"[{pair}] round {r + 1} {side:8s} wall_s={res.wall_s:.1f} "
-                        f"questions/s={args.n / res.wall_s:.3f} tokens={res.generated_tokens}",
+                        f"questions/s={n / res.wall_s:.3f} tokens={res.generated_tokens} "
+                        f"turns per question={turn_histogram(res)}",
                         flush=True,
                     )
-            report(pair, runs, args.n)
+            report(pair, runs, n, args.flashrag_prompt == "agent")
         backend.close()
 
 

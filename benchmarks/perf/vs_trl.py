@@ -4,7 +4,12 @@ not a test). Needs TRL: ``pip install -e '.[compare]'`` (exits non-zero, saying 
 Both sides train the same model (SmolLM2 by default) in float32 with AdamW (constant LR, no
 weight decay, grad-norm clip 1.0), the same group size, prompts per step, temperature and max new
 tokens, one optimizer step per step (every row in one micro-batch), no KL, clip 0.2, token-mean
-loss (TRL's ``dapo``), group mean/std advantages, and EM of the last ``<answer>`` as the reward.
+loss (TRL's ``dapo``), group mean/std advantages, and the same registered reward on both sides
+(``--reward``, default ``search_r1_format``: Search-R1 v0.3's EM with format credit, 0 / 0.1 /
+0.2 / 1, so groups vary even when no answer is exact; with plain ``em`` a small model scores 0
+everywhere and no step learns). TRL's side scores each completion through the same reward object
+(a trajectory holding the completion as its response). Each step prints the fraction of groups
+whose rewards were all equal; the script warns when every group of every timed step was uniform.
 The task is one generation per prompt (the agent with ``max_turns=0``: no search), as TRL's
 trainer does without tools; both get the same prompt string (the ``search_r1_small`` dialect, no
 chat template; ``--few-shot`` adds its one-shot demonstration), for ``--dataset``/``--split``.
@@ -15,7 +20,9 @@ The sides alternate step by step (harness, TRL, then TRL, harness: TRL's ``train
 thread and waits at each step boundary), and medians over steps after ``--warmup`` are reported.
 Per step: generated tokens/s, seconds in generate / score / update / sync, and the overhead
 fraction: step time that is neither the engine generating nor the update (forwards, backward,
-optimizer). Generate is the time the engine had at least one request in flight (harness) or in
+optimizer). The harness's collation (trajectories to tensors) and its advantage computation are
+timed apart and counted as overhead, not update, as TRL's preparation outside its log-prob
+forwards is. Generate is the time the engine had at least one request in flight (harness) or in
 ``model.generate`` (TRL). TRL generates with the training model itself (no separate engine), so
 its sync is 0; the harness's ``hf`` rollout backend holds its own copy, which sync refreshes.
 """
@@ -101,7 +108,7 @@ def harness_trainer(args: argparse.Namespace, out: Path) -> tuple[Any, BusyClock
         f"max_new_tokens: {args.max_new_tokens}, max_total_tokens: {args.max_new_tokens}}}",
         "retriever.kind=bm25",
         "algo.advantage=grpo",
-        "algo.reward=em",
+        f"algo.reward={args.reward}",
         "algo.loss_agg=token_mean",
         "algo.kl_coef=0.0",
         "algo.ppo_epochs=1",
@@ -131,24 +138,96 @@ def harness_trainer(args: argparse.Namespace, out: Path) -> tuple[Any, BusyClock
             clock.stop()
 
     backend.agenerate = timed  # instance attribute: instrumentation for this benchmark only
+    _time_prep(trainer)
     return trainer, clock
+
+
+# harness seconds in collation and advantages this step, and the fraction of uniform groups
+PREP = {"collate": 0.0, "advantages": 0.0, "uniform": float("nan")}
+
+
+def _time_prep(trainer: Any) -> None:
+    """Time the trainer's collation and advantage computation (overhead, not update): the module's
+    ``collate`` and the instance's ``advantages`` are wrapped for this benchmark only."""
+    import training.trainer as tt
+
+    def wrap(fn: Any, key: str) -> Any:
+        def timed(*a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                PREP[key] += time.perf_counter() - t0
+
+        return timed
+
+    inner = wrap(tt.collate, "collate")
+
+    def collate(trajs: Any, rewards: Any, group_ids: Any, *a: Any, **kw: Any) -> Any:
+        groups: dict[int, list[float]] = {}
+        for g, r in zip(group_ids, rewards, strict=True):
+            groups.setdefault(int(g), []).append(float(r))
+        PREP["uniform"] = sum(1 for v in groups.values() if max(v) == min(v)) / max(1, len(groups))
+        return inner(trajs, rewards, group_ids, *a, **kw)
+
+    tt.collate = collate
+    trainer.advantages = wrap(trainer.advantages, "advantages")
 
 
 def harness_step(trainer: Any, clock: BusyClock) -> dict[str, float]:
     clock.take()
+    PREP.update(collate=0.0, advantages=0.0, uniform=1.0)  # no collate: every group was uniform
     m = trainer.step()
     gen = clock.take()
     step = m["time/step_s"]
-    update = m["time/update_s"]
+    prep = PREP["collate"] + PREP["advantages"]
+    update = m["time/update_s"] - prep
     return {
         "generate": gen,
         "score": m["time/reward_s"],
+        "prep": prep,
         "update": update,
         "sync": m["time/sync_s"],
         "step": step,
         "tokens": m["tokens/generated"],
+        "uniform_groups": PREP["uniform"],
         "overhead": (step - gen - update) / step,
     }
+
+
+def group_uniform_frac(rewards: list[float], group_size: int) -> float:
+    """Fraction of consecutive groups of ``group_size`` whose rewards are all equal."""
+    groups = [rewards[i : i + group_size] for i in range(0, len(rewards), group_size)]
+    return sum(1 for g in groups if max(g) == min(g)) / max(1, len(groups))
+
+
+def trl_reward(name: str, group_size: int, sink: list[float]) -> Any:
+    """TRL's reward function: the harness's registered reward ``name`` on a trajectory holding the
+    completion as its response (the dialect the harness side runs), so both sides score alike.
+    Each call's rewards are also appended to ``sink`` (the uniform-group count)."""
+    from harness.types import Trajectory
+    from training.rewards import build_reward
+
+    reward = build_reward(name)
+
+    def fn(completions: list[str], answers: list[list[str]], **_: Any) -> list[float]:
+        out = []
+        for text, golds in zip(completions, answers, strict=True):
+            traj = Trajectory(
+                example_id="trl",
+                question="",
+                answers=list(golds),
+                method="search_r1",
+                response_text=text,
+                finish_reason="answer" if "</answer>" in text else "eos_without_answer",
+                metadata={"dialect": "search_r1_small"},
+            )
+            out.append(float(reward(traj)[0]))
+        sink.extend(out)
+        return out
+
+    fn.__name__ = f"harness_{name}"
+    return fn
 
 
 # -------------------------------------------------------------------------------------------- TRL
@@ -161,9 +240,7 @@ class TRLSide:
         from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
 
-        from benchmarks.metrics import exact_match
         from harness.models import resolve_model
-        from pipelines.dialects.protocols import last_answer
 
         torch.set_num_threads(args.threads)
         path = resolve_model(args.model)
@@ -171,13 +248,9 @@ class TRLSide:
         tok.padding_side = "left"
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         rows = args.group_size * args.prompts
-
-        def em_reward(completions: list[str], answers: list[list[str]], **_: Any) -> list[float]:
-            out = []
-            for text, golds in zip(completions, answers, strict=True):
-                a = last_answer(None, text)  # type: ignore[arg-type]
-                out.append(exact_match(a, golds) if a else 0.0)
-            return out
+        self.rewards: list[float] = []
+        self.group_size = args.group_size
+        em_reward = trl_reward(args.reward, args.group_size, self.rewards)
 
         cfg = GRPOConfig(
             output_dir=str(out),
@@ -221,6 +294,7 @@ class TRLSide:
             def on_step_begin(self, *_: Any, **__: Any) -> None:
                 side.go.acquire()
                 side.t = {"generate": 0.0, "score": 0.0, "prep": 0.0, "prep_fwd": 0.0, "tokens": 0.0}
+                side.rewards.clear()
                 side.t["t0"] = time.perf_counter()
 
             def on_step_end(self, *_: Any, **__: Any) -> None:
@@ -283,10 +357,12 @@ class TRLSide:
         return {
             "generate": t["generate"],
             "score": t["score"],
+            "prep": t["prep"] - t["prep_fwd"] - t["generate"] - t["score"],
             "update": update,
             "sync": 0.0,
             "step": t["step"],
             "tokens": t["tokens"],
+            "uniform_groups": group_uniform_frac(self.rewards, self.group_size),
             "overhead": (t["step"] - t["generate"] - update) / t["step"],
         }
 
@@ -310,7 +386,8 @@ def summarise(name: str, rows: list[dict[str, float]]) -> dict[str, float]:
     med["gen_tokens_per_s"] = statistics.median(r["tokens"] / max(1e-9, r["generate"]) for r in rows)
     print(
         f"{name:8s} median over {len(rows)} steps: step={med['step']:.2f}s generate={med['generate']:.2f}s "
-        f"score={med['score']:.3f}s update={med['update']:.2f}s sync={med['sync']:.2f}s | "
+        f"score={med['score']:.3f}s prep={med['prep']:.3f}s update={med['update']:.2f}s sync={med['sync']:.2f}s | "
+        f"uniform groups={med['uniform_groups']:.2f} | "
         f"generated tokens/step={med['tokens']:.0f} tokens/s of step={med['tokens_per_s']:.1f} "
         f"tokens/s while generating={med['gen_tokens_per_s']:.1f} | overhead={100 * med['overhead']:.1f}% of step"
     )
@@ -328,6 +405,11 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=2, help="prompts per step")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument(
+        "--reward",
+        default="search_r1_format",
+        help="a registered reward (training.rewards.REWARDS), both sides; one that varies within a group",
+    )
     p.add_argument("--few-shot", action="store_true", help="the dialect's one-shot demonstration in the prompt")
     p.add_argument("--threads", type=int, default=1, help="torch threads, both sides")
     p.add_argument("--steps", type=int, default=2, help="timed steps per side")
@@ -344,7 +426,8 @@ def main() -> None:
     print(NOT_LIKE_FOR_LIKE, flush=True)
     print(
         f"pinned: {_versions()} model={args.model} group_size={args.group_size} prompts/step={args.prompts} "
-        f"max_new_tokens={args.max_new_tokens} few_shot={args.few_shot} lr={args.lr} dtype=float32 AdamW "
+        f"max_new_tokens={args.max_new_tokens} few_shot={args.few_shot} lr={args.lr} reward={args.reward} "
+        "dtype=float32 AdamW "
         f"threads={args.threads} "
         f"steps={args.steps} (+{args.warmup} warm-up)",
         flush=True,
@@ -366,6 +449,12 @@ def main() -> None:
                 if i >= args.warmup:
                     rows[name].append(r)
         med = {name: summarise(name, rs) for name, rs in rows.items()}
+        for name, rs in rows.items():
+            if rs and all(r["uniform_groups"] == 1.0 for r in rs):
+                print(
+                    f"WARNING: {name}: every group of every timed step scored uniformly under --reward "
+                    f"{args.reward}: no step learned; choose a reward that varies (or more steps/samples)"
+                )
         print(
             f"ratio harness/TRL: generated tokens/s of step = "
             f"{med['harness']['tokens_per_s'] / med['trl']['tokens_per_s']:.2f}x, step time = "

@@ -401,7 +401,8 @@ class _Running:
 
         Sampled on the CPU with each request's CPU generator: the same draws on any device."""
         logits = logits.float().cpu()  # [A, V]
-        logp = self.torch.log_softmax(logits, dim=-1)  # [A, V]
+        # Evaluation does not ask for logprobs: skip the [A, V] log-softmax when no row wants one.
+        logp = self.torch.log_softmax(logits, dim=-1) if any(r.params.logprobs for r in rows) else None  # [A, V]
         for j, r in enumerate(rows):
             if r.future.cancelled():  # its caller gave up (e.g. a timeout): stop spending on it
                 r.done = True
@@ -409,7 +410,8 @@ class _Running:
             tok = self.b._pick(logits[j], r)
             self.b.tokens_generated += 1
             r.out.append(tok)
-            r.logprobs.append(float(logp[j, tok]))
+            if logp is not None and r.params.logprobs:
+                r.logprobs.append(float(logp[j, tok]))
             self.b._maybe_finish(r, tok, r.budget)
 
     def _join(self, reqs: list[_Request], past: Any, mask: Any, next_pos: Any) -> None:

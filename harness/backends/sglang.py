@@ -12,10 +12,20 @@ harness contract: text is the decoding of token ids, stop string kept). If a ser
 stop tokens from ``output_ids`` too, the matched string's encoding is appended (likewise an int
 ``matched`` missing from the end of ``output_ids``); ``meta["restored_tokens"]`` counts such
 tokens, whose logprobs are reported as 0.0.
+
+Requests that become ready together (within ``batch_window_ms``, at most ``max_batch`` of them)
+go out as ONE ``/generate`` whose ``input_ids`` is a list of id lists, with one
+``sampling_params`` / ``return_logprob`` / ``lora_path`` per entry; SGLang answers with a list in
+the same order. That saves the server's per-request HTTP and tokenizer-manager work (the cost a
+turn-synchronous loop that sends one batch per turn does not pay) without waiting for stragglers:
+only requests that were ready within the window share a POST. The price: a POST returns when its
+slowest entry is done, so a short generation in a batch waits for a long one of the same POST
+(the engine still schedules them as separate sequences). ``batch_window_ms=0`` turns it off.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any
@@ -42,7 +52,8 @@ class SGLangBackend(HTTPBackendBase):
     ``url``: one server or a list (round-robin over data-parallel servers). ``model``: the
     tokenizer's name or directory; by default what the server reports on ``/model_info``, else the
     embedded model. ``tokenizer``: an already loaded tokenizer instead. Retries and the
-    concurrency limit: :class:`~harness.backends.http_common.HTTPBackendBase`.
+    concurrency limit (a batched POST counts once): :class:`~harness.backends.http_common.HTTPBackendBase`.
+    ``batch_window_ms`` / ``max_batch``: the client-side micro-batching (module docstring; 0 ms: off).
     """
 
     name = "sglang"
@@ -58,8 +69,16 @@ class SGLangBackend(HTTPBackendBase):
         health_check: bool = True,
         tokenizer: Any = None,
         max_context: int | None = None,
+        batch_window_ms: float = 2.0,
+        max_batch: int = 8,
     ) -> None:
         super().__init__(url, max_concurrency, timeout, retries, backoff)
+        if batch_window_ms < 0 or max_batch < 1:
+            raise ValueError(f"batch_window_ms must be >= 0 and max_batch >= 1, got {batch_window_ms}, {max_batch}")
+        self.batch_window_s = batch_window_ms / 1000.0
+        self.max_batch = max_batch
+        self._batchers: dict[int, _MicroBatcher] = {}  # one per event loop (its futures and timer)
+        self.posts = 0  # /generate requests sent (a batched one counts once)
         if health_check:
             self.check_health(
                 "/health",
@@ -71,6 +90,22 @@ class SGLangBackend(HTTPBackendBase):
         self.tokenizer = self.load_tokenizer(model, tokenizer)
         self.max_context = self.context_limit(self.tokenizer, max_context, ask_server=health_check)
         self.lora_name: str | None = None  # the LoRA adapter rollouts use (update_lora_adapter), if any
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> SGLangBackend:
+        """As :meth:`HTTPBackendBase.from_config`, plus the micro-batch window (``batch_window_ms``)
+        and size (``max_batch_size``)."""
+        if not cfg.url:
+            raise ValueError("backend 'sglang' needs --url (the server's base URL)")
+        return cls(
+            url=cfg.url if len(cfg.url) > 1 else cfg.url[0],
+            model=cfg.model,
+            max_concurrency=cfg.max_concurrency,
+            timeout=cfg.timeout,
+            retries=cfg.retries,
+            batch_window_ms=cfg.batch_window_ms,
+            max_batch=cfg.max_batch_size,
+        )
 
     def sync_urls(self) -> list[str]:
         """Where weight updates go: each configured URL, or, for an sglang-router, every worker it
@@ -124,8 +159,34 @@ class SGLangBackend(HTTPBackendBase):
         return body
 
     async def agenerate(self, input_ids: list[int], params: SamplingParams) -> Completion:
+        if self.batch_window_s > 0 and self.max_batch > 1:
+            key = id(asyncio.get_running_loop())
+            if key not in self._batchers:
+                self._batchers[key] = _MicroBatcher(self._generate_batch, self.max_batch, self.batch_window_s)
+            return await self._batchers[key].submit(list(input_ids), params)
+        self.posts += 1
         data = await self.post_json("/generate", self.payload(input_ids, params))
         return self.parse(data, len(input_ids), params)
+
+    async def _generate_batch(self, items: list[tuple[list[int], SamplingParams]]) -> list[Completion]:
+        """One ``/generate`` for several requests (see module docstring); one request goes as is."""
+        self.posts += 1
+        if len(items) == 1:
+            ((ids, params),) = items
+            return [self.parse(await self.post_json("/generate", self.payload(ids, params)), len(ids), params)]
+        bodies = [self.payload(ids, params) for ids, params in items]
+        batch: dict[str, Any] = {
+            "input_ids": [b["input_ids"] for b in bodies],
+            "sampling_params": [b["sampling_params"] for b in bodies],
+            "return_logprob": [b["return_logprob"] for b in bodies],
+        }
+        if self.lora_name is not None:
+            batch["lora_path"] = [self.lora_name] * len(items)
+        data = await self.post_json("/generate", batch)
+        if not isinstance(data, list) or len(data) != len(items):
+            got = len(data) if isinstance(data, list) else type(data).__name__
+            raise BackendError(f"a batched /generate of {len(items)} requests got {got} answers")
+        return [self.parse(d, len(ids), params) for d, (ids, params) in zip(data, items, strict=True)]
 
     async def _sample_n(self, input_ids: list[int], params: SamplingParams, n: int) -> list[Completion]:
         """``n`` samples in one request (``sampling_params.n``); SGLang answers with a list."""
@@ -177,6 +238,10 @@ class SGLangBackend(HTTPBackendBase):
                 "restored_tokens": len(ids) - n_server,  # tokens added because the server dropped them
             },
         )
+
+    def close(self) -> None:
+        self._batchers.clear()
+        super().close()
 
     def update_weights(self, update: WeightUpdate) -> None:
         """RL weight sync from disk: save the weights as a model directory under ``update.scratch``,
@@ -283,3 +348,55 @@ class SGLangBackend(HTTPBackendBase):
                 raise BackendError(f"{u}/update_weights_from_disk failed ({r.status_code}): {body}")
             results[u] = body
         return results
+
+
+class _MicroBatcher:
+    """Collects requests on one event loop and sends them in batches through ``send``.
+
+    A batch goes out when it holds ``max_batch`` requests, or ``window_s`` after its first request
+    arrived, whichever comes first. Each caller gets its own completion; a failed POST fails every
+    request of that batch with the same error (each item records it; the run goes on)."""
+
+    def __init__(self, send: Any, max_batch: int, window_s: float) -> None:
+        self.send = send
+        self.max_batch = max_batch
+        self.window_s = window_s
+        self.pending: list[tuple[list[int], SamplingParams, asyncio.Future[Completion]]] = []
+        self.timer: asyncio.TimerHandle | None = None
+        self.tasks: set[asyncio.Task[None]] = set()  # in flight (a reference, so none is collected)
+        self.sizes: list[int] = []  # the size of every batch sent (tests, diagnostics)
+
+    async def submit(self, input_ids: list[int], params: SamplingParams) -> Completion:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Completion] = loop.create_future()
+        self.pending.append((input_ids, params, future))
+        if len(self.pending) >= self.max_batch:
+            self._flush()
+        elif self.timer is None:
+            self.timer = loop.call_later(self.window_s, self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        while self.pending:
+            batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch :]
+            live = [b for b in batch if not b[2].done()]  # callers that gave up are not sent
+            if live:
+                self.sizes.append(len(live))
+                task = asyncio.get_running_loop().create_task(self._send(live))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+
+    async def _send(self, batch: list[tuple[list[int], SamplingParams, asyncio.Future[Completion]]]) -> None:
+        try:
+            completions = await self.send([(ids, params) for ids, params, _ in batch])
+        except Exception as e:  # every caller of this batch sees the error
+            for _, _, future in batch:
+                if not future.done():
+                    future.set_exception(e)
+            return
+        for (_, _, future), completion in zip(batch, completions, strict=True):
+            if not future.done():
+                future.set_result(completion)

@@ -320,3 +320,22 @@ def test_embedded_smollm2_rows_joined_mid_decode_are_token_exact():
         assert [r.future.result(timeout=0).token_ids for r in reqs] == alone
     finally:
         backend.close()
+
+
+def test_no_logprobs_unless_asked_and_the_same_tokens(tiny):
+    """Evaluation asks for no logprobs: none are computed or returned, and the tokens are the
+    same as with them (a batch mixing both gets each row what it asked for)."""
+    backend, _, tok = tiny
+    p = ids(tok, "hello world")
+
+    async def both():
+        return await asyncio.gather(
+            backend.agenerate(p, SamplingParams(max_new_tokens=10)),
+            backend.agenerate(p, SamplingParams(max_new_tokens=10, logprobs=True)),
+        )
+
+    plain, with_lp = asyncio.run(both())
+    assert plain.logprobs is None and len(with_lp.logprobs) == 10
+    assert plain.token_ids == with_lp.token_ids
+    (alone,) = gather(backend, [p], SamplingParams(max_new_tokens=10))
+    assert alone.logprobs is None and alone.token_ids == plain.token_ids

@@ -159,3 +159,11 @@ def test_context_limit_is_what_the_server_serves(replay):
     replay.models = [{"id": "m"}]  # llama.cpp-style: nothing reported → the tokenizer's limit or 32768
     limit = getattr(TOK, "model_max_length", 0)
     assert OpenAIBackend(replay.url, tokenizer=TOK).max_context == (limit if 0 < limit <= 1 << 20 else 32768)
+
+
+def test_no_logprobs_asked_or_kept_unless_requested(replay):
+    ids = TOK.encode("<search>q</search>", add_special_tokens=False)
+    lp = {"token_logprobs": [-0.5] * len(ids)}  # a server that sends them anyway
+    replay.push(choice("<search>q</search>", stop_reason="</search>", token_ids=ids, logprobs=lp))
+    c = gen(replay, P.with_(logprobs=False))
+    assert "logprobs" not in replay.requests[0] and c.logprobs is None and c.token_ids == ids

@@ -120,3 +120,8 @@ def test_default_n_samples_are_separate_requests_with_distinct_seeds():
     assert len(outs) == 3 and sorted(p.seed for p in seen) == [7, 8, 9]
     with pytest.raises(ValueError, match="n must be at least 1"):
         asyncio.run(Echo().agenerate_n([1], SamplingParams(), 0))
+
+
+def test_no_logprobs_unless_asked():
+    c = ask(ScriptedBackend(SCRIPT), "capital of France", SamplingParams(max_new_tokens=100))
+    assert c.logprobs is None and c.token_ids

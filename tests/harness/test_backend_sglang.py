@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI, Request
 
 from harness.backends.base import BackendError, SamplingParams
 from harness.backends.sglang import SGLangBackend
@@ -130,7 +131,8 @@ def test_4xx_is_not_retried(replay, smol_tokenizer):
 
 def test_concurrency_limit_is_respected(replay, smol_tokenizer):
     replay.default = {"body": rec("length"), "status": 200, "delay": 0.1}
-    run(backend(replay, smol_tokenizer, max_concurrency=3), SamplingParams(max_new_tokens=5), n=10)
+    b = backend(replay, smol_tokenizer, max_concurrency=3, batch_window_ms=0)  # one POST per request
+    run(b, SamplingParams(max_new_tokens=5), n=10)
     assert replay.peak == 3
 
 
@@ -145,7 +147,7 @@ def test_round_robin_over_several_servers(smol_tokenizer):
     a, b = Replay(), Replay()
     a.default = b.default = {"body": rec("length"), "status": 200, "delay": 0}
     with ServerThread(a.app()) as sa, ServerThread(b.app()) as sb:
-        be = SGLangBackend([sa.url, sb.url], tokenizer=smol_tokenizer)
+        be = SGLangBackend([sa.url, sb.url], tokenizer=smol_tokenizer, batch_window_ms=0)
         run(be, SamplingParams(max_new_tokens=5), n=6)
     assert len(a.requests) == 3 and len(b.requests) == 3
 
@@ -237,3 +239,137 @@ def test_weight_updates_go_to_the_workers_behind_a_router(smol_tokenizer, tmp_pa
     for w in workers:
         assert [c[0] for c in w.calls] == ["/update_weights_from_disk", "/flush_cache"]
         assert w.calls[0][1]["weight_version"] == "3"
+
+
+def test_evaluation_asks_sglang_for_no_logprobs(replay, smol_tokenizer):
+    body = rec("stop_trim")  # a server that sends logprobs anyway: they are not kept
+    replay.push(body)
+    (c,) = run(backend(replay, smol_tokenizer), SamplingParams(max_new_tokens=40, stop=("Three:",)))
+    assert replay.requests[0]["return_logprob"] is False and c.logprobs is None
+
+
+def batch_answer(request):
+    """What SGLang answers a batched /generate: one recorded answer per entry, in order, each
+    marked with the entry's first input id so the test can check the order."""
+    out = []
+    for ids, logprob in zip(request["input_ids"], request["return_logprob"], strict=True):
+        one = rec("length")
+        one["meta_info"]["prompt_tokens"] = ids[0]
+        if logprob:  # SGLang adds logprobs only to the entries that asked
+            one["meta_info"]["output_token_logprobs"] = [[-0.5, t, None] for t in one["output_ids"]]
+        out.append(one)
+    return out
+
+
+class BatchReplay(Replay):
+    """Replay that answers a batched /generate with a list (as SGLang does), else the recording."""
+
+    def app(self):
+        app = FastAPI()
+
+        @app.get("/health")
+        async def health():
+            return {}
+
+        @app.post("/generate")
+        async def generate(request: Request):
+            body = await request.json()
+            self.requests.append(body)
+            await asyncio.sleep(self.default_delay)
+            if isinstance(body["input_ids"][0], list):
+                return batch_answer(body)
+            one = rec("length")
+            one["meta_info"]["prompt_tokens"] = body["input_ids"][0]
+            return one
+
+        return app
+
+
+@pytest.fixture
+def batch_server():
+    r = BatchReplay()
+    r.default_delay = 0.0
+    with ServerThread(r.app()) as server:
+        r.url = server.url
+        yield r
+
+
+def test_requests_ready_together_go_out_as_one_batched_generate(batch_server, smol_tokenizer):
+    b = SGLangBackend(batch_server.url, tokenizer=smol_tokenizer, batch_window_ms=20, max_batch=4)
+    params = [SamplingParams(max_new_tokens=5, logprobs=i % 2 == 0, stop=(f"s{i}",)) for i in range(6)]
+
+    async def main():
+        return await asyncio.gather(*(b.agenerate([100 + i, 7], p) for i, p in enumerate(params)))
+
+    out = asyncio.run(main())
+    # 6 requests at once, at most 4 per POST: a batch of 4, then one of 2 (from the same flush)
+    assert [len(r["input_ids"]) for r in batch_server.requests] == [4, 2]
+    first = batch_server.requests[0]
+    assert first["input_ids"] == [[100, 7], [101, 7], [102, 7], [103, 7]]
+    assert first["return_logprob"] == [True, False, True, False]  # each request's own
+    assert [sp["stop"] for sp in first["sampling_params"]] == [["s0"], ["s1"], ["s2"], ["s3"]]
+    assert all(sp["no_stop_trim"] and sp["max_new_tokens"] == 5 for sp in first["sampling_params"])
+    # every caller gets its own answer, in order
+    assert [c.prompt_tokens for c in out] == [100 + i for i in range(6)]
+    assert all(c.finish_reason == "length" and len(c.token_ids) == 5 for c in out)
+    assert [c.logprobs is not None for c in out] == [True, False] * 3
+    assert b.posts == 2
+
+
+def test_a_lone_request_waits_at_most_the_window_and_goes_out_unbatched(batch_server, smol_tokenizer):
+    b = SGLangBackend(batch_server.url, tokenizer=smol_tokenizer, batch_window_ms=5, max_batch=8)
+
+    async def main():
+        first = await b.agenerate([1, 2], SamplingParams(max_new_tokens=5))
+        await asyncio.sleep(0.05)  # the next one is not ready within the window: its own POST
+        second = await b.agenerate([3, 4], SamplingParams(max_new_tokens=5))
+        return first, second
+
+    first, second = asyncio.run(main())
+    assert [r["input_ids"] for r in batch_server.requests] == [[1, 2], [3, 4]]  # plain, not lists of lists
+    assert first.prompt_tokens == 1 and second.prompt_tokens == 3
+
+
+def test_batching_off_sends_one_generate_per_request(batch_server, smol_tokenizer):
+    b = SGLangBackend(batch_server.url, tokenizer=smol_tokenizer, batch_window_ms=0)
+    run(b, SamplingParams(max_new_tokens=5), n=5)
+    assert len(batch_server.requests) == 5 and all(r["input_ids"] == [1, 2, 3] for r in batch_server.requests)
+
+
+def test_a_failed_batch_fails_each_of_its_requests(replay, smol_tokenizer):
+    replay.push({"detail": "bad"}, status=400)
+    b = backend(replay, smol_tokenizer, batch_window_ms=20)
+
+    async def main():
+        return await asyncio.gather(
+            *(b.agenerate([i], SamplingParams(max_new_tokens=5)) for i in range(3)), return_exceptions=True
+        )
+
+    out = asyncio.run(main())
+    assert len(replay.requests) == 1 and replay.requests[0]["input_ids"] == [[0], [1], [2]]
+    assert all(isinstance(e, BackendError) and "rejected" in str(e) for e in out)
+
+
+def test_a_batch_answered_with_the_wrong_count_is_an_error(replay, smol_tokenizer):
+    replay.push([rec("length")])  # one answer for two requests
+    b = backend(replay, smol_tokenizer, batch_window_ms=20)
+
+    async def main():
+        return await asyncio.gather(
+            *(b.agenerate([i], SamplingParams(max_new_tokens=5)) for i in range(2)), return_exceptions=True
+        )
+
+    assert all(isinstance(e, BackendError) and "got 1 answers" in str(e) for e in asyncio.run(main()))
+
+
+def test_batching_is_configured_from_the_backend_config(batch_server):
+    from harness.config import from_dict
+    from harness.eval_config import BackendConfig
+
+    cfg = from_dict(BackendConfig, {"kind": "sglang", "url": [batch_server.url], "batch_window_ms": 0})
+    assert SGLangBackend.from_config(cfg).batch_window_s == 0
+    cfg = from_dict(BackendConfig, {"kind": "sglang", "url": [batch_server.url], "max_batch_size": 32})
+    b = SGLangBackend.from_config(cfg)
+    assert b.batch_window_s == pytest.approx(0.002) and b.max_batch == 32
+    with pytest.raises(ValueError, match="batch_window_ms"):
+        from_dict(BackendConfig, {"kind": "sglang", "batch_window_ms": -1})

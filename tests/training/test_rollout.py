@@ -159,3 +159,41 @@ def test_sglang_weight_sync_saves_then_updates_from_disk_and_flushes(tmp_path):
     assert set(load_file(str(path / "model.safetensors"))) <= set(model.state_dict())
     assert not (tmp_path / "sync" / "weights-v1").exists()  # only the served copy is kept
     assert backend.weight_version == "2"
+
+
+class ParamsRecorder(ScriptedBackend):
+    """Scripted backend that remembers the sampling parameters of every request."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.params: list[SamplingParams] = []
+
+    async def agenerate(self, input_ids, params):
+        self.params.append(params)
+        return await super().agenerate(input_ids, params)
+
+
+def test_evaluation_asks_for_no_logprobs_and_rollouts_do(tmp_path, examples):
+    """Evaluation reads no logprobs, so the agent asks for none; rollouts (the loss needs the
+    backend's old logprobs) ask for them on every turn. The same loop serves both."""
+    cfg = from_dict(
+        EvalConfig,
+        {
+            "method": "search_r1",
+            "dataset": {"name": "demo", "limit": 3},
+            "retriever": {"kind": "memory"},
+            "out": str(tmp_path),
+        },
+    )
+    evaluating = ParamsRecorder(script_for(examples))
+    simple_evaluate(cfg, backend=evaluating)
+    assert len(evaluating.params) == 6 and not any(p.logprobs for p in evaluating.params)
+    for t in RunDir(tmp_path / "search_r1-demo-test").trajectories():
+        assert all(s.logprobs is None for s in t.segments if s.role == "model")
+
+    agent, _ = make_agent(examples)
+    agent.backend = rolling = ParamsRecorder(script_for(examples))
+    rolled = collect(agent, examples, 1, SamplingParams(temperature=1.0), policy_version=0, seed=0)
+    assert len(rolling.params) == 6 and all(p.logprobs for p in rolling.params)
+    for t in rolled.trajectories:
+        assert all(len(s.logprobs or []) == len(s.token_ids) for s in t.segments if s.role == "model")
