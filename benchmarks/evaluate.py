@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from harness.run_records import ItemScore, RunManifest, RunResults
+from harness.runlock import run_lock
 from harness.runlog import RunDir
 from harness.types import Example, Trajectory
 
@@ -139,10 +140,25 @@ def evaluate(
     resumes when its manifest matches, skipping finished items and re-running failed ones.
     ``on_item`` is called with each new score (a progress display). ``judge`` scores the
     ``judge`` metric (:class:`benchmarks.judge.LLMJudge`); items whose verdict is missing are
-    asked again at the end of the run (cached verdicts cost nothing).
+    asked again at the end of the run (cached verdicts cost nothing). The run directory is locked
+    for the whole run: a second writer gets :class:`~harness.runlock.RunLockedError` at once.
     """
     metrics = tuple(metrics)
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    with run_lock(run.path, "eval"):  # two writers would run (and log) every item twice
+        return _evaluate(method, examples, run, metrics, manifest, on_item, n_samples, judge)
+
+
+def _evaluate(
+    method: Any,
+    examples: Sequence[Example],
+    run: RunDir,
+    metrics: tuple[str, ...],
+    manifest: RunManifest | None,
+    on_item: Callable[[ItemScore], None] | None,
+    n_samples: int,
+    judge: Callable[..., float | None] | None,
+) -> RunResults:
     if manifest is None:
         manifest = RunManifest(method=getattr(method, "method", type(method).__name__), dataset="?", split="")
     manifest.n_total = len(examples) * n_samples

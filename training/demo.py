@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from pathlib import Path
 from typing import Any, Protocol
+
+from harness import safe_delete
+from harness.runlog import RUN_ENTRIES
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +63,8 @@ def run_demo(
     ui.step("3/4 SFT warm-up")
     model, retrained = _train(ui, train_config, list(overrides or []), data, sft_dir / "model")
     if retrained:
-        shutil.rmtree(eval_dir / f"{TRAINED}-demo-test", ignore_errors=True)  # results of an older model
+        # results of an older model: an eval run folder harness made, holding only what eval writes
+        safe_delete.remove(eval_dir / f"{TRAINED}-demo-test", RUN_ENTRIES, kind="eval", why="harness demo")
     ui.step("4/4 the trained agent (demo test split)")
     _evaluate(ui, {**base_cfg, "backend": {**base_cfg.get("backend", {}), "model": str(model)}}, [UNTRAINED], TRAINED)
     return _report(ui, eval_dir, root / "report")

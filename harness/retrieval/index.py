@@ -104,7 +104,7 @@ def build_index(
         "corpus_sha256": _sha256(corpus),
         "harness_version": __version__,
     }
-    with atomic_dir(out_dir, unique=True) as tmp:
+    with atomic_dir(out_dir, unique=True, kind="index") as tmp:
         with open(tmp / DOCS, "w", encoding="utf-8") as out:
 
             def write_docs(docs: list[Doc]) -> None:
@@ -234,7 +234,7 @@ def import_index(
         MmapCorpus(corpus, starts).check_sample()
     except CorpusError as e:
         raise IndexLoadError(str(e)) from e
-    with atomic_dir(out_dir, unique=True) as tmp:
+    with atomic_dir(out_dir, unique=True, kind="index") as tmp:
         import numpy as np
 
         np.save(tmp / OFFSETS, starts, allow_pickle=False)
