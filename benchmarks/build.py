@@ -54,6 +54,7 @@ EXECUTION_ONLY_KEYS = (
     "judge.api_key_env",
     "judge.timeout",
     "judge.retries",
+    "stop_after_failures",
 )
 # Keys added after runs were first recorded: left out of the identity at their default, so a
 # run started before they existed still resumes.
@@ -275,6 +276,8 @@ def simple_evaluate(
             on_item=on_item,
             n_samples=cfg.n_samples,
             judge=judge,
+            health=lambda: preflight(run.backend, run.retriever if run.manifest.retriever else None),
+            stop_after_failures=cfg.stop_after_failures,
         )
         if judge is not None:
             judge.write_record(run.run_dir)  # the prompt, model and decoding the verdicts came from

@@ -135,6 +135,7 @@ def run_configs(configs: list[EvalConfig], say: Say = logger.info) -> list[Any]:
     engine is stopped and the backend closed however the runs end. Returns their results; raises
     :class:`RunError` naming the backend or the run that could not be built or run."""
     from benchmarks.build import build_eval, simple_evaluate
+    from benchmarks.evaluate import InfrastructureDown
     from harness.backends import build_backend
     from harness.engines import sigterm_as_exit
 
@@ -157,6 +158,8 @@ def run_configs(configs: list[EvalConfig], say: Say = logger.info) -> list[Any]:
                 total = len(run.examples) * cfg.n_samples
                 with Progress(total, run.run_dir, label, headline) as progress:
                     results.append(simple_evaluate(cfg, run=run, on_item=progress.add))
+            except InfrastructureDown:
+                raise  # its own exit status (1): the servers, not the run's config, are at fault
             except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
                 raise RunError(f"{label}: {e}") from e
     return results

@@ -69,7 +69,7 @@ def eval_command(
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. agent.max_turns=2"),
 ) -> None:
     from benchmarks.eval_runs import RunError, eval_configs, judge_flags, run_configs
-    from benchmarks.evaluate import error_summary
+    from benchmarks.evaluate import InfrastructureDown, error_summary
     from benchmarks.profiles import judge_note
     from harness.config import ConfigError
 
@@ -100,6 +100,8 @@ def eval_command(
         results = run_configs(configs, say=say)
     except (ConfigError, KeyError, ValueError, RunError) as e:  # RegistryError (an unknown profile) is a KeyError
         fail(str(e))
+    except InfrastructureDown as e:  # a dead retriever or server stopped the run: exit 1, as failed items do
+        fail(str(e), code=1)
     print_results_table(results, profile=configs[0].metric_profile if configs else None)
     note = judge_note(configs[0].metric_profile, set(configs[0].metrics)) if configs else None
     if note:
