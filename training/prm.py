@@ -354,6 +354,12 @@ class PRM:
         tok = self.tokenizer
         return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids this PRM can embed: ``0 <= id < vocab_size``."""
+        cfg = getattr(self.model, "config", None)
+        return int(getattr(cfg, "vocab_size", None) or len(self.tokenizer))
+
     @torch.no_grad()
     def score(self, seqs: list[list[int]], batch_size: int = 8) -> list[float]:
         """Scores of token-id sequences (prefix + step; EOS appended here when the PRM was trained so)."""
