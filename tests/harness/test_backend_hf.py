@@ -320,3 +320,15 @@ def test_embedded_smollm2_rows_joined_mid_decode_are_token_exact():
         assert [r.future.result(timeout=0).token_ids for r in reqs] == alone
     finally:
         backend.close()
+
+
+def test_decoding_raises_no_transformers_deprecation_warning(tiny):
+    """Issue 23 defect 7: ``make demo`` printed transformers' FutureWarning (``past_key_values`` is
+    now ``cache``) once per method; the backend passes the cache under the name the model takes."""
+    import warnings
+
+    backend, _, tok = tiny
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # process-wide: the decoding thread sees it too
+        outs = gather(backend, [ids(tok, "abc"), ids(tok, "de")], SamplingParams(max_new_tokens=4, temperature=0.0))
+    assert len(outs) == 2 and all(1 <= len(o.token_ids) <= 4 for o in outs)
