@@ -114,40 +114,7 @@ def eval_command(
 
 
 def print_results_table(results: list[Any], profile: str | None = None) -> None:
-    """The comparison table of this invocation's runs (stdout, for people): one column per metric
-    of the runs (the profile's), then searches, tokens, latency and errors. Not a terminal
-    (piped, logged): rendered at full width, so no column is cut."""
-    from rich.console import Console
-    from rich.table import Table
+    """The comparison table of this invocation's runs (:func:`benchmarks.results_table.print_results`)."""
+    from benchmarks.results_table import print_results
 
-    from benchmarks.report_render import NAMES
-
-    metrics = list(dict.fromkeys(m for r in results for m in r.metrics))
-    title = "harness eval" + (f" (metric profile: {profile})" if profile else "")
-    table = Table(title=title)
-    cols = ["method", "dataset", "n", *(NAMES.get(m, m) for m in metrics), "srch", "tok", "p50 s", "err"]
-    for col in cols:
-        table.add_column(col, justify="right" if col not in ("method", "dataset") else "left", no_wrap=True)
-
-    def pct(v: float | None) -> str:
-        return "-" if v is None else f"{100 * v:.1f}"
-
-    def cell(r: Any, m: str) -> str:
-        missing = (getattr(r, "missing", None) or {}).get(m, 0)
-        return pct(r.metrics.get(m)) + (f" ({missing} missing)" if missing else "")
-
-    for r in results:
-        table.add_row(
-            str(r.method),
-            str(r.dataset),
-            f"{r.n}/{r.n_total}",
-            *(cell(r, m) for m in metrics),
-            "-" if r.mean_searches is None else f"{r.mean_searches:.2f}",
-            "-" if r.mean_generated_tokens is None else f"{r.mean_generated_tokens:.0f}",
-            "-" if r.latency_p50_s is None else f"{r.latency_p50_s:.2f}",
-            str(r.errors),
-        )
-    out = Console()
-    if not out.is_terminal:
-        out = Console(width=max(200, out.width))
-    out.print(table)
+    print_results(results, profile)
