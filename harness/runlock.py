@@ -20,6 +20,8 @@ from pathlib import Path
 
 from harness.safe_delete import LOCK
 
+_HELD: dict[str, int] = {}  # folders this process holds, and how deep (the lock is re-entrant per process)
+
 
 class RunLockedError(RuntimeError):
     """Another live process writes this folder; the message names its pid."""
@@ -39,10 +41,19 @@ def _holder(path: Path) -> str:
 @contextlib.contextmanager
 def run_lock(folder: str | Path, what: str = "run") -> Iterator[Path]:
     """Hold the exclusive lock of ``folder`` (created if needed) within the block; raises
-    :class:`RunLockedError` at once when another process holds it."""
+    :class:`RunLockedError` at once when another process holds it. Re-entrant within a process
+    (``simple_evaluate`` holds the run from its preflight on; ``evaluate`` inside takes it again)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK
+    key = str(path.resolve())
+    if _HELD.get(key):
+        _HELD[key] += 1
+        try:
+            yield path
+        finally:
+            _HELD[key] -= 1
+        return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
@@ -59,6 +70,10 @@ def run_lock(folder: str | Path, what: str = "run") -> Iterator[Path]:
         }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
-        yield path
+        _HELD[key] = 1
+        try:
+            yield path
+        finally:
+            del _HELD[key]
     finally:
         os.close(fd)  # releases the lock

@@ -48,12 +48,16 @@ def holder():
         p.wait()
 
 
-def test_a_second_lock_attempt_names_the_holder_and_the_lock_goes_with_it(tmp_path):
-    with run_lock(tmp_path / "run", "eval"):
-        with pytest.raises(RunLockedError, match=rf"{tmp_path / 'run'} is in use: .*pid {os.getpid()}"):
-            with run_lock(tmp_path / "run", "eval"):
-                pass
-    with run_lock(tmp_path / "run", "eval"):  # released on leaving
+def test_a_second_lock_attempt_names_the_holder_and_the_lock_goes_with_it(tmp_path, holder):
+    p = holder(tmp_path / "run")
+    with pytest.raises(
+        RunLockedError, match=rf"{tmp_path / 'run'} is in use: another harness run writes it \(pid {p.pid} "
+    ):
+        with run_lock(tmp_path / "run", "run"):
+            pass
+    p.terminate()
+    p.wait()
+    with run_lock(tmp_path / "run", "eval"):  # released with its holder
         pass
 
 

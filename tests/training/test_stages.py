@@ -251,15 +251,24 @@ stages:
 
 
 def test_a_second_runner_of_the_same_workdir_is_refused_with_the_holders_pid(tmp_path):
-    import os
-
-    from harness.runlock import run_lock
+    import subprocess
+    import sys
 
     ch = load_chain(write_chain(tmp_path))
-    ex = Executor()
-    with run_lock(ch.state_dir, "stage chain"), pytest.raises(StageError, match=f"in use.*pid {os.getpid()}"):
-        run_chain(ch, ex)
-    assert ex.calls == []
+    hold = (
+        "import sys, time\nfrom harness.runlock import run_lock\n"
+        "with run_lock(sys.argv[1]):\n    print('locked', flush=True)\n    time.sleep(60)\n"
+    )
+    other = subprocess.Popen([sys.executable, "-c", hold, str(ch.state_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "locked"
+        ex = Executor()
+        with pytest.raises(StageError, match=f"in use.*pid {other.pid}"):
+            run_chain(ch, ex)
+        assert ex.calls == []
+    finally:
+        other.kill()
+        other.wait()
     run_chain(ch, ex)  # the lock went with its holder
     assert len(ex.calls) == 3
 
