@@ -63,7 +63,7 @@ def fault(name: str, expected: str) -> Callable:
 
 # ---- helpers ----------------------------------------------------------------------------------
 def harness(
-    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess:
     """Run ``harness ARGS`` in a child process (the repository on its path), output captured."""
     return subprocess.run(
@@ -245,18 +245,22 @@ def index_foreign(tmp: Path) -> tuple[bool, str]:
 @fault("the same eval twice at once", "second refused naming the pid; each item once; progress when piped")
 def eval_twice(tmp: Path) -> tuple[bool, str]:
     with RetrievalServer(held=True) as server:  # the first run waits in its first search
-        first = spawn(*eval_args(tmp, tmp / "runs", *http(server.url)), cwd=tmp)
-        wait_for(lambda: server.requests >= 2, 90)
-        second = harness(*eval_args(tmp, tmp / "runs", *http(server.url)), cwd=tmp)
+        # the first waits in its search for as long as the second takes to start (timeout 300 s)
+        first = spawn(*eval_args(tmp, tmp / "runs", *http(server.url), "retriever.timeout=300"), cwd=tmp)
+        wait_for(lambda: server.requests >= 2, 300)
+        second = harness(*eval_args(tmp, tmp / "runs", *http(server.url), "retriever.timeout=300"), cwd=tmp)
         server.release()
-        _, err = first.communicate(timeout=120)
+        _, err = first.communicate(timeout=300)
     out = flat(second.stdout + second.stderr)
     n = lines(tmp / "runs" / RUN / "trajectories.jsonl")
     refused = second.returncode != 0 and "is in use" in out and f"pid {first.pid}" in out
     progress = len(re.findall(rf"\d+/{N} items", err))
     ok = refused and first.returncode == 0 and n == N and progress >= 2
     who = "names the pid" if refused else out[-60:]
-    return ok, f"second: exit {second.returncode} ({who}); {n} lines for {N} items; {progress} progress lines (piped)"
+    return ok, (
+        f"first: exit {first.returncode}; second: exit {second.returncode} ({who}); {n} lines for {N} items; "
+        f"{progress} progress lines (piped)"
+    )
 
 
 @fault("the retriever dies mid-run", "exit 1 'retriever down at item k' at once; failed not in n")
@@ -282,7 +286,7 @@ def eval_killed(tmp: Path) -> tuple[bool, str]:
     with RetrievalServer(delay_s=0.5) as server:
         p = spawn(*eval_args(tmp, tmp / "runs", *http(server.url)), cwd=tmp)
         scores = tmp / "runs" / RUN / "scores.jsonl"
-        wait_for(lambda: lines(scores) >= 3, 90)
+        wait_for(lambda: lines(scores) >= 3, 300)
         p.send_signal(signal.SIGKILL)
         p.wait()
         before = lines(scores)
@@ -337,7 +341,7 @@ def stage_runner_killed(tmp: Path) -> tuple[bool, str]:
         chain.write_text(CHAIN.format(workdir=tmp / "work", run=run))
         runner = spawn("stages", "run", str(chain), cwd=tmp)
         lock = tmp / "work" / "samples" / RUN / ".harness.lock"  # the stage's eval writes its pid there
-        if not wait_for(lambda: lock.exists() and lock.stat().st_size > 0, 90):
+        if not wait_for(lambda: lock.exists() and lock.stat().st_size > 0, 300):
             runner.kill()
             return False, "the stage never started"
         child = json.loads(lock.read_text())["pid"]

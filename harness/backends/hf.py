@@ -25,6 +25,7 @@ batch and its cache. So a request never waits for a batch to drain before it sta
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
@@ -441,12 +442,16 @@ class _Running:
 def _cache_kwarg(model: Any) -> str:
     """The forward's name for the KV cache: ``cache`` since transformers 5.x renamed it (the old
     ``past_key_values`` still works there but warns on every call), ``past_key_values`` before."""
+    return _cache_kwarg_of(type(model))
+
+
+@functools.cache
+def _cache_kwarg_of(cls: type) -> str:  # once per model class: a decode step calls it
     import inspect
 
-    fn = getattr(model, "forward", model)
     try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
+        params = inspect.signature(cls.forward).parameters
+    except (AttributeError, TypeError, ValueError):
         return "past_key_values"
     return "cache" if "cache" in params else "past_key_values"
 
