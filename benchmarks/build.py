@@ -26,6 +26,7 @@ from harness.config import to_dict
 from harness.eval_config import EvalConfig, RetrieverConfig
 from harness.retrieval.factory import build_retriever, needs_corpus
 from harness.run_records import ItemScore, RunManifest, RunResults
+from harness.runlock import run_lock
 from harness.runlog import file_hash
 from harness.types import Example
 
@@ -54,6 +55,7 @@ EXECUTION_ONLY_KEYS = (
     "judge.api_key_env",
     "judge.timeout",
     "judge.retries",
+    "stop_after_failures",
 )
 # Keys added after runs were first recorded: left out of the identity at their default, so a
 # run started before they existed still resumes.
@@ -259,11 +261,17 @@ def simple_evaluate(
     examples: list[Example] | None = None,
 ) -> RunResults:
     """Build (unless ``run`` is given) and run one evaluation; returns its results. ``backend``,
-    ``retriever``, ``examples``: as :func:`build_eval` takes them."""
+    ``retriever``, ``examples``: as :func:`build_eval` takes them. The run directory is locked
+    from the preflight on (:func:`harness.runlock.run_lock`)."""
+    run = run or build_eval(cfg, backend, retriever, examples)
+    with run_lock(run.run_dir, "eval"):  # a second writer is refused before its preflight
+        preflight(run.backend, run.retriever if run.manifest.retriever else None)
+        return _run(cfg, run, on_item)
+
+
+def _run(cfg: EvalConfig, run: EvalRun, on_item: Callable[[ItemScore], None] | None) -> RunResults:
     from benchmarks.evaluate import evaluate
 
-    run = run or build_eval(cfg, backend, retriever, examples)
-    preflight(run.backend, run.retriever if run.manifest.retriever else None)
     judge = build_judge(cfg, run.run_dir)
     from benchmarks.profiles import get_profile
 
@@ -279,6 +287,8 @@ def simple_evaluate(
             n_samples=cfg.n_samples,
             judge=judge,
             response_only=response_only,
+            health=lambda: preflight(run.backend, run.retriever if run.manifest.retriever else None),
+            stop_after_failures=cfg.stop_after_failures,
         )
         if judge is not None:
             judge.write_record(run.run_dir)  # the prompt, model and decoding the verdicts came from

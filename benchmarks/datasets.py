@@ -348,8 +348,12 @@ def corpus_path(
 
 
 def describe_sources(data_dir: str | Path | None = None) -> list[dict[str, str]]:
-    """For ``harness datasets``: every (dataset, split), where it would be read from, its corpus."""
+    """For ``harness datasets``: every (dataset, split), where it would be read from, its corpus.
+
+    A split that only exists locally reads ``local: --data-dir DIR with DIR/<folder>/<split>.jsonl``
+    when no data folder is given (it was never looked for), ``not found: PATH`` when one is."""
     rows = []
+    d = resolve_data_dir(data_dir)
     for name in DATASETS.names():
         spec = get_spec(name)
         for split in spec.all_splits:
@@ -361,11 +365,24 @@ def describe_sources(data_dir: str | Path | None = None) -> list[dict[str, str]]
                 source = str(local)
             elif spec.hub_name and split in spec.splits:
                 source = f"hub: {HUB_REPO}/{spec.hub_name}/{split}.jsonl"
+            elif d is None:
+                source = f"local: --data-dir DIR with DIR/{spec.folder or spec.name}/{split}.jsonl"
             else:
-                source = "local only (not found)"
+                source = f"not found: {local}"
             corpus = corpus_path(name, split, data_dir, warn=False)
             rows.append({"dataset": name, "split": split, "source": source, "corpus": str(corpus) if corpus else "-"})
     return rows
+
+
+def data_dir_hint(data_dir: str | Path | None = None) -> str | None:
+    """What ``harness datasets`` says under its table when no data folder is given (None when one is)."""
+    if resolve_data_dir(data_dir) is not None:
+        return None
+    return (
+        "No data folder given (--data-dir DIR or HARNESS_DATA_DIR=DIR): the splits marked 'local' are read from "
+        "DIR/<dataset>/<split>.jsonl, FlashRAG's layout (the folder of its FlashRAG_datasets download); the demo "
+        "is packaged and the 'hub' splits download on first use"
+    )
 
 
 def _count_lines(path: Path) -> int:

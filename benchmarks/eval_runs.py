@@ -135,6 +135,7 @@ def run_configs(configs: list[EvalConfig], say: Say = logger.info) -> list[Any]:
     engine is stopped and the backend closed however the runs end. Returns their results; raises
     :class:`RunError` naming the backend or the run that could not be built or run."""
     from benchmarks.build import build_eval, simple_evaluate
+    from benchmarks.evaluate import InfrastructureDown
     from harness.backends import build_backend
     from harness.engines import sigterm_as_exit
 
@@ -155,8 +156,10 @@ def run_configs(configs: list[EvalConfig], say: Say = logger.info) -> list[Any]:
                 say(f"{label} → {run.run_dir}")
                 headline = cfg.metrics[0] if cfg.metrics else "em"
                 total = len(run.examples) * cfg.n_samples
-                with Progress(total, run.run_dir, label, headline) as progress:
+                with Progress(total, run.run_dir, label, headline, say=say) as progress:
                     results.append(simple_evaluate(cfg, run=run, on_item=progress.add))
+            except InfrastructureDown:
+                raise  # its own exit status (1): the servers, not the run's config, are at fault
             except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
                 raise RunError(f"{label}: {e}") from e
     return results
@@ -164,16 +167,26 @@ def run_configs(configs: list[EvalConfig], say: Say = logger.info) -> list[Any]:
 
 class Progress:
     """A rich progress bar on stderr with the running headline metric (EM unless the profile's
-    first metric says otherwise; quiet when stderr is not a terminal)."""
+    first metric says otherwise). When stderr is not a terminal (piped, logged, a stage of a
+    chain), a plain line through ``say`` instead, every :attr:`PLAIN_EVERY` of the items or
+    :attr:`PLAIN_EVERY_S` seconds (checked as items finish), and one at the end."""
 
-    def __init__(self, total: int, run_dir: Any, label: str, metric: str = "em") -> None:
+    PLAIN_EVERY = 0.1  # of the items
+    PLAIN_EVERY_S = 30.0
+
+    def __init__(self, total: int, run_dir: Any, label: str, metric: str = "em", say: Say | None = None) -> None:
+        import time
+
         from harness.runlog import RunDir
 
         done = RunDir(run_dir).scores() if (run_dir / "scores.jsonl").exists() else []
-        self.total, self.label, self.metric = total, label, metric
+        self.total, self.label, self.metric, self.say = total, label, metric, say
         self.n = len(done)
-        self.em_sum = sum(s.metric(metric) or 0.0 for s in done)
+        self.em_sum = sum(s.metric(metric) or 0.0 for s in done if not s.error)
+        self.scored = sum(1 for s in done if not s.error)
         self._progress: Any = None
+        self._t0 = self._said_at = time.monotonic()
+        self._said_n = self.n
 
     def __enter__(self) -> Progress:
         from rich.console import Console
@@ -197,15 +210,36 @@ class Progress:
     def _desc(self) -> str:
         from benchmarks.fmt import NAMES
 
-        em = self.em_sum / self.n if self.n else 0.0
+        em = self.em_sum / self.scored if self.scored else 0.0
         return f"{self.label}  {NAMES.get(self.metric, self.metric)} {em:.3f}"
 
+    def _plain(self) -> None:
+        import time
+
+        now = time.monotonic()
+        failed = self.n - self.scored
+        tail = f", {failed} failed" if failed else ""
+        if self.say is not None:
+            self.say(f"{self._desc()}  {self.n}/{self.total} items{tail}, {now - self._t0:.0f} s")
+        self._said_at, self._said_n = now, self.n
+
     def add(self, score: Any) -> None:
+        import time
+
         self.n += 1
-        self.em_sum += score.metric(self.metric) or 0.0
+        if not score.error:  # a failed item is not scored: it does not count in the running metric
+            self.scored += 1
+            self.em_sum += score.metric(self.metric) or 0.0
         if self._progress is not None:
             self._progress.update(self._task, advance=1, description=self._desc())
+        elif (
+            self.n - self._said_n >= max(1.0, self.PLAIN_EVERY * self.total)
+            or time.monotonic() - self._said_at >= self.PLAIN_EVERY_S
+        ):
+            self._plain()
 
     def __exit__(self, *exc: Any) -> None:
         if self._progress is not None:
             self._progress.stop()
+        elif self.n != self._said_n:
+            self._plain()

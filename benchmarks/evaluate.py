@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from harness.run_records import ItemScore, RunManifest, RunResults
+from harness.runlock import run_lock
 from harness.runlog import RunDir
 from harness.types import Example, Trajectory
 
@@ -86,15 +87,20 @@ def score_trajectory(
 def aggregate(
     scores: Sequence[ItemScore], manifest: RunManifest, metrics: Iterable[str] = DEFAULT_METRICS
 ) -> RunResults:
-    """``results.json``: means over items, latency percentiles, counts, completeness."""
+    """``results.json``: means over the scored items, latency percentiles, counts, completeness.
+
+    A failed item (``error``: the retriever or the server failed, never something the model did)
+    has no score: it is counted in ``errors``, not in ``n``, and left out of every mean, so a run
+    with a dead retriever does not read as a weak model."""
     metrics = tuple(metrics)
 
     def mean(values: Iterable[float | None]) -> float | None:
         vals = [v for v in values if v is not None]
         return float(np.mean(vals)) if vals else None
 
-    lat = [s.wall_time_s for s in scores if s.wall_time_s is not None]
     failed = [s for s in scores if s.error]
+    scores = [s for s in scores if not s.error]
+    lat = [s.wall_time_s for s in scores if s.wall_time_s is not None]
     return RunResults(
         method=manifest.method,
         dataset=manifest.dataset,
@@ -105,7 +111,7 @@ def aggregate(
         topk=manifest.topk,
         n=len(scores),
         n_total=manifest.n_total,
-        complete=len(scores) >= manifest.n_total and not failed,
+        complete=len(scores) >= manifest.n_total,
         errors=len(failed),
         error_kinds=dict(Counter(error_label(s) for s in failed)),
         metrics={m: mean(s.metric(m) for s in scores) for m in metrics},
@@ -131,6 +137,55 @@ def error_summary(results: RunResults) -> str | None:
     return f"{results.errors} item{'s' if results.errors != 1 else ''} failed: {kinds}; rerun to retry them"
 
 
+class InfrastructureDown(RuntimeError):
+    """The retriever or the generation server stayed down: the run stopped early (exit 1). What
+    finished is on disk; the same command resumes once the server is back."""
+
+
+HEALTH_PAUSE_S = 5.0  # the pause before the health of the servers is checked again
+
+
+class FailureBreaker:
+    """Stops a run whose infrastructure is down instead of letting every remaining item fail
+    slowly (each after its retries): after ``limit`` items in a row failed for an infrastructure
+    reason, pause :data:`HEALTH_PAUSE_S`, call ``health`` (the preflight), and go on when it
+    passes; when it raises, raise :class:`InfrastructureDown` naming the component and the item."""
+
+    _WHAT = {"retrieval": "retriever", "backend": "generation backend", "timeout": "retriever or backend (timeouts)"}
+
+    def __init__(self, limit: int, health: Callable[[], None] | None, done: int, total: int, where: str) -> None:
+        self.limit, self.health, self.k, self.total, self.where = limit, health, done, total, where
+        self.streak: list[ItemScore] = []
+
+    def __call__(self, score: ItemScore) -> None:
+        from harness.runlog import RETRIABLE_ERROR_KINDS
+
+        self.k += 1
+        self.streak = self.streak + [score] if score.error_kind in RETRIABLE_ERROR_KINDS else []
+        if not self.limit or len(self.streak) < self.limit:
+            return
+        kinds = Counter(s.error_kind for s in self.streak)
+        what = self._WHAT.get(kinds.most_common(1)[0][0], "infrastructure")
+        logger.warning(
+            "%d items in a row failed (%s); pausing %.0f s, then checking health",
+            len(self.streak),
+            what,
+            HEALTH_PAUSE_S,
+        )
+        time.sleep(HEALTH_PAUSE_S)
+        try:
+            if self.health is not None:
+                self.health()
+        except Exception as e:  # any failure of the health call means: still down
+            raise InfrastructureDown(
+                f"{what} down at item {self.k} of {self.total} ({self.where}): {len(self.streak)} items in a row "
+                f"failed ({self.streak[-1].error}) and the health check failed ({type(e).__name__}: {e}). Stopped; "
+                "finished items are saved: rerun the same command to resume once it is back"
+            ) from None
+        logger.warning("the health check passed: going on")
+        self.streak = []
+
+
 def evaluate(
     method: Any,
     examples: Sequence[Example],
@@ -141,6 +196,8 @@ def evaluate(
     n_samples: int = 1,
     judge: Callable[..., float | None] | None = None,
     response_only: bool = True,
+    health: Callable[[], None] | None = None,
+    stop_after_failures: int = 0,
 ) -> RunResults:
     """Run (or resume) ``method`` on ``examples`` into ``run_dir``; returns the results.
 
@@ -150,10 +207,43 @@ def evaluate(
     resumes when its manifest matches, skipping finished items and re-running failed ones.
     ``on_item`` is called with each new score (a progress display). ``judge`` scores the
     ``judge`` metric (:class:`benchmarks.judge.LLMJudge`); items whose verdict is missing are
-    asked again at the end of the run (cached verdicts cost nothing).
+    asked again at the end of the run (cached verdicts cost nothing). The run directory is locked
+    for the whole run: a second writer gets :class:`~harness.runlock.RunLockedError` at once.
+    ``stop_after_failures`` items failing in a row for an infrastructure reason pause the run and
+    call ``health``; when that fails too the run stops with :class:`InfrastructureDown` (the
+    results of what finished are written first). 0: never stop.
     """
     metrics = tuple(metrics)
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    with run_lock(run.path, "eval"):  # two writers would run (and log) every item twice
+        return _evaluate(
+            method,
+            examples,
+            run,
+            metrics,
+            manifest,
+            on_item,
+            n_samples,
+            judge,
+            response_only,
+            health,
+            stop_after_failures,
+        )
+
+
+def _evaluate(
+    method: Any,
+    examples: Sequence[Example],
+    run: RunDir,
+    metrics: tuple[str, ...],
+    manifest: RunManifest | None,
+    on_item: Callable[[ItemScore], None] | None,
+    n_samples: int,
+    judge: Callable[..., float | None] | None,
+    response_only: bool,
+    health: Callable[[], None] | None,
+    stop_after_failures: int,
+) -> RunResults:
     if manifest is None:
         manifest = RunManifest(method=getattr(method, "method", type(method).__name__), dataset="?", split="")
     manifest.n_total = len(examples) * n_samples
@@ -162,16 +252,23 @@ def evaluate(
     if resumed:
         logger.info("resuming %s: %d of %d items already done", run.path, len(skip), manifest.n_total)
 
+    breaker = FailureBreaker(stop_after_failures, health, len(skip), manifest.n_total, str(run.path))
+
     def on_done(traj: Trajectory) -> None:
         score = score_trajectory(traj, metrics, judge, response_only)
         run.append(traj, score)
         if on_item is not None:
             on_item(score)
+        breaker(score)  # raising here ends the run: the items still running are cancelled
 
     t0 = time.perf_counter()
-    method.run_examples(examples, n_samples=n_samples, on_done=on_done, skip=skip)
-    logger.debug("%s: ran in %.1f s", run.path, time.perf_counter() - t0)
     wanted = {(e.id, j) for e in examples for j in range(n_samples)}
+    try:
+        method.run_examples(examples, n_samples=n_samples, on_done=on_done, skip=skip)
+    except InfrastructureDown:
+        run.write_results(aggregate([s for s in run.scores() if s.key in wanted], manifest, metrics))
+        raise
+    logger.debug("%s: ran in %.1f s", run.path, time.perf_counter() - t0)
     if judge is not None and "judge" in metrics:
         _rejudge_missing(run, wanted, metrics, judge)
     results = aggregate([s for s in run.scores() if s.key in wanted], manifest, metrics)

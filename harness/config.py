@@ -176,6 +176,16 @@ def require_at_least(obj: Any, minimum: float, *names: str) -> None:
             raise ValueError(f"{name} must be at least {minimum}, got {value}")
 
 
+def require_positive(obj: Any, *names: str) -> None:
+    """Range checks for ``__post_init__``: each named field is ``None`` or greater than 0 (a
+    timeout of 0 or less would fail every call). Raises ``ValueError("<field> must be greater
+    than 0, got <value>")``."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"{name} must be greater than 0, got {value}")
+
+
 def to_dict(obj: Any) -> Any:
     """The plain-data form of a config (for manifests and hashing)."""
     if dataclasses.is_dataclass(obj):

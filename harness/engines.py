@@ -242,10 +242,14 @@ def wait_healthy(
     raise EngineError(f"engine at {url} not healthy after {timeout_s:.0f} s" + (f"; see {log}" if log else ""))
 
 
-def _die_with_parent() -> None:
-    """In the child: ask Linux to SIGTERM the engine if the harness dies without stopping it."""
+def _die_with_parent(signum: int = signal.SIGTERM, parent: int | None = None) -> None:
+    """In the child (a ``preexec_fn``): ask Linux to send ``signum`` if the harness dies without
+    stopping it; with ``parent`` (the harness's pid, read before the fork), exit at once when the
+    harness already died before the request was made (the request would then never fire)."""
     with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signum))  # 1 = PR_SET_PDEATHSIG
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
 
 
 def launch_engine(

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from harness.config import require_at_least
+from harness.config import require_at_least, require_positive
 from harness.engines import EngineConfig
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -52,6 +52,7 @@ class BackendConfig:
     def __post_init__(self) -> None:
         require_at_least(self, 1, "max_concurrency", "max_batch_size", "threads")
         require_at_least(self, 0, "retries", "batch_window_ms")
+        require_positive(self, "timeout")
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class RetrieverConfig:
     def __post_init__(self) -> None:
         require_at_least(self, 1, "topk")
         require_at_least(self, 0, "retries")
+        require_positive(self, "timeout")
 
 
 @dataclass(frozen=True)
@@ -104,9 +106,14 @@ class EvalConfig:
     # on a fine-tuned checkpoint: the run dir is ``<label>-<dataset>-<split>`` and the manifest's
     # ``method`` is the label, while ``config.method`` keeps the method that was run.
     label: str | None = None
+    # After this many items in a row failed for an infrastructure reason (retriever or backend
+    # down), pause, check the servers' health, and stop the run (exit 1) when they are still
+    # down, instead of failing every remaining item after its retries. 0: never stop.
+    stop_after_failures: int = 5
 
     def __post_init__(self) -> None:
         require_at_least(self, 1, "n_samples")
+        require_at_least(self, 0, "stop_after_failures")
         if self.label is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+@=-]*", self.label):
             raise ValueError(f"label {self.label!r}: use letters, digits and _ . + @ = - (it names a run directory)")
 

@@ -2,7 +2,9 @@
 
 Every writer of a model directory, an index, a checkpoint or a JSON record goes through these
 helpers: write into a temporary sibling, then rename it into place (``os.replace`` is atomic
-within one file system).
+within one file system). A committed directory carries harness's marker listing what it was
+committed with, and an existing ``out`` is replaced only when :mod:`harness.safe_delete` proves
+harness wrote all of it: a folder of the user's that happens to sit at ``out`` is refused.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from harness import safe_delete
+
 
 def tmp_sibling(out: Path, unique: bool = False) -> Path:
     """The temporary sibling ``out`` is written to. ``unique`` adds the pid (for concurrent
@@ -23,16 +27,20 @@ def tmp_sibling(out: Path, unique: bool = False) -> Path:
     return out.parent / f".{out.name}{suffix}"
 
 
-def commit_dir(tmp: Path, out: Path) -> None:
-    """Move a finished temporary directory into place, replacing ``out`` if it exists."""
-    if out.exists():
-        shutil.rmtree(out)
+def commit_dir(tmp: Path, out: Path, kind: str = "output") -> None:
+    """Move a finished temporary directory into place, marked as a harness ``kind`` output with
+    the entries it holds; an existing ``out`` is replaced only when it is such an output
+    (:class:`~harness.safe_delete.NotOursError` otherwise, before anything is removed)."""
+    safe_delete.mark(tmp, kind, entries=[p.name for p in tmp.iterdir()])
+    if out.exists() or out.is_symlink():
+        safe_delete.remove(out, why=f"replacing {out}")
     os.replace(tmp, out)
 
 
 @contextlib.contextmanager
-def atomic_dir(out: str | Path, unique: bool = False) -> Iterator[Path]:
-    """Yield an empty temporary directory; when the block succeeds it becomes ``out``.
+def atomic_dir(out: str | Path, unique: bool = False, kind: str = "output") -> Iterator[Path]:
+    """Yield an empty temporary directory; when the block succeeds it becomes ``out`` (see
+    :func:`commit_dir`: an existing ``out`` harness did not write is refused, not replaced).
 
     On an exception the temporary directory is removed and ``out`` is left as it was.
     """
@@ -42,7 +50,7 @@ def atomic_dir(out: str | Path, unique: bool = False) -> Iterator[Path]:
     tmp.mkdir(parents=True)
     try:
         yield tmp
-        commit_dir(tmp, out)
+        commit_dir(tmp, out, kind)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

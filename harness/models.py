@@ -63,7 +63,7 @@ def _convert_embedded(out: Path) -> None:
     model = AutoModelForCausalLM.from_config(config)
     model.load_state_dict(quantized.state_dict(), strict=True)
     # Written to a temporary sibling and renamed, so a reader never sees a half-written model.
-    with atomic_dir(out, unique=True) as tmp:
+    with atomic_dir(out, unique=True, kind="model") as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         cfg_path = tmp / "config.json"
@@ -144,7 +144,7 @@ def save_model_dir(
 
     from harness.fsutil import atomic_dir
 
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, kind="model") as tmp:
         model_config.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)

@@ -9,6 +9,8 @@ A run directory holds:
   (and fsync'ed) item by item, so an interrupt loses nothing that finished.
 - ``scores.jsonl``: one :class:`~harness.run_records.ItemScore` per line.
 - ``results.json``: the :class:`~harness.run_records.RunResults` aggregate, rewritten at the end.
+- ``.harness-owned.json`` (:mod:`harness.safe_delete`'s marker: harness made the folder) and
+  ``.harness.lock`` (:mod:`harness.runlock`: one writer at a time).
 
 Logs are append-only: an item that is run again (a failed attempt retried on resume, or an item
 killed between its trajectory and its score) appends new lines, and readers keep the last record
@@ -34,6 +36,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from harness import safe_delete
 from harness.fsutil import write_json_atomic
 from harness.run_records import ItemScore, RecordError, RunManifest, RunResults
 from harness.textfiles import read_jsonl
@@ -45,6 +48,8 @@ MANIFEST = "manifest.json"
 TRAJECTORIES = "trajectories.jsonl"
 SCORES = "scores.jsonl"
 RESULTS = "results.json"
+# Every name harness writes into a run directory (glob patterns): what may ever be deleted there.
+RUN_ENTRIES = (MANIFEST, TRAJECTORIES, SCORES, RESULTS, "engines", ".*.tmp-*")
 
 _VERSIONED_PACKAGES = ("harness", "flashrag-dev", "torch", "transformers", "bm25s", "faiss-cpu", "deepspeed")
 
@@ -205,7 +210,7 @@ class RunDir:
             self._check_same_run(self.manifest, manifest)
             self._repair_torn_lines()
             return True
-        self.path.mkdir(parents=True, exist_ok=True)
+        safe_delete.claim(self.path, "eval")  # created by harness: the marker proves it to a later delete
         manifest.versions = manifest.versions or package_versions()
         manifest.git_revision = manifest.git_revision or git_revision()
         manifest.started_at = manifest.started_at or time.strftime("%Y-%m-%dT%H:%M:%S%z")

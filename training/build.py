@@ -15,18 +15,19 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks.evaluate import evaluate
+from harness import safe_delete
 from harness.backends import build_backend
 from harness.config import compose, from_dict, to_dict
 from harness.engines import engine_for_backend, sigterm_as_exit, start_engine
 from harness.registry import Registry
 from harness.run_records import RunManifest, RunResults
+from harness.runlock import run_lock
 from training.config import TrainConfig
 from training.examples import first_dataset, merged_corpus_dataset, train_examples
 
@@ -153,7 +154,10 @@ TRAINERS.register(
 
 def build_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
     """The trainer of ``cfg.algo.kind`` (:data:`TRAINERS`), writing into ``out``. ``backend``: an
-    already built rollout backend (e.g. one pointing at a launched engine)."""
+    already built rollout backend (e.g. one pointing at a launched engine). A new (or empty)
+    ``out`` is marked as harness's, so ``--overwrite`` can later prove what it deletes."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        safe_delete.claim(out, "train")
     return TRAINERS.get(cfg.algo.kind)(cfg, Path(out), backend)
 
 
@@ -172,17 +176,62 @@ def run_folder(cfg: TrainConfig, out: str | None = None, resume: str | None = No
     return Path(resume or out or Path(cfg.trainer.out) / cfg.name)
 
 
+# Every name a trainer writes into its run folder (glob patterns): all ``--overwrite`` may delete.
+TRAIN_ENTRIES = (
+    "config.json", "metrics.jsonl", "rollouts.jsonl", "checkpoints", "final", "validation", "sync",
+    "tensorboard", "wandb", "engines", "encoder", "value_head.safetensors", "*.log", ".*.tmp*",
+)  # fmt: skip
+
+
+def claim_run_folder(run: Path, overwrite: bool = False, check_only: bool = False) -> None:
+    """A fresh run needs an empty (or new) folder: two runs in one folder mix their logs,
+    checkpoints and final model. ``overwrite`` empties a previous training run's folder, and only
+    one harness made (its marker) holding only what a trainer writes (:data:`TRAIN_ENTRIES`);
+    anything else raises :class:`~harness.safe_delete.NotOursError` naming it, before any delete.
+    ``check_only``: raise as it would, delete nothing."""
+    if not run.exists():
+        return
+    if not run.is_dir():
+        raise ValueError(f"run folder {run} is a file")
+    held = sorted(p.name for p in run.iterdir() if p.name not in (safe_delete.MARKER, safe_delete.LOCK))
+    if not held:
+        return
+    if not overwrite:
+        raise ValueError(
+            f"run folder {run} is not empty ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}): "
+            f"continue it with --resume {run}, replace it with --overwrite, or pick another --out"
+        )
+    if check_only:
+        safe_delete.check_removable(run, TRAIN_ENTRIES, kind="train", why="--overwrite")
+    else:
+        safe_delete.clear(run, TRAIN_ENTRIES, kind="train", why="--overwrite")
+
+
 def train(
-    cfg: TrainConfig, run: Path, resume: bool = False, say: Callable[[str], None] = logger.info
+    cfg: TrainConfig,
+    run: Path,
+    resume: bool = False,
+    say: Callable[[str], None] = logger.info,
+    overwrite: bool = False,
 ) -> tuple[Any, Path]:
     """Train ``cfg`` into ``run`` with its :data:`TRAINERS` entry, continuing from the run's last
     checkpoint when ``resume``; returns (the trainer, its final output). When the trainer rolls
     out through ``rollout.backend`` and that says ``launch: true``, the engine is started for the
-    run and stopped however it ends (SIGTERM included); ``say`` tells the user about it."""
+    run and stopped however it ends (SIGTERM included); ``say`` tells the user about it. The run
+    folder is locked throughout (:func:`harness.runlock.run_lock`: a second writer is refused), and
+    a fresh run claims it first (:func:`claim_run_folder`, which ``overwrite`` lets clear it)."""
     from training.trainer import mini_batch_rows
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(sigterm_as_exit())
+        if int(os.environ.get("RANK", "0")) == 0:  # the ranks of one run share its folder: rank 0 owns it
+            if not resume:
+                claim_run_folder(run, overwrite, check_only=True)  # a refusal leaves no lock file behind
+            stack.enter_context(run_lock(run, "train"))
+            if not resume:
+                claim_run_folder(run, overwrite)
+        elif not resume and not overwrite:
+            claim_run_folder(run)  # every rank refuses a non-empty folder (none waits on a failed rank 0)
         b = cfg.rollout.backend
         if b.launch and TRAINERS.info(cfg.algo.kind).get("rollout_engine"):
             world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -210,16 +259,18 @@ def next_step(cfg: TrainConfig, final: Path) -> str:
 def train_cached(cfg: TrainConfig, run: str | Path) -> tuple[Path, bool]:
     """Train ``cfg`` into ``run`` unless ``run`` already holds a final model trained with exactly
     this config (its ``config.json``); returns the final model folder and whether it trained now.
-    A ``run`` of any other config is cleared first (a cached demo or stage never mixes recipes)."""
+    A ``run`` of any other config is cleared first (a cached demo or stage never mixes recipes),
+    through :func:`harness.safe_delete.clear`: only a harness training run is ever cleared."""
     run = Path(run)
     final, recorded = run / "final", run / "config.json"
     wanted = json.loads(json.dumps(to_dict(cfg)))  # as config.json holds it (tuples as lists)
-    if final.is_dir() and recorded.exists() and json.loads(recorded.read_text()) == wanted:
-        return final, False
-    if run.exists():
-        logger.info("retraining: %s holds no final model of this config", run)
-        shutil.rmtree(run)
-    return Path(build_trainer(cfg, run).train()), True
+    with run_lock(run, "train"):
+        if final.is_dir() and recorded.exists() and json.loads(recorded.read_text()) == wanted:
+            return final, False
+        if safe_delete.check_removable(run, TRAIN_ENTRIES, kind="train"):
+            logger.info("retraining: %s holds no final model of this config", run)
+            safe_delete.clear(run, TRAIN_ENTRIES, kind="train", why="retraining")
+        return Path(build_trainer(cfg, run).train()), True
 
 
 def rollout_engine(cfg: Any) -> tuple[str, Any]:

@@ -92,7 +92,7 @@ def save_checkpoint(out_dir: Path, step: int, policy: Any, state: dict[str, Any]
     if rank == 0:
         files = {p.name: file_record(p) for p in sorted(tmp.iterdir()) if p.is_file() and p.name != STATE_FILE}
         (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step, "rng": rng_state(), "files": files}))
-        commit_dir(tmp, final)
+        commit_dir(tmp, final, kind="checkpoint")
     _barrier()
     return final
 
@@ -227,7 +227,7 @@ def export_hf(policy: Any, tokenizer: Any, out: Path) -> Path:
     rank, _ = rank_and_world()
     weights = full_state_dict(policy)  # every rank (a collective under ZeRO-3)
     if rank == 0:
-        with atomic_dir(out) as tmp:
+        with atomic_dir(out, kind="model") as tmp:
             unwrap(policy).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
     _barrier()
@@ -239,11 +239,49 @@ def _barrier() -> None:
         torch.distributed.barrier()
 
 
-def resume_checkpoint(run_dir: str | Path, policy: Any, critic: Any = None) -> tuple[Path, dict[str, Any]]:
+def resume_checkpoint(
+    run_dir: str | Path, policy: Any, critic: Any = None, log: Any = None
+) -> tuple[Path, dict[str, Any]]:
     """Restore the newest intact checkpoint of the run ``run_dir`` (its ``checkpoints/``) into the
-    engines; returns it and the trainer state. A run with no checkpoint is a FileNotFoundError."""
+    engines; returns it and the trainer state. A run with no checkpoint is a FileNotFoundError.
+
+    ``log`` (the run's :class:`~training.logging_utils.MetricsLog`, rank 0's) drops its records
+    after the checkpoint's step: those steps run again (after a fallback past a damaged newest
+    checkpoint, more than one), and must be logged once."""
     where = Path(run_dir) / "checkpoints"
     ckpt = latest_checkpoint(where)
     if ckpt is None:
         raise FileNotFoundError(f"no checkpoint under {where}")
-    return ckpt, load_checkpoint(ckpt, policy, critic)
+    state = load_checkpoint(ckpt, policy, critic)
+    if log is not None:
+        log.truncate(int(state["step"]))
+    return ckpt, state
+
+
+def run_id_of(ckpt: Path) -> str | None:
+    """The id of the run that wrote a checkpoint (None: unreadable, or written before ids)."""
+    try:
+        return json.loads((ckpt / STATE_FILE).read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def save_and_prune(out_dir: Path, step: int, policy: Any, state: dict[str, Any], keep: int, critic: Any = None) -> Path:
+    """The checkpoint policy of every trainer (RL, SFT, PRM): write ``out_dir/step-N`` (see
+    :func:`save_checkpoint`), then keep the newest ``keep`` checkpoints of this run (the new one
+    included; 0 keeps all). ``state["run_id"]`` names the run: another run's checkpoints in the
+    same folder are never pruned. Deletes go through :mod:`harness.safe_delete` (a checkpoint
+    harness cannot prove it wrote is kept, with a warning)."""
+    from harness import safe_delete
+
+    path = save_checkpoint(out_dir, step, policy, state, critic)
+    rank, _ = rank_and_world()
+    if keep and rank == 0:
+        run_id = state.get("run_id")
+        mine = [p for _, p in checkpoints(out_dir) if p != path and run_id_of(p) == run_id]
+        for old in mine[: max(0, len(mine) - (keep - 1))]:  # the new one counts towards keep
+            try:
+                safe_delete.remove(old, kind="checkpoint", why="trainer.keep_checkpoints")
+            except safe_delete.NotOursError as e:
+                logger.warning("%s; keeping it", e)
+    return path

@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from pathlib import Path
 from typing import Any, Protocol
+
+from harness import safe_delete
+from harness.runlog import RUN_ENTRIES
+from training.build import TRAIN_ENTRIES
 
 logger = logging.getLogger(__name__)
 
@@ -68,15 +71,16 @@ def run_demo(
     data = _synthesize(ui, base_cfg, sft_dir)
     ui.step("3/6 SFT warm-up")
     model, retrained = _train(ui, train_config, list(overrides or []), data, sft_dir / "model")
-    if retrained:  # everything after the SFT model belongs to an older one
-        for stale in (eval_dir / f"{TRAINED}-demo-test", eval_dir / f"{RL}-demo-test", rl_dir):
-            shutil.rmtree(stale, ignore_errors=True)
+    if retrained:  # everything after the SFT model belongs to an older one: folders harness made
+        for name in (TRAINED, RL):
+            safe_delete.remove(eval_dir / f"{name}-demo-test", RUN_ENTRIES, kind="eval", why="harness demo")
+        safe_delete.remove(rl_dir, TRAIN_ENTRIES, kind="train", why="harness demo")
     ui.step("4/6 the SFT agent (demo test split)")
     _evaluate(ui, _with_model(base_cfg, model), [UNTRAINED], TRAINED)
     ui.step("5/6 RL: GRPO from the SFT model (demo train split)")
     rl_model, rl_retrained = _train_rl(ui, rl_config, list(rl_overrides or []), base_cfg, model, rl_dir)
-    if rl_retrained:
-        shutil.rmtree(eval_dir / f"{RL}-demo-test", ignore_errors=True)  # results of an older model
+    if rl_retrained:  # results of an older RL model
+        safe_delete.remove(eval_dir / f"{RL}-demo-test", RUN_ENTRIES, kind="eval", why="harness demo")
     ui.step("6/6 the RL agent (demo test split)")
     _evaluate(ui, _with_model(base_cfg, rl_model), [UNTRAINED], RL)
     return _report(ui, eval_dir, root / "report", rl_dir)

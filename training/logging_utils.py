@@ -164,7 +164,9 @@ class ProgressBar:
         return self
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
-        desc = f"step {step} reward {metrics.get('reward/mean', 0.0):.3f} loss {metrics.get('loss', 0.0):.4f}"
+        # SFT and PRM steps have no reward: "reward 0.000" would read as a measured zero
+        reward = f" reward {metrics['reward/mean']:.3f}" if "reward/mean" in metrics else ""
+        desc = f"step {step}{reward} loss {metrics.get('loss', 0.0):.4f}"
         logger.info("%s (%.1fs)", desc, metrics.get("time/step_s", 0.0))
         if self._progress is not None:
             self._progress.update(self._task, completed=step, description=desc)

@@ -25,6 +25,7 @@ import logging
 import random
 import re
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 
 from harness.registry import Registry
 from harness.textfiles import read_jsonl
-from training.checkpoint import resume_checkpoint, save_checkpoint
+from training.checkpoint import resume_checkpoint, save_and_prune
 from training.config import TrainConfig
 from training.engine import ValueHead, build_model, initialize, optimizer_step, rank_and_world, unwrap
 from training.logging_utils import MetricsLog, ProgressBar
@@ -213,6 +214,7 @@ class PRMTrainer:
 
         self.sampler = EpochSampler(len(items), cfg.trainer.seed, True)
         self.step_no, self.log = 0, None
+        self.run_id = uuid.uuid4().hex  # this run's checkpoints carry it: pruning never touches another run's
         if self.rank == 0:
             from harness.config import to_dict
 
@@ -278,10 +280,15 @@ class PRMTrainer:
         if self.log is not None:
             self.log.write(self.step_no, metrics)
         if c.save_every and self.step_no % c.save_every == 0:
-            save_checkpoint(
-                self.out / "checkpoints", self.step_no, self.engine, {"sampler": self.sampler.state(), "kind": "prm"}
-            )
+            self.save()
         return metrics
+
+    def save(self) -> Path:
+        """A checkpoint of this step; keeps this run's newest ``trainer.keep_checkpoints`` (as RL)."""
+        state = {"sampler": self.sampler.state(), "kind": "prm", "run_id": self.run_id}
+        return save_and_prune(
+            self.out / "checkpoints", self.step_no, self.engine, state, self.cfg.trainer.keep_checkpoints
+        )
 
     @torch.no_grad()
     def pair_accuracy(self, pairs: list[PairExample]) -> float:
@@ -296,8 +303,10 @@ class PRMTrainer:
         return hits / len(pairs)
 
     def resume(self, run_dir: Path) -> None:
-        _, state = resume_checkpoint(run_dir, self.engine)
+        """Continue from the newest intact checkpoint; the log drops the steps that run again."""
+        _, state = resume_checkpoint(run_dir, self.engine, log=self.log)
         self.step_no = state["step"]
+        self.run_id = state.get("run_id", self.run_id)  # the same run, continued
         self.sampler.load(state["sampler"])
 
 
@@ -348,6 +357,12 @@ class PRM:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids this PRM can embed: ``0 <= id < vocab_size``."""
+        cfg = getattr(self.model, "config", None)
+        return int(getattr(cfg, "vocab_size", None) or len(self.tokenizer))
 
     @torch.no_grad()
     def score(self, seqs: list[list[int]], batch_size: int = 8) -> list[float]:

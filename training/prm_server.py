@@ -1,7 +1,9 @@
 """``harness serve prm``: a trained PRM over loopback HTTP, for ``algo.step_scorer_url``.
 
 ``POST /score`` ``{"sequences": [[token ids], ...]}`` → ``{"scores": [raw head score, ...]}``
-(EOS appended as the PRM was trained; the client takes σ). ``GET /health`` →
+(EOS appended as the PRM was trained; the client takes σ). A token id outside the model's
+vocabulary (negative, too large, beyond int64) is a 422 naming the sequence and position; a
+sequence longer than ``max_tokens`` (``harness serve prm --max-tokens``) is a 413. ``GET /health`` →
 ``{"status": "healthy", "kind": "prm", "path": ...}``. A plain ASGI app in the style of
 ``harness.retrieval.server`` (pydantic from bytes, orjson); requests are scored one at a time
 under a lock in a worker thread, so the event loop stays free and the model is never entered twice.
@@ -21,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 << 20
 MAX_SEQUENCES = 1024
+MAX_TOKENS = 8192  # per sequence, by default: a 60k-token sequence would take the server's memory
 
 
 class ScoreRequest(BaseModel):
@@ -45,8 +48,9 @@ def _answer(status: int, payload: Any) -> tuple[int, bytes]:
 class PRMApp:
     """The ASGI app over a :class:`~training.prm.PRM`."""
 
-    def __init__(self, prm: Any, path: str = "", batch_size: int = 8) -> None:
-        self.prm, self.path, self.batch_size = prm, path, batch_size
+    def __init__(self, prm: Any, path: str = "", batch_size: int = 8, max_tokens: int = MAX_TOKENS) -> None:
+        self.prm, self.path, self.batch_size, self.max_tokens = prm, path, batch_size, max_tokens
+        self.vocab_size = prm.vocab_size
         self.lock = threading.Lock()
         self.requests = 0
 
@@ -89,6 +93,9 @@ class PRMApp:
         except ValidationError as e:
             detail = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'body'}: {x['msg']}" for x in e.errors())
             return _answer(422, {"detail": detail})
+        problem = self._check_ids(req.sequences)
+        if problem is not None:
+            return problem
         self.requests += 1
         try:
             scores = await asyncio.to_thread(self._score, req.sequences)
@@ -97,22 +104,47 @@ class PRMApp:
             return _answer(500, {"detail": f"scoring failed: {type(e).__name__}: {e}"})
         return _answer(200, {"scores": scores})
 
+    def _check_ids(self, seqs: list[list[int]]) -> tuple[int, bytes] | None:
+        """413 for a sequence over ``max_tokens``, 422 for an id the model cannot embed (the
+        embedding would raise: a 500 that blames the server for the client's ids)."""
+        for i, s in enumerate(seqs):
+            if len(s) > self.max_tokens:
+                return _answer(
+                    413,
+                    {
+                        "detail": f"sequences.{i}: {len(s)} tokens; this server takes at most {self.max_tokens} per "
+                        "sequence (harness serve prm --max-tokens)"
+                    },
+                )
+            for j, t in enumerate(s):
+                if not 0 <= t < self.vocab_size:
+                    return _answer(
+                        422,
+                        {"detail": f"sequences.{i}.{j}: token id {t} is outside the vocabulary [0, {self.vocab_size})"},
+                    )
+        return None
+
     def _score(self, seqs: list[list[int]]) -> list[float]:
         with self.lock:
             return self.prm.score(seqs, self.batch_size)
 
 
-def create_app(prm: Any, path: str = "", batch_size: int = 8) -> PRMApp:
-    return PRMApp(prm, path, batch_size)
+def create_app(prm: Any, path: str = "", batch_size: int = 8, max_tokens: int = MAX_TOKENS) -> PRMApp:
+    return PRMApp(prm, path, batch_size, max_tokens)
 
 
 def serve(
-    path: str, host: str = "127.0.0.1", port: int = 8010, batch_size: int = 8, threads: int | None = None
+    path: str,
+    host: str = "127.0.0.1",
+    port: int = 8010,
+    batch_size: int = 8,
+    threads: int | None = None,
+    max_tokens: int = MAX_TOKENS,
 ) -> None:
     """Load the PRM folder ``path`` and serve it until interrupted."""
     import uvicorn
 
     from training.prm import load_prm
 
-    app = create_app(load_prm(path, threads), path, batch_size)
+    app = create_app(load_prm(path, threads), path, batch_size, max_tokens)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -333,12 +333,13 @@ class RetrieverRL:
     def sync_served(self) -> dict[str, Any]:
         """Save the tower to ``out/sync/step-N`` and have the served retriever at ``cfg.sync_url``
         reload it (the previous sync dir is removed once the server has moved on)."""
-        import shutil
+        from harness import safe_delete
 
         path = self.retriever.save_tower(self.out / "sync" / f"step-{self.step_no}")
+        safe_delete.mark(path, "encoder", entries=[p.name for p in path.iterdir()])  # ours: removable later
         answer = reload_served_encoder(self.cfg.sync_url or "", str(path.resolve()), self.cfg.sync_timeout)
         if self._synced is not None and self._synced != path:
-            shutil.rmtree(self._synced, ignore_errors=True)
+            safe_delete.remove(self._synced, kind="encoder", why="pruning the previous synced encoder")
         self._synced = path
         logger.info("served retriever %s now on encoder version %s", self.cfg.sync_url, answer.get("version"))
         return answer

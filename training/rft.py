@@ -264,7 +264,7 @@ def rft_filter(run_dirs: list[str | Path], out: str | Path, cfg: RFTFilterConfig
         retriever=_common([m.retriever for m in manifests], "mixed"),
         n_total=len(kept),
     )
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, kind="rft") as tmp:
         run = RunDir(tmp)
         run.open(manifest)
         _write_jsonl(tmp / "trajectories.jsonl", (t.to_dict() for t, _ in kept))

@@ -14,6 +14,7 @@ import json
 import logging
 import random
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import torch
 
 from harness.types import Trajectory
 from training.batch import Batch, collate
-from training.checkpoint import export_hf, resume_checkpoint, save_checkpoint
+from training.checkpoint import export_hf, resume_checkpoint, save_and_prune
 from training.config import TrainConfig
 from training.engine import build_model, initialize, optimizer_step, rank_and_world
 from training.logging_utils import MetricsLog, ProgressBar
@@ -94,6 +95,7 @@ class SFTTrainer:
         self.policy = initialize(model, cfg.optim, cfg.optim.lr, bs)
         self.sampler = EpochSampler(len(self.data), cfg.trainer.seed, cfg.sft.shuffle)
         self.step_no = 0
+        self.run_id = uuid.uuid4().hex  # this run's checkpoints carry it: pruning never touches another run's
         self.log = None
         if self.rank == 0:
             from harness.config import to_dict
@@ -199,11 +201,16 @@ class SFTTrainer:
         return tot / max(1.0, n)
 
     def save(self) -> Path:
-        state = {"sampler": self.sampler.state(), "kind": "sft"}
-        return save_checkpoint(self.out / "checkpoints", self.step_no, self.policy, state)
+        """A checkpoint of this step; keeps this run's newest ``trainer.keep_checkpoints`` (as RL)."""
+        state = {"sampler": self.sampler.state(), "kind": "sft", "run_id": self.run_id}
+        return save_and_prune(
+            self.out / "checkpoints", self.step_no, self.policy, state, self.cfg.trainer.keep_checkpoints
+        )
 
     def resume(self, run_dir: Path) -> None:
-        ckpt, state = resume_checkpoint(run_dir, self.policy)
+        """Continue from the newest intact checkpoint; the log drops the steps that run again."""
+        ckpt, state = resume_checkpoint(run_dir, self.policy, log=self.log)
         self.step_no = state["step"]
+        self.run_id = state.get("run_id", self.run_id)  # the same run, continued
         self.sampler.load(state["sampler"])
         logger.info("resumed SFT from %s at step %d", ckpt, self.step_no)

@@ -26,21 +26,27 @@ State, per stage, from its marker ``WORKDIR/.stages/NAME.json`` (written atomica
   ones it was run after: skipped (never re-run);
 - ``partial``: the marker says running (an earlier attempt died or failed) with the same
   upstream: run again with ``rerun_args`` appended (the command resumes or overwrites);
-- ``stale``: an output with no marker, or one made after other upstream results: deleted when it
-  lies inside the workdir, then run afresh; outside the workdir the chain stops and says so;
+- ``stale``: an output with no marker, or one made after other upstream results: moved aside
+  (never deleted) into ``WORKDIR/.stale-<time>/`` when it lies inside the workdir, with a
+  warning that names where, then run afresh; outside the workdir the chain stops and says so;
 - ``todo``: no output yet.
 
 The runner walks the stages in order, runs every stage that is not done, and stops at the first
 failure with the stage name, exit status, command and log file (``WORKDIR/.stages/NAME.log``).
 Each stage runs as its own ``python -m harness.cli.main`` process, so one stage's memory (a
-model, an engine) is gone before the next starts.
+model, an engine) is gone before the next starts. The child runs in its own process group and
+dies with the runner: SIGTERM / Ctrl-C to the runner stops the group (SIGTERM, then SIGKILL after
+:data:`STOP_GRACE_S`), and Linux SIGKILLs the child if the runner itself is killed outright
+(``PR_SET_PDEATHSIG``). Everything a stage writes survives a kill (flushed appends, atomic
+renames), so the next run resumes it. One runner per workdir: ``WORKDIR/.stages/.harness.lock``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -234,33 +240,53 @@ def _write_marker(chain: Chain, stage: Stage, state: str, run_id: str, argv: lis
     write_json_atomic(marker_path(chain, stage), record)
 
 
-def _clear_stale(chain: Chain, stage: Stage) -> None:
-    out = Path(stage.output).resolve()
+def _move_stale(chain: Chain, stage: Stage, stamp: str) -> Path:
+    """Move a stale output aside into ``WORKDIR/.stale-<stamp>/`` (never deleted: a missing
+    marker may be the only thing wrong with it); returns where it went."""
+    from harness.safe_delete import move_aside
+
+    out = Path(stage.output)
     workdir = Path(chain.workdir).resolve()
-    if workdir not in out.parents:
+    if workdir not in out.resolve().parents:
         raise StageError(
             f"stage {stage.name!r}: its output {stage.output} exists but was not made by this chain after its "
-            f"current upstream, and lies outside the workdir {chain.workdir}; delete it (or move it) and rerun"
+            f"current upstream, and lies outside the workdir {chain.workdir}; move it away (or delete it) and rerun"
         )
-    logger.warning("stage %s: removing the stale output %s (made before its upstream changed)", stage.name, out)
-    if out.is_dir() and not out.is_symlink():
-        shutil.rmtree(out)
-    else:
-        out.unlink()
+    dest = move_aside(out, Path(chain.workdir) / f".stale-{stamp}" / out.resolve().relative_to(workdir))
+    logger.warning(
+        "stage %s: its output %s was not made by this chain after its current upstream (stale); moved it aside to "
+        "%s (delete that when you no longer need it)",
+        stage.name,
+        out,
+        dest,
+    )
+    return dest
 
 
 # ---- running ---------------------------------------------------------------------------------
 Executor = Callable[[list[str], Path], int]
 
 
-def subprocess_executor(argv: list[str], log_path: Path) -> int:
-    """Run ``harness ARGV`` in a child Python, streaming its output to stderr and ``log_path``.
+STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL, when the runner stops a stage's process group
 
-    The child is terminated when the runner is interrupted (Ctrl-C, or SIGTERM under
-    ``harness.engines.sigterm_as_exit``), and Linux SIGTERMs it if the runner dies outright."""
+
+def subprocess_executor(argv: list[str], log_path: Path) -> int:
+    """Run ``harness ARGV`` in a child Python (see :func:`run_child`)."""
+    return run_child([sys.executable, "-m", "harness.cli.main", *argv], log_path)
+
+
+def run_child(cmd: list[str], log_path: Path) -> int:
+    """Run ``cmd`` streaming its output to stderr and ``log_path``; returns its exit status.
+
+    The child leads its own process group (its own children, an engine's workers, are in it) and
+    dies with the runner: when the runner is interrupted (Ctrl-C, or SIGTERM under
+    ``harness.engines.sigterm_as_exit``) the whole group gets SIGTERM, then SIGKILL after
+    :data:`STOP_GRACE_S`; when the runner dies outright (kill -9), Linux SIGKILLs the child."""
+    import functools
+    import signal
+
     from harness.engines import _die_with_parent
 
-    cmd = [sys.executable, "-m", "harness.cli.main", *argv]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"$ {' '.join(cmd)}\n")
@@ -271,7 +297,9 @@ def subprocess_executor(argv: list[str], log_path: Path) -> int:
             stderr=subprocess.STDOUT,
             text=True,
             bufsize=1,
-            preexec_fn=_die_with_parent,  # only a prctl before exec
+            start_new_session=True,  # own process group: stopping it stops the child's children too
+            # only a prctl before exec: the child is SIGKILLed if the runner dies first
+            preexec_fn=functools.partial(_die_with_parent, signal.SIGKILL, os.getpid()),
         )
         try:
             assert proc.stdout is not None
@@ -279,13 +307,28 @@ def subprocess_executor(argv: list[str], log_path: Path) -> int:
                 sys.stderr.write(line)
                 log.write(line)
             return proc.wait()
-        except BaseException:  # Ctrl-C / SIGTERM: the child goes with us
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        except BaseException:  # Ctrl-C / SIGTERM: the child's group goes with us
+            _stop_group(proc)
             raise
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the child's process group, SIGKILL it after :data:`STOP_GRACE_S`."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+            if sig == signal.SIGTERM:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # the group's other members, if any lingered
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 @dataclass
@@ -294,11 +337,26 @@ class StageOutcome:
     state_before: str
     ran: bool
     wall_s: float = 0.0
+    moved_aside: str | None = None  # where a stale output went
 
 
 def run_chain(chain: Chain, executor: Executor = subprocess_executor, dry_run: bool = False) -> list[StageOutcome]:
-    """Run every stage that is not done, in order; raises :class:`StageError` at the first failure."""
+    """Run every stage that is not done, in order; raises :class:`StageError` at the first failure,
+    or when another runner holds the workdir (its pid named)."""
+    if dry_run:
+        return _run_chain(chain, executor, dry_run)
+    from harness.runlock import RunLockedError, run_lock
+
+    try:
+        with run_lock(chain.state_dir, "stage chain"):
+            return _run_chain(chain, executor, dry_run)
+    except RunLockedError as e:
+        raise StageError(str(e)) from None
+
+
+def _run_chain(chain: Chain, executor: Executor, dry_run: bool) -> list[StageOutcome]:
     outcomes: list[StageOutcome] = []
+    stamp = time.strftime("%Y%m%d-%H%M%S")
     for stage in chain.stages:
         state = stage_state(chain, stage)
         if state == "done":
@@ -310,8 +368,7 @@ def run_chain(chain: Chain, executor: Executor = subprocess_executor, dry_run: b
         if dry_run:
             outcomes.append(StageOutcome(stage.name, state, ran=False))
             continue
-        if state == "stale":
-            _clear_stale(chain, stage)
+        moved = str(_move_stale(chain, stage, stamp)) if state == "stale" else None
         run_id = uuid.uuid4().hex[:12]
         logger.info("stage %s (%s): harness %s", stage.name, state, " ".join(argv))
         _write_marker(chain, stage, "running", run_id, argv, started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
@@ -338,7 +395,7 @@ def run_chain(chain: Chain, executor: Executor = subprocess_executor, dry_run: b
             finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             wall_s=round(wall, 1),
         )
-        outcomes.append(StageOutcome(stage.name, state, ran=True, wall_s=wall))
+        outcomes.append(StageOutcome(stage.name, state, ran=True, wall_s=wall, moved_aside=moved))
     return outcomes
 
 

@@ -30,7 +30,7 @@ from harness.backends.base import SamplingParams
 from training import losses
 from training.advantages import ADVANTAGES, AdvantageInputs, step_score_tensor
 from training.batch import Batch, collate
-from training.checkpoint import checkpoints, export_hf, resume_checkpoint, save_checkpoint
+from training.checkpoint import export_hf, resume_checkpoint, save_and_prune
 from training.config import TrainConfig
 from training.dist_sync import DistributedWeightSync
 from training.engine import (
@@ -484,26 +484,19 @@ class Trainer:
     def save(self) -> Path:
         """A checkpoint of this step (atomic); keeps this run's newest ``trainer.keep_checkpoints``."""
         state = {"sampler": self.sampler.state(), "policy_version": self.step_no, "run_id": self.run_id}
-        path = save_checkpoint(self.out / "checkpoints", self.step_no, self.policy, state, self.critic)
-        self._saved_step, self._saved_at = self.step_no, time.monotonic()
         keep = self.cfg.trainer.keep_checkpoints
-        if keep and self.rank == 0:
-            import shutil
-
-            mine = [(s, p) for s, p in checkpoints(path.parent) if _run_id(p) == self.run_id and p != path]
-            for _, old in mine[: max(0, len(mine) - (keep - 1))]:  # the new one counts towards keep
-                shutil.rmtree(old, ignore_errors=True)
+        path = save_and_prune(self.out / "checkpoints", self.step_no, self.policy, state, keep, self.critic)
+        self._saved_step, self._saved_at = self.step_no, time.monotonic()
         return path
 
     def resume(self, run_dir: Path) -> None:
         """Continue from the newest checkpoint: weights, optimizer, scheduler, RNG, data position, step."""
-        ckpt, state = resume_checkpoint(run_dir, self.policy, self.critic)
+        # The steps after the checkpoint run again: the log drops them, to log them once.
+        ckpt, state = resume_checkpoint(run_dir, self.policy, self.critic, log=self.log)
         self.step_no = state["step"]
         self.run_id = state.get("run_id", self.run_id)  # the same run, continued
         self._saved_step, self._saved_at = self.step_no, time.monotonic()
         self.sampler.load(state["sampler"])
-        if self.log is not None:  # the steps after the checkpoint run again: log them once
-            self.log.truncate(self.step_no)
         self.sync()
         logger.info("resumed from %s at step %d", ckpt, self.step_no)
 
@@ -513,14 +506,6 @@ class Trainer:
         if self.log is not None:
             self.log.write(self.step_no, {f"val/{k}": float(v) for k, v in val.items() if isinstance(v, int | float)})
         return val
-
-
-def _run_id(ckpt: Path) -> str | None:
-    """The id of the run that wrote a checkpoint (None: unreadable, or written before ids)."""
-    try:
-        return json.loads((ckpt / "trainer_state.json").read_text()).get("run_id")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def mini_batch_rows(cfg: TrainConfig, world: int) -> int:

@@ -133,15 +133,15 @@ BASELINE_OPTIONS = {
 def heldout_eval(method: str, backend: Any, retriever: Any, heldout: list[Example], args: Any, out: Path) -> dict:
     """Greedy (top-k) retrieval through the eval path (``simple_evaluate``, as ``harness eval
     --retriever harr`` runs it): EM, F1 and answer-recall over the held-out questions."""
-    import shutil
-
     from benchmarks.build import run_dir_for, simple_evaluate
+    from harness import safe_delete
     from harness.config import from_dict
     from harness.eval_config import EvalConfig
-    from harness.runlog import RunDir
+    from harness.runlog import RUN_ENTRIES, RunDir
     from training.retriever_rl import answer_recall
 
-    shutil.rmtree(out, ignore_errors=True)  # a run of an older tower must not be resumed
+    for old in sorted(out.iterdir()) if out.is_dir() else []:  # a run of an older tower must not be resumed
+        safe_delete.remove(old, RUN_ENTRIES, kind="eval", why="harr_train")
     retriever.greedy = True  # the trainer's next step samples again
     cfg = from_dict(
         EvalConfig,

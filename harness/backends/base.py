@@ -145,13 +145,13 @@ def export_model_dir(update: WeightUpdate, engine: str, explicit_head: bool = Fa
 
 def prune_exports(update: WeightUpdate, keep: Path) -> None:
     """Delete the older ``weights-v*`` copies under ``update.scratch``: the servers now serve ``keep``."""
-    import shutil
+    from harness import safe_delete
 
     if update.scratch is None:
         return
     for old in update.scratch.glob("weights-v*"):
         if old != keep:
-            shutil.rmtree(old, ignore_errors=True)
+            safe_delete.remove(old, kind="model", why="pruning older weight exports")
 
 
 class BackendBase:

@@ -25,6 +25,7 @@ batch and its cache. So a request never waits for a batch to drain before it sta
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
@@ -354,7 +355,7 @@ class _Running:
             keep = [j for j, r in enumerate(reqs) if not r.done]
             if not keep:
                 return
-            past, next_pos = out.past_key_values, pos[:, -1:] + 1  # [N, 1]
+            past, next_pos = _out_cache(out), pos[:, -1:] + 1  # [N, 1]
             if len(keep) < len(reqs):
                 sel = torch.tensor(keep, dtype=torch.long, device=dev)
                 past.batch_select_indices(sel)
@@ -378,11 +379,11 @@ class _Running:
                 input_ids=step_ids,
                 attention_mask=mask,
                 position_ids=self.next_pos,
-                past_key_values=self.past,
                 use_cache=True,
+                **{_cache_kwarg(b.model): self.past},
             )
             b.steps_run += 1
-            self.past, self.mask, self.next_pos = out.past_key_values, mask, self.next_pos + 1
+            self.past, self.mask, self.next_pos = _out_cache(out), mask, self.next_pos + 1
             self._pick(self.rows, out.logits[:, -1, :])
             keep = [j for j, r in enumerate(self.rows) if not r.done]
             if len(keep) == len(self.rows):
@@ -438,6 +439,29 @@ class _Running:
         self.mask = self.mask[:, first:]
         for layer in self.past.layers:
             layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+
+
+def _cache_kwarg(model: Any) -> str:
+    """The forward's name for the KV cache: ``cache`` since transformers 5.x renamed it (the old
+    ``past_key_values`` still works there but warns on every call), ``past_key_values`` before."""
+    return _cache_kwarg_of(type(model))
+
+
+@functools.cache
+def _cache_kwarg_of(cls: type) -> str:  # once per model class: a decode step calls it
+    import inspect
+
+    try:
+        params = inspect.signature(cls.forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _out_cache(out: Any) -> Any:
+    """The KV cache a forward returned (``cache``, or ``past_key_values`` before transformers 5.x)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 def _joinable(past: Any) -> bool:

@@ -11,7 +11,7 @@ def datasets_command(
     from rich.console import Console
     from rich.table import Table
 
-    from benchmarks.datasets import describe_sources, get_spec
+    from benchmarks.datasets import data_dir_hint, describe_sources, get_spec
 
     table = Table(title="harness datasets")
     for col in ("dataset", "split", "source", "corpus"):
@@ -23,4 +23,8 @@ def datasets_command(
             name = f"{name}\n[dim]{get_spec(row['dataset']).description}[/]"
         table.add_row(name, row["split"], row["source"], row["corpus"])
         last = row["dataset"]
-    Console().print(table)
+    out = Console()
+    out.print(table)
+    hint = data_dir_hint(data_dir)
+    if hint:
+        out.print(hint, highlight=False)

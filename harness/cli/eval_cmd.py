@@ -71,7 +71,7 @@ def eval_command(
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. agent.max_turns=2"),
 ) -> None:
     from benchmarks.eval_runs import RunError, eval_configs, judge_flags, run_configs
-    from benchmarks.evaluate import error_summary
+    from benchmarks.evaluate import InfrastructureDown, error_summary
     from benchmarks.profiles import judge_note
     from harness.config import ConfigError
 
@@ -102,6 +102,8 @@ def eval_command(
         results = run_configs(configs, say=say)
     except (ConfigError, KeyError, ValueError, RunError) as e:  # RegistryError (an unknown profile) is a KeyError
         fail(str(e))
+    except InfrastructureDown as e:  # a dead retriever or server stopped the run: exit 1, as failed items do
+        fail(str(e), code=1)
     print_results_table(results, profile=configs[0].metric_profile if configs else None)
     note = judge_note(configs[0].metric_profile, set(configs[0].metrics)) if configs else None
     if note:
@@ -114,40 +116,7 @@ def eval_command(
 
 
 def print_results_table(results: list[Any], profile: str | None = None) -> None:
-    """The comparison table of this invocation's runs (stdout, for people): one column per metric
-    of the runs (the profile's), then searches, tokens, latency and errors. Not a terminal
-    (piped, logged): rendered at full width, so no column is cut."""
-    from rich.console import Console
-    from rich.table import Table
+    """The comparison table of this invocation's runs (:func:`benchmarks.results_table.print_results`)."""
+    from benchmarks.results_table import print_results
 
-    from benchmarks.report_render import NAMES
-
-    metrics = list(dict.fromkeys(m for r in results for m in r.metrics))
-    title = "harness eval" + (f" (metric profile: {profile})" if profile else "")
-    table = Table(title=title)
-    cols = ["method", "dataset", "n", *(NAMES.get(m, m) for m in metrics), "srch", "tok", "p50 s", "err"]
-    for col in cols:
-        table.add_column(col, justify="right" if col not in ("method", "dataset") else "left", no_wrap=True)
-
-    def pct(v: float | None) -> str:
-        return "-" if v is None else f"{100 * v:.1f}"
-
-    def cell(r: Any, m: str) -> str:
-        missing = (getattr(r, "missing", None) or {}).get(m, 0)
-        return pct(r.metrics.get(m)) + (f" ({missing} missing)" if missing else "")
-
-    for r in results:
-        table.add_row(
-            str(r.method),
-            str(r.dataset),
-            f"{r.n}/{r.n_total}",
-            *(cell(r, m) for m in metrics),
-            "-" if r.mean_searches is None else f"{r.mean_searches:.2f}",
-            "-" if r.mean_generated_tokens is None else f"{r.mean_generated_tokens:.0f}",
-            "-" if r.latency_p50_s is None else f"{r.latency_p50_s:.2f}",
-            str(r.errors),
-        )
-    out = Console()
-    if not out.is_terminal:
-        out = Console(width=max(200, out.width))
-    out.print(table)
+    print_results(results, profile)

@@ -119,6 +119,7 @@ def prm(
     port: int = typer.Option(8010, "--port"),
     batch_size: int = typer.Option(8, "--batch-size", help="Sequences per forward pass."),
     threads: int = typer.Option(None, "--threads", help="torch threads (CPU)."),
+    max_tokens: int = typer.Option(8192, "--max-tokens", help="Longest sequence accepted (longer: HTTP 413)."),
 ) -> None:
     """Serve a process reward model: POST /score {"sequences": [[ids]]} → {"scores": [...]} (algo.step_scorer_url)."""
     from pathlib import Path
@@ -127,10 +128,10 @@ def prm(
 
     if not (Path(path) / "prm.json").exists():
         fail(f"--path {path}: not a PRM folder (no prm.json; train one with algo.kind=prm)")
-    if batch_size < 1:
-        fail(f"--batch-size must be >= 1, got {batch_size}")
+    if batch_size < 1 or max_tokens < 1:
+        fail(f"--batch-size and --max-tokens must be >= 1, got {batch_size} and {max_tokens}")
     console.print(f"serving the PRM {path} on http://{host}:{port} (/score, /health)")
     try:
-        serve(path, host=host, port=port, batch_size=batch_size, threads=threads)
+        serve(path, host=host, port=port, batch_size=batch_size, threads=threads, max_tokens=max_tokens)
     except (OSError, ValueError) as e:
         fail(str(e))

@@ -66,6 +66,8 @@ def run_command(
     ran = [o for o in outcomes if o.ran]
     for o in outcomes:
         what = f"ran in {o.wall_s:.0f} s ({o.state_before})" if o.ran else "already done"
+        if o.moved_aside:
+            what += f"; its stale output was moved aside to {o.moved_aside}"
         console.print(f"  {o.name}: {what}", highlight=False)
     console.print(f"chain {ch.name}: {len(ran)} stage(s) run, all {len(outcomes)} done → {ch.workdir}")
 

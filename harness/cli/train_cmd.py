@@ -11,7 +11,6 @@ One entry for every trainer: ``algo.kind`` (rl, sft, prm, retriever) picks it fr
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import typer
 
@@ -26,7 +25,9 @@ def train_command(
     out: str = typer.Option(None, "--out", help="Run folder (default trainer.out/name)."),
     resume: str = typer.Option(None, "--resume", help="A training run folder to continue from its last checkpoint."),
     overwrite: bool = typer.Option(
-        False, "--overwrite", help="Delete what a non-empty run folder holds (a previous run) and start afresh."
+        False,
+        "--overwrite",
+        help="Delete a previous training run in --out (only a folder harness made, holding only what it wrote).",
     ),
     stages: str = typer.Option(
         None, "--stages", help="Run a stage chain (configs/train/prorag/chain.yaml) as `harness stages run` does."
@@ -73,44 +74,10 @@ def train_command(
         fail("--resume continues a run and --overwrite deletes it: give one of them")
     if resume and not (run / "checkpoints").is_dir():
         fail(f"--resume {run}: no checkpoints/ folder there")
-    if not resume:
-        _claim_run_folder(run, overwrite)
     try:
-        trainer, final = train(cfg, run, resume=bool(resume), say=lambda m: console.print(m, highlight=False))
-    except (ValueError, FileNotFoundError, RuntimeError, KeyError) as e:  # EngineError is a RuntimeError
+        trainer, final = train(
+            cfg, run, resume=bool(resume), say=lambda m: console.print(m, highlight=False), overwrite=overwrite
+        )
+    except (ValueError, FileNotFoundError, RuntimeError, KeyError) as e:  # EngineError, RunLockedError: RuntimeErrors
         fail(f"{type(e).__name__}: {e}")
     console.print(f"trained {trainer.step_no} steps → {run} (model: {final}; {next_step(cfg, final)})")
-
-
-# What a training run writes into its folder: --overwrite deletes only folders that hold these.
-_RUN_MARKERS = ("config.json", "metrics.jsonl", "checkpoints", "final", "rollouts.jsonl")
-
-
-def _claim_run_folder(run: Path, overwrite: bool) -> None:
-    """A fresh run needs an empty (or new) folder: two runs in one folder mix their logs,
-    checkpoints and final model. ``--overwrite`` empties a previous training run's folder."""
-    import shutil
-
-    if not run.exists():
-        return
-    if not run.is_dir():
-        fail(f"run folder {run} is a file")
-    held = sorted(p.name for p in run.iterdir())
-    if not held:
-        return
-    if not overwrite:
-        fail(
-            f"run folder {run} is not empty ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}): "
-            f"continue it with --resume {run}, replace it with --overwrite, or pick another --out"
-        )
-    if not any(m in held for m in _RUN_MARKERS):
-        fail(
-            f"--overwrite: {run} does not look like a training run folder "
-            f"(none of {', '.join(_RUN_MARKERS)}); not deleting it"
-        )
-    logger.warning("--overwrite: deleting the previous run in %s", run)
-    for p in run.iterdir():
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink()

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness import safe_delete
 from harness.fsutil import atomic_dir
 from harness.retrieval.base import RetrievalError
 from harness.retrieval.corpus import CorpusError, MmapCorpus, iter_corpus, read_corpus, scan_offsets
@@ -97,6 +98,7 @@ def build_index(
     corpus, out_dir = Path(corpus), Path(out_dir)
     if kind == "dense" and faiss_kind not in ("flat", "hnsw"):  # before any work
         raise ValueError(f"unknown faiss index kind {faiss_kind!r}; use flat or hnsw")
+    safe_delete.check_removable(out_dir, why="index build --out")  # a folder not ours: refused before any work
     t0 = time.perf_counter()
     manifest: dict[str, Any] = {
         "kind": kind,
@@ -104,7 +106,7 @@ def build_index(
         "corpus_sha256": _sha256(corpus),
         "harness_version": __version__,
     }
-    with atomic_dir(out_dir, unique=True) as tmp:
+    with atomic_dir(out_dir, unique=True, kind="index") as tmp:
         with open(tmp / DOCS, "w", encoding="utf-8") as out:
 
             def write_docs(docs: list[Doc]) -> None:
@@ -214,6 +216,7 @@ def import_index(
     from harness.retrieval.encoders import resolve_encoder
 
     faiss_path, corpus, out_dir = Path(faiss_path).resolve(), Path(corpus).resolve(), Path(out_dir)
+    safe_delete.check_removable(out_dir, why="index import --out")  # a folder not ours: refused before any work
     head = faiss_header(faiss_path)
     if head["metric"] != METRIC_INNER_PRODUCT:
         raise IndexLoadError(f"{faiss_path}: an L2-distance index; only inner-product indexes (as FlashRAG builds)")
@@ -234,7 +237,7 @@ def import_index(
         MmapCorpus(corpus, starts).check_sample()
     except CorpusError as e:
         raise IndexLoadError(str(e)) from e
-    with atomic_dir(out_dir, unique=True) as tmp:
+    with atomic_dir(out_dir, unique=True, kind="index") as tmp:
         import numpy as np
 
         np.save(tmp / OFFSETS, starts, allow_pickle=False)

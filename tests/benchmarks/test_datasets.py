@@ -193,3 +193,19 @@ def test_hotpotqa_dev_flags_its_two_empty_golds(shared_data, caplog):
     with caplog.at_level("WARNING", logger="benchmarks.datasets"):
         load_examples("hotpotqa", "dev", data_dir=shared_data)
     assert "2 item(s)" in caplog.text and "dev_3667, dev_5470" in caplog.text
+
+
+def test_without_a_data_dir_local_splits_say_where_to_point_it(monkeypatch, tmp_path):
+    """Issue 23 defect 10: with no --data-dir the local-only splits read "local only (not found)",
+    as if they had been looked for; now they say where --data-dir must point."""
+    from benchmarks.datasets import data_dir_hint
+
+    monkeypatch.delenv("HARNESS_DATA_DIR", raising=False)
+    rows = describe_sources(None)
+    hp = next(r for r in rows if r["dataset"] == "hotpotqa" and r["split"] == "dev_distractor1352")
+    assert hp["source"] == "local: --data-dir DIR with DIR/hotpotqa/dev_distractor1352.jsonl"
+    assert not any("not found" in r["source"] for r in rows)
+    assert "--data-dir DIR" in data_dir_hint(None)
+    hp = next(r for r in describe_sources(tmp_path) if r["split"] == "dev_distractor1352")
+    assert hp["source"] == f"not found: {tmp_path / 'hotpotqa' / 'dev_distractor1352.jsonl'}"
+    assert data_dir_hint(tmp_path) is None

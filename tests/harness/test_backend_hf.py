@@ -339,3 +339,15 @@ def test_no_logprobs_unless_asked_and_the_same_tokens(tiny):
     assert plain.token_ids == with_lp.token_ids
     (alone,) = gather(backend, [p], SamplingParams(max_new_tokens=10))
     assert alone.logprobs is None and alone.token_ids == plain.token_ids
+
+
+def test_decoding_raises_no_transformers_deprecation_warning(tiny):
+    """Issue 23 defect 7: ``make demo`` printed transformers' FutureWarning (``past_key_values`` is
+    now ``cache``) once per method; the backend passes the cache under the name the model takes."""
+    import warnings
+
+    backend, _, tok = tiny
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # process-wide: the decoding thread sees it too
+        outs = gather(backend, [ids(tok, "abc"), ids(tok, "de")], SamplingParams(max_new_tokens=4, temperature=0.0))
+    assert len(outs) == 2 and all(1 <= len(o.token_ids) <= 4 for o in outs)

@@ -182,6 +182,10 @@ def test_a_typo_leaves_no_run_folder_and_execution_keys_resume(tmp_path, demo_ex
         (["agent.max_turns=-1"], "agent.max_turns must be at least 0, got -1"),
         (["agent.max_new_tokens=0"], "agent.max_new_tokens must be at least 1, got 0"),
         (["--limit", "0"], "dataset.limit must be at least 1, got 0"),
+        (["retriever.timeout=0"], "retriever.timeout must be greater than 0, got 0"),  # issue 23 defect 11
+        (["retriever.timeout=-5"], "retriever.timeout must be greater than 0, got -5"),
+        (["backend.timeout=0"], "backend.timeout must be greater than 0, got 0"),
+        (["stop_after_failures=-1"], "stop_after_failures must be at least 0, got -1"),
     ],
 )
 def test_out_of_range_values_are_refused(tmp_path, demo_examples, extra, message):
@@ -198,3 +202,50 @@ def test_the_summary_table_is_not_cut_when_piped(tmp_path, demo_examples):
     header = next(line for line in result.output.splitlines() if "method" in line and "dataset" in line)
     assert "p50 s" in header and "err" in header and "…" not in result.output
     assert "search_r1" in result.output and "2/2" in result.output
+
+
+def test_a_retriever_that_dies_mid_run_stops_it_at_once_with_exit_1(tmp_path, demo_examples, server, monkeypatch):
+    """Issue 23 defect 5: after N items in a row fail for an infrastructure reason the run pauses,
+    checks the servers' health and stops ("retriever down at item k"), instead of failing every
+    remaining item after its retries; failed items are not counted in ``n`` as if scored."""
+    import benchmarks.evaluate
+
+    monkeypatch.setattr(benchmarks.evaluate, "HEALTH_PAUSE_S", 0.0)
+    script = write_script(tmp_path / "s.jsonl", demo_examples)
+    server.fail_after = 3  # the preflight and two items' searches succeed; then the server is down for good
+    extra = ["--limit", "12", "agent.max_concurrency=1", "stop_after_failures=3"]
+    res = runner.invoke(app, http_args(script, tmp_path / "runs", server.url, *extra))
+    out = " ".join(res.output.split())
+    assert res.exit_code == 1, res.output
+    assert "retriever down at item 5 of 12" in out and "3 items in a row failed" in out and "resume" in out
+    run = tmp_path / "runs" / "search_r1-demo-test"
+    assert len((run / "scores.jsonl").read_text().splitlines()) == 5  # items 6-12 were never tried
+    results = json.loads((run / "results.json").read_text())
+    assert results["n"] == 2 and results["errors"] == 3 and results["metrics"]["em"] == 1.0  # scored items only
+    assert results["complete"] is False
+    server.fail_after = None  # back: the same command resumes the failed and the untried items
+    res = runner.invoke(app, http_args(script, tmp_path / "runs", server.url, *extra))
+    assert res.exit_code == 0, res.output
+    assert json.loads((run / "results.json").read_text())["n"] == 12
+
+
+def test_the_breaker_goes_on_when_the_health_check_passes():
+    from benchmarks.evaluate import FailureBreaker, InfrastructureDown
+    from harness.run_records import ItemScore
+
+    def item(kind):
+        return ItemScore(id="q", sample_index=0, metrics={}, error=None if kind is None else "X: y", error_kind=kind)
+
+    checks = []
+    b = FailureBreaker(2, lambda: checks.append(1), done=0, total=9, where="r")
+    for kind in ("retrieval", None, "retrieval", "other", "backend", "backend", "backend"):
+        b(item(kind))
+    assert checks == [1] and len(b.streak) == 1  # one pause at the 2nd failure in a row, then going on
+
+    def down():
+        raise OSError("connection refused")
+
+    b = FailureBreaker(2, down, done=4, total=9, where="r")
+    b(item("backend"))
+    with pytest.raises(InfrastructureDown, match=r"generation backend down at item 6 of 9 .*connection refused"):
+        b(item("backend"))

@@ -136,7 +136,8 @@ def test_imported_flashrag_index_answers_as_flashrag(imported, flashrag_index, s
     assert m["imported"] and m["faiss"] == "flat" and m["num_docs"] == N_DOCS and m["dim"] == 384
     assert m["faiss_path"] == str(flashrag_index.resolve()) and m["corpus_path"] == str(small_corpus.resolve())
     assert (m["model"], m["pooling"], m["query_prefix"]) == ("all-MiniLM-L6-v2", "mean", "")
-    assert sorted(p.name for p in out.iterdir()) == ["corpus.offsets.npy", "manifest.json"]  # nothing copied
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [".harness-owned.json", "corpus.offsets.npy", "manifest.json"]  # nothing copied (+ the marker)
     ours = load_index(out, gpu=False)
     k = 5
     got = ours.search(QUERIES, k)

@@ -301,3 +301,41 @@ def test_one_prm_per_node_local_rank_0_serves_the_others(trained, monkeypatch):
     ]
     assert [x[2] for x in rank1.score_steps(t)] == pytest.approx([x[2] for x in rank0.score_steps(t)], abs=1e-5)
     _rendezvous_file().unlink()
+
+
+def test_the_prm_server_answers_bad_token_ids_with_422_and_caps_the_length():
+    """Issue 23 defect 11: negative, out-of-vocabulary and beyond-int64 token ids were a 500; a
+    60k-token sequence was taken with no cap."""
+    import asyncio
+
+    import httpx
+
+    from harness.tokenization import byte_tokenizer
+    from training.engine import ValueHead, build_model
+    from training.prm import PRM
+    from training.prm_server import create_app
+
+    tok = byte_tokenizer()
+    cfg = compose(TrainConfig, [], []).model
+    tiny = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    from dataclasses import replace
+
+    model = ValueHead(build_model(replace(cfg, tiny={**tiny, "num_key_value_heads": 1}), vocab_size=len(tok)))
+    app = create_app(PRM(model, tok), max_tokens=64)
+    vocab = len(tok)
+
+    async def post(body):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://prm") as c:
+            return await c.post("/score", json=body)
+
+    def answer(body):
+        return asyncio.run(post(body))
+
+    ok = answer({"sequences": [[65, 66], [67]]})
+    assert ok.status_code == 200 and len(ok.json()["scores"]) == 2
+    for bad, where in (([65, -1], "sequences.0.1"), ([vocab], "sequences.0.0"), ([2**70], "sequences.0.0")):
+        r = answer({"sequences": [bad]})
+        assert r.status_code == 422 and where in r.json()["detail"] and "outside the vocabulary" in r.json()["detail"]
+    long = answer({"sequences": [[65], [66] * 65]})
+    assert long.status_code == 413 and "sequences.1: 65 tokens" in long.json()["detail"] and "--max-tokens" in long.text

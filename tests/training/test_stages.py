@@ -131,10 +131,15 @@ def test_a_rerun_upstream_makes_downstream_stale(tmp_path):
     (tmp_path / "work" / "second" / "old-artifact").write_text("from the old upstream")
     assert stage_state(ch, ch.stage("first")) == "todo"
     ex = Executor()
-    run_chain(ch, ex)
+    outcomes = run_chain(ch, ex)
     assert [c[0] for c in ex.calls] == ["data", "train", "eval"]
-    assert "--overwrite" not in ex.calls[1]  # stale: removed and run afresh, not resumed
+    assert "--overwrite" not in ex.calls[1]  # stale: moved aside and run afresh, not resumed
     assert not (tmp_path / "work" / "second" / "old-artifact").exists()
+    # ... moved aside, never deleted, and the outcome says where
+    (aside,) = (tmp_path / "work").glob(".stale-*")
+    assert (aside / "second" / "old-artifact").read_text() == "from the old upstream"
+    assert (aside / "third.txt").exists() and (aside / "second" / "final").is_dir()
+    assert [o.moved_aside for o in outcomes] == [None, str(aside / "second"), str(aside / "third.txt")]
 
 
 def test_a_missing_output_and_a_stale_output_outside_the_workdir_stop_the_chain(tmp_path):
@@ -243,3 +248,81 @@ stages:
         else:
             os.kill(pid, signal.SIGKILL)
             pytest.fail(f"stage process {pid} outlived the runner")
+
+
+def test_a_second_runner_of_the_same_workdir_is_refused_with_the_holders_pid(tmp_path):
+    import subprocess
+    import sys
+
+    ch = load_chain(write_chain(tmp_path))
+    hold = (
+        "import sys, time\nfrom harness.runlock import run_lock\n"
+        "with run_lock(sys.argv[1]):\n    print('locked', flush=True)\n    time.sleep(60)\n"
+    )
+    other = subprocess.Popen([sys.executable, "-c", hold, str(ch.state_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "locked"
+        ex = Executor()
+        with pytest.raises(StageError, match=f"in use.*pid {other.pid}"):
+            run_chain(ch, ex)
+        assert ex.calls == []
+    finally:
+        other.kill()
+        other.wait()
+    run_chain(ch, ex)  # the lock went with its holder
+    assert len(ex.calls) == 3
+
+
+RUNNER = """
+import sys, time
+from pathlib import Path
+from harness.engines import sigterm_as_exit
+import training.stages as stages
+stages.STOP_GRACE_S = 1.0
+child = [sys.executable, "-c", (
+    "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "  # a child slow to stop
+    "open(%r, 'w').write(str(os.getpid())); time.sleep(120)"
+) % sys.argv[1]]
+with sigterm_as_exit():
+    stages.run_child(child, Path(sys.argv[2]))
+"""
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (dead, not yet reaped by init) counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_the_stage_child_dies_with_the_runner(tmp_path, how):
+    """SIGTERM to the runner stops the child's group (even a child that ignores SIGTERM, after the
+    grace period); kill -9 of the runner takes the child with it (parent-death signal)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    runner_proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(pid_file), str(tmp_path / "log")])
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        assert _alive(child)
+        runner_proc.send_signal(getattr(signal, how))
+        runner_proc.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child), f"the stage child outlived the runner ({how})"
+    finally:
+        runner_proc.kill()

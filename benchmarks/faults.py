@@ -1,0 +1,462 @@
+"""The fault battery (issue 23): put ``harness`` through the faults a new user met, against the
+real CLI (``python -m harness.cli.main`` in child processes), on tiny local data (the packaged
+demo, the scripted backend, the in-memory retriever or a loopback Search-R1 ``/retrieve``
+server run here), and print one table: fault, expected, observed, pass/fail.
+
+    python -m benchmarks.faults [--only NAME ...] [--workers 2] [--keep DIR]
+
+Exit status 1 when a fault is not handled as expected. ``tests/benchmarks/test_faults.py`` runs
+it (slow tier). Each fault works in its own temporary folder; the faults run ``--workers`` at a
+time (each is one or a few short ``harness`` processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_RECIPE = "configs/train/smollm2_cpu_sft_demo.yaml"
+RUN = "search_r1-demo-test"  # the run directory of the scripted eval below
+N = 12  # demo questions per eval
+
+
+@dataclass
+class Outcome:
+    fault: str
+    expected: str
+    observed: str
+    ok: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    expected: str
+    check: Callable[[Path], tuple[bool, str]]  # (handled as expected, what was observed)
+
+
+FAULTS: list[Fault] = []
+
+
+def fault(name: str, expected: str) -> Callable:
+    def register(fn: Callable[[Path], tuple[bool, str]]) -> Callable:
+        FAULTS.append(Fault(name, expected, fn))
+        return fn
+
+    return register
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+def harness(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """Run ``harness ARGS`` in a child process (the repository on its path), output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli.main", *args],
+        cwd=cwd,
+        env=_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def spawn(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness.cli.main", *args],
+        cwd=cwd,
+        env=_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _env(extra: dict[str, str] | None) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "COLUMNS": "200", **(extra or {})}
+
+
+def flat(text: str) -> str:
+    """One line, no ANSI codes: messages are wrapped to the terminal width."""
+    return " ".join(re.sub(r"\x1b\[[0-9;]*m", "", text).split())
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def foreign_project(root: Path) -> Path:
+    """The issue's folder that is not harness's: ``P/config.json`` and ``P/src/main.py``."""
+    p = root / "P"
+    (p / "src").mkdir(parents=True)
+    (p / "config.json").write_text("{}")
+    (p / "src" / "main.py").write_text("x\n")
+    return p
+
+
+def eval_script(tmp: Path) -> Path:
+    """The scripted model: every demo question, one search, then its gold answer."""
+    from benchmarks.datasets import load_examples
+
+    path = tmp / "script.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for ex in load_examples("demo"):
+            turns = [f"<search>{ex.question}</search>", f"<answer>{ex.answers[0]}</answer>"]
+            f.write(json.dumps({"match": ex.question, "turns": turns}) + "\n")
+    return path
+
+
+def eval_args(tmp: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "eval", "--method", "search_r1", "--dataset", "demo", "--backend", "scripted",
+        "--script", str(eval_script(tmp)), "--out", str(out), "--limit", str(N), "agent.max_total_tokens=100000",
+        *extra,
+    ]  # fmt: skip
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines()) if path.exists() else 0
+
+
+def wait_for(cond: Callable[[], bool], timeout: float) -> bool:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"  # a zombie is dead
+    except (OSError, IndexError):
+        return False
+
+
+class RetrievalServer:
+    """Search-R1's ``/retrieve`` over the demo corpus on loopback: ``delay_s`` per request (a run
+    that takes a while), from request ``fail_after`` on HTTP 503 (a retriever that died), and
+    with ``held`` every request after the first (the preflight) waits until :meth:`release` (a
+    run caught in the middle, for as long as a fault needs)."""
+
+    def __init__(self, delay_s: float = 0.0, fail_after: int | None = None, held: bool = False) -> None:
+        from benchmarks.datasets import demo_path
+        from harness.retrieval.corpus import read_corpus
+        from harness.retrieval.memory import InMemoryRetriever
+
+        retriever = InMemoryRetriever(read_corpus(demo_path("corpus.jsonl")))
+        self.requests = 0
+        self.gate = threading.Event()
+        if not held:
+            self.gate.set()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests += 1
+                if outer.requests > 1:
+                    outer.gate.wait(120)
+                time.sleep(delay_s)
+                if fail_after is not None and outer.requests > fail_after:
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                docs = retriever.search(body["queries"], body.get("topk", 3))
+                result = [
+                    [{"document": {"id": d.id, "contents": d.contents}, "score": d.score} for d in ds] for ds in docs
+                ]
+                raw = json.dumps({"result": result}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                try:
+                    self.wfile.write(raw)
+                except OSError:  # the client was killed (a fault of the battery): nothing to answer
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def release(self) -> None:
+        self.gate.set()
+
+    def __enter__(self) -> RetrievalServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.gate.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def http(url: str) -> list[str]:
+    return ["--retriever", "http", "--index", url, "retriever.retries=0", "agent.max_concurrency=1"]
+
+
+# ---- the faults -------------------------------------------------------------------------------
+@fault("train --overwrite on a folder harness did not make", "refused by name, folder untouched")
+def overwrite_foreign(tmp: Path) -> tuple[bool, str]:
+    p = foreign_project(tmp)
+    before = snapshot(p)
+    r = harness("train", "-c", str(REPO / TRAIN_RECIPE), "--out", str(p), "--overwrite", "trainer.max_steps=1", cwd=tmp)
+    out = flat(r.stdout + r.stderr)
+    untouched = snapshot(p) == before and sorted(x.name for x in p.iterdir()) == ["config.json", "src"]
+    refused = r.returncode != 0 and "not created by harness" in out and "src/" in out
+    return refused and untouched, f"exit {r.returncode}; {'untouched' if untouched else 'CHANGED'}; {out[-110:]}"
+
+
+@fault("index build --out a folder harness did not make", "refused before building, untouched")
+def index_foreign(tmp: Path) -> tuple[bool, str]:
+    from benchmarks.datasets import demo_path
+
+    p = foreign_project(tmp)
+    before = snapshot(p)
+    r = harness("index", "build", "--corpus", str(demo_path("corpus.jsonl")), "--out", str(p), cwd=tmp)
+    out = flat(r.stdout + r.stderr)
+    ok = r.returncode != 0 and "not created by harness" in out and snapshot(p) == before
+    return ok, f"exit {r.returncode}; {'untouched' if snapshot(p) == before else 'CHANGED'}; {out[-90:]}"
+
+
+@fault("the same eval twice at once", "second refused naming the pid; each item once; progress when piped")
+def eval_twice(tmp: Path) -> tuple[bool, str]:
+    with RetrievalServer(held=True) as server:  # the first run waits in its first search
+        # the first waits in its search for as long as the second takes to start (timeout 300 s)
+        first = spawn(*eval_args(tmp, tmp / "runs", *http(server.url), "retriever.timeout=300"), cwd=tmp)
+        wait_for(lambda: server.requests >= 2, 300)
+        second = harness(*eval_args(tmp, tmp / "runs", *http(server.url), "retriever.timeout=300"), cwd=tmp)
+        server.release()
+        _, err = first.communicate(timeout=300)
+    out = flat(second.stdout + second.stderr)
+    n = lines(tmp / "runs" / RUN / "trajectories.jsonl")
+    refused = second.returncode != 0 and "is in use" in out and f"pid {first.pid}" in out
+    progress = len(re.findall(rf"\d+/{N} items", err))
+    ok = refused and first.returncode == 0 and n == N and progress >= 2
+    who = "names the pid" if refused else out[-60:]
+    return ok, (
+        f"first: exit {first.returncode}; second: exit {second.returncode} ({who}); {n} lines for {N} items; "
+        f"{progress} progress lines (piped)"
+    )
+
+
+@fault("the retriever dies mid-run", "exit 1 'retriever down at item k' at once; failed not in n")
+def retriever_dies(tmp: Path) -> tuple[bool, str]:
+    with RetrievalServer(fail_after=3) as server:  # the preflight and two items, then 503 for good
+        t0 = time.monotonic()
+        r = harness(*eval_args(tmp, tmp / "runs", *http(server.url), "stop_after_failures=3"), cwd=tmp)
+        took = time.monotonic() - t0
+    out = flat(r.stdout + r.stderr)
+    res = (
+        json.loads((tmp / "runs" / RUN / "results.json").read_text())
+        if (tmp / "runs" / RUN / "results.json").exists()
+        else {}
+    )
+    m = re.search(r"retriever down at item (\d+) of (\d+)", out)
+    ok = r.returncode == 1 and m is not None and res.get("n") == 2 and res.get("errors") == 3
+    said = m.group(0) if m else out[-80:]
+    return ok, f"exit {r.returncode}; {said}; n={res.get('n')} errors={res.get('errors')}; {took:.0f} s"
+
+
+@fault("kill -9 during eval, then rerun", "resumes: every item once, none twice, results complete")
+def eval_killed(tmp: Path) -> tuple[bool, str]:
+    with RetrievalServer(delay_s=0.5) as server:
+        p = spawn(*eval_args(tmp, tmp / "runs", *http(server.url)), cwd=tmp)
+        scores = tmp / "runs" / RUN / "scores.jsonl"
+        wait_for(lambda: lines(scores) >= 3, 300)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        before = lines(scores)
+        r = harness(*eval_args(tmp, tmp / "runs", *http(server.url)), cwd=tmp)
+    ids = [json.loads(x)["id"] for x in (tmp / "runs" / RUN / "scores.jsonl").read_text().splitlines()]
+    res = json.loads((tmp / "runs" / RUN / "results.json").read_text())
+    ok = r.returncode == 0 and 3 <= before < N and len(ids) == len(set(ids)) == N and res["complete"]
+    return ok, f"killed after {before} items; rerun exit {r.returncode}; {len(ids)} scores, {len(set(ids))} items"
+
+
+@fault("results table on an 80-column terminal", "no number cut ('…'); lines within 80 columns")
+def table_80(tmp: Path) -> tuple[bool, str]:
+    r = harness(*eval_args(tmp, tmp / "runs", "--retriever", "memory", "--limit", "3"), cwd=tmp,
+                env={"COLUMNS": "80", "FORCE_COLOR": "1"})  # fmt: skip
+    text = re.sub(r"\x1b\[[0-9;]*m", "", r.stdout)
+    width = max((len(x) for x in text.splitlines()), default=0)
+    ok = r.returncode == 0 and "…" not in text and width <= 80 and "3/3" in text and "100.0" in text
+    cut = "cut" if "…" in text else "nothing cut"
+    return ok, f"exit {r.returncode}; widest line {width}; {cut}; {text.count('harness eval')} table(s)"
+
+
+CHAIN = """
+name: faults
+workdir: {workdir}
+stages:
+  - name: sample
+    run: {run}
+    output: "{{workdir}}/samples"
+"""
+
+
+@fault("a stage's marker is lost (stale output)", "output moved aside to .stale-<time>/, not deleted; said so")
+def stage_stale(tmp: Path) -> tuple[bool, str]:
+    run = json.dumps(eval_args(tmp, Path("{self.output}"), "--retriever", "memory", "--limit", "1"))
+    chain = tmp / "chain.yaml"
+    chain.write_text(CHAIN.format(workdir=tmp / "work", run=run))
+    first = harness("stages", "run", str(chain), cwd=tmp)
+    (tmp / "work" / ".stages" / "sample.json").unlink()  # the marker is lost
+    second = harness("stages", "run", str(chain), cwd=tmp)
+    moved = list((tmp / "work").glob(".stale-*/samples/*/trajectories.jsonl"))
+    said = "moved aside" in flat(second.stdout + second.stderr)
+    ok = first.returncode == 0 and second.returncode == 0 and len(moved) == 1 and said
+    told = "said so" if said else "silent"
+    return ok, f"exits {first.returncode}, {second.returncode}; {len(moved)} run moved aside; {told}"
+
+
+@fault("the stage runner is killed (kill -9)", "the running stage dies with it (within 2 s)")
+def stage_runner_killed(tmp: Path) -> tuple[bool, str]:
+    with RetrievalServer(delay_s=1.0) as server:
+        run = json.dumps(eval_args(tmp, Path("{self.output}"), *http(server.url)))
+        chain = tmp / "chain.yaml"
+        chain.write_text(CHAIN.format(workdir=tmp / "work", run=run))
+        runner = spawn("stages", "run", str(chain), cwd=tmp)
+        lock = tmp / "work" / "samples" / RUN / ".harness.lock"  # the stage's eval writes its pid there
+        if not wait_for(lambda: lock.exists() and lock.stat().st_size > 0, 300):
+            runner.kill()
+            return False, "the stage never started"
+        child = json.loads(lock.read_text())["pid"]
+        runner.send_signal(signal.SIGKILL)
+        runner.wait()
+        t0 = time.monotonic()
+        gone = wait_for(lambda: not alive(child), 10)
+    return (
+        gone and time.monotonic() - t0 < 2,
+        f"stage pid {child} {'gone' if gone else 'ALIVE'} {time.monotonic() - t0:.1f} s after the runner",
+    )
+
+
+@fault("retriever.timeout=0 / -5", "refused with the key named, no run folder")
+def bad_timeout(tmp: Path) -> tuple[bool, str]:
+    outs = [harness(*eval_args(tmp, tmp / "runs", f"retriever.timeout={v}"), cwd=tmp) for v in ("0", "-5")]
+    texts = [flat(r.stdout + r.stderr) for r in outs]
+    ok = all(r.returncode != 0 for r in outs) and all("retriever.timeout must be greater than 0" in t for t in texts)
+    return ok and not (tmp / "runs").exists(), texts[0][-70:]
+
+
+@fault("harness datasets without --data-dir", "says where to point --data-dir (no 'not found')")
+def datasets_no_dir(tmp: Path) -> tuple[bool, str]:
+    r = harness("datasets", cwd=tmp, env={"HARNESS_DATA_DIR": ""})
+    out = flat(r.stdout)
+    ok = r.returncode == 0 and "not found" not in out and "--data-dir DIR" in out
+    return ok, f"exit {r.returncode}; {'points to --data-dir' if '--data-dir DIR' in out else out[-60:]}"
+
+
+SFT_RECIPE = """
+name: sft-fault
+model:
+  tiny: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
+algo: {kind: sft}
+sft: {batch_size: 2, sources: [{kind: chat, path: DATA}]}
+optim: {lr: 1.0e-3, micro_batch_size: 2, threads: 1}
+trainer: {max_steps: 4, save_every: 1, keep_checkpoints: 2, tensorboard: false, progress: false}
+"""
+
+
+@fault("SFT: keep_checkpoints=2, newest checkpoint damaged, --resume", "2 kept; falls back; metrics 1,2,3,4 once")
+def sft_checkpoints(tmp: Path) -> tuple[bool, str]:
+    chat = [
+        {
+            "messages": [
+                {"role": "user", "content": f"Q{i}?"},
+                {"role": "assistant", "content": f"<answer>A{i}</answer>"},
+            ]
+        }
+        for i in range(4)
+    ]
+    (tmp / "chat.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chat))
+    (tmp / "sft.yaml").write_text(SFT_RECIPE.replace("DATA", str(tmp / "chat.jsonl")))
+    run = tmp / "run"
+    first = harness("train", "-c", str(tmp / "sft.yaml"), "--out", str(run), cwd=tmp)
+    kept = sorted(p.name for p in (run / "checkpoints").iterdir()) if (run / "checkpoints").is_dir() else []
+    if first.returncode != 0:
+        return False, f"train exit {first.returncode}: {flat(first.stderr)[-90:]}"
+    w = run / "checkpoints" / "step-4" / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:1000])
+    again = harness("train", "--resume", str(run), cwd=tmp)
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    ok = kept == ["step-3", "step-4"] and again.returncode == 0 and steps == [1, 2, 3, 4]
+    return ok, f"kept {kept}; resume exit {again.returncode}; logged steps {steps}"
+
+
+# ---- running ----------------------------------------------------------------------------------
+def run_one(f: Fault, root: Path) -> Outcome:
+    tmp = root / f.check.__name__
+    tmp.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    try:
+        ok, observed = f.check(tmp)
+    except Exception as e:  # a fault that breaks the battery itself is a failure, reported as such
+        ok, observed = False, f"battery error: {type(e).__name__}: {e}"
+    return Outcome(f.name, f.expected, observed, ok, time.monotonic() - t0)
+
+
+def run_battery(only: list[str] | None = None, workers: int = 2, keep: Path | None = None) -> list[Outcome]:
+    """Run the faults (``only``: names of their check functions) and return their outcomes."""
+    chosen = [f for f in FAULTS if not only or f.check.__name__ in only]
+    with tempfile.TemporaryDirectory(prefix="harness-faults-") as scratch:
+        root = keep or Path(scratch)
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            return list(pool.map(lambda f: run_one(f, root), chosen))
+
+
+def print_table(outcomes: list[Outcome]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="harness fault battery (issue 23)")
+    for col in ("fault", "expected", "observed", "result", "s"):
+        table.add_column(col, overflow="fold", justify="right" if col == "s" else "left")
+    for o in outcomes:
+        table.add_row(o.fault, o.expected, o.observed, "pass" if o.ok else "FAIL", f"{o.seconds:.0f}")
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(160, console.width))
+    console.print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", nargs="*", help=f"run these faults only: {', '.join(f.check.__name__ for f in FAULTS)}")
+    ap.add_argument("--workers", type=int, default=2, help="faults run at once (default 2)")
+    ap.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary one)")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    outcomes = run_battery(args.only, args.workers, args.keep)
+    print_table(outcomes)
+    failed = [o for o in outcomes if not o.ok]
+    print(f"{len(outcomes) - len(failed)}/{len(outcomes)} faults handled as expected in {time.monotonic() - t0:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

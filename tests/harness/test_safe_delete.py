@@ -1,0 +1,151 @@
+"""Harness deletes only what it wrote (issue 23, defect 1): every delete path goes through
+``harness.safe_delete``, which needs the marker harness writes when it creates a folder and
+refuses, by name, anything else. The issue's reproduction (a project folder with ``config.json``
+and ``src/main.py`` given to ``harness train --out P --overwrite``) leaves the folder untouched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from harness import safe_delete
+from harness.cli.main import app
+from harness.fsutil import atomic_dir
+from harness.runlog import RUN_ENTRIES
+from harness.safe_delete import MARKER, NotOursError, check_removable, claim, clear, remove
+
+runner = CliRunner()
+
+
+def foreign_project(root: Path) -> Path:
+    """The issue's reproduction: ``mkdir -p P/src; echo '{}' > P/config.json; echo x > P/src/main.py``."""
+    p = root / "P"
+    (p / "src").mkdir(parents=True)
+    (p / "config.json").write_text("{}")
+    (p / "src" / "main.py").write_text("x\n")
+    return p
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def test_train_overwrite_refuses_a_foreign_folder_and_leaves_it_untouched(tmp_path):
+    p = foreign_project(tmp_path)
+    before = snapshot(p)
+    res = runner.invoke(
+        app,
+        [
+            "train",
+            "-c",
+            "configs/train/smollm2_cpu_sft_demo.yaml",
+            "--out",
+            str(p),
+            "--overwrite",
+            "trainer.max_steps=1",
+        ],
+    )
+    out = " ".join(res.output.split())
+    assert res.exit_code != 0
+    assert "was not created by harness" in out and "config.json, src/" in out and "nothing was deleted" in out
+    assert snapshot(p) == before and sorted(x.name for x in p.iterdir()) == ["config.json", "src"]  # not even a lock
+
+
+def test_index_build_refuses_to_replace_a_foreign_folder(tmp_path):
+    from benchmarks.datasets import demo_path
+
+    p = foreign_project(tmp_path)
+    before = snapshot(p)
+    res = runner.invoke(app, ["index", "build", "--corpus", str(demo_path("corpus.jsonl")), "--out", str(p)])
+    assert res.exit_code != 0 and "was not created by harness" in " ".join(res.output.split())
+    assert snapshot(p) == before
+    # its own index is replaced by a rebuild (marked at commit with what it held)
+    idx = tmp_path / "idx"
+    for _ in range(2):
+        res = runner.invoke(app, ["index", "build", "--corpus", str(demo_path("corpus.jsonl")), "--out", str(idx)])
+        assert res.exit_code == 0, res.output
+    assert safe_delete.read_marker(idx)["kind"] == "index"
+
+
+def test_overwrite_clears_a_harness_run_but_names_what_it_did_not_write(tmp_path):
+    from training.build import TRAIN_ENTRIES, claim_run_folder
+
+    run = tmp_path / "run"
+    assert claim(run, "train")
+    (run / "checkpoints" / "step-1").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    (run / "metrics.jsonl").write_text("")
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(NotOursError, match=r"holds notes\.txt, which harness did not write there; nothing was deleted"):
+        claim_run_folder(run, overwrite=True)
+    assert (run / "checkpoints" / "step-1").is_dir() and (run / "config.json").exists()  # all or nothing
+    (run / "notes.txt").unlink()
+    with pytest.raises(ValueError, match="not empty .*--overwrite"):
+        claim_run_folder(run, overwrite=False)
+    claim_run_folder(run, overwrite=True)
+    assert sorted(p.name for p in run.iterdir()) == [MARKER]
+    assert check_removable(run, TRAIN_ENTRIES, kind="train") == []
+
+
+def test_the_guard_needs_a_marker_the_right_kind_and_only_known_names(tmp_path):
+    unmarked = tmp_path / "unmarked"
+    unmarked.mkdir()
+    (unmarked / "manifest.json").write_text("{}")
+    with pytest.raises(NotOursError, match="not created by harness"):
+        clear(unmarked, RUN_ENTRIES)
+    with pytest.raises(NotOursError, match="not created by harness"):
+        remove(unmarked, RUN_ENTRIES)
+    assert (unmarked / "manifest.json").exists()
+
+    run = tmp_path / "run"
+    claim(run, "eval")
+    (run / "manifest.json").write_text("{}")
+    with pytest.raises(NotOursError, match="'eval' output, not a 'train' one"):
+        clear(run, RUN_ENTRIES, kind="train")
+    assert clear(run, RUN_ENTRIES, kind="eval") == ["manifest.json"]
+    assert remove(run, RUN_ENTRIES, kind="eval") and not run.exists()
+
+    # a file or a link is never taken for a folder of ours
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(NotOursError, match="a file or a link"):
+        clear(tmp_path / "f")
+    (tmp_path / "link").symlink_to(unmarked)
+    with pytest.raises(NotOursError, match="a file or a link"):
+        remove(tmp_path / "link")
+    assert (unmarked / "manifest.json").exists()
+
+    # claim never marks a folder that already holds something (a run from before markers)
+    assert not claim(unmarked, "eval") and safe_delete.read_marker(unmarked) is None
+
+
+def test_atomic_dir_replaces_only_its_own_output(tmp_path):
+    out = tmp_path / "out"
+    with atomic_dir(out, kind="model") as tmp:
+        (tmp / "model.safetensors").write_text("v1")
+    marker = json.loads((out / MARKER).read_text())
+    assert marker["kind"] == "model" and marker["entries"] == ["model.safetensors"]
+    with atomic_dir(out, kind="model") as tmp:
+        (tmp / "model.safetensors").write_text("v2")
+    assert (out / "model.safetensors").read_text() == "v2"
+    (out / "README.md").write_text("added by the user")
+    with pytest.raises(NotOursError, match="README.md"), atomic_dir(out, kind="model") as tmp:
+        (tmp / "model.safetensors").write_text("v3")
+    assert (out / "model.safetensors").read_text() == "v2" and (out / "README.md").exists()
+    assert not list(tmp_path.glob(".out.tmp*"))  # the temporary copy went, the output stayed
+
+
+def test_eval_run_dirs_are_marked_and_demo_refuses_a_foreign_one(tmp_path):
+    from harness.run_records import RunManifest
+    from harness.runlog import RunDir
+
+    rd = RunDir(tmp_path / "r")
+    rd.open(RunManifest(method="m", dataset="d", split="s"))
+    assert safe_delete.read_marker(rd.path)["kind"] == "eval"
+    assert remove(rd.path, RUN_ENTRIES, kind="eval", why="harness demo")
+    p = foreign_project(tmp_path)
+    with pytest.raises(NotOursError):
+        remove(p, RUN_ENTRIES, kind="eval", why="harness demo")
+    assert (p / "src" / "main.py").exists()
