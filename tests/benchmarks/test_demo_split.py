@@ -114,6 +114,7 @@ def test_a_label_flows_into_the_run_dir_the_report_and_the_demo_text(tmp_path):
 
 def test_demo_training_is_skipped_only_for_the_same_recipe(tmp_path, monkeypatch):
     """A final model trained with the recipe's exact config is reused; any other config retrains."""
+    from harness import safe_delete
     from harness.config import compose, to_dict
     from training.build import train_cached
     from training.config import TrainConfig
@@ -121,6 +122,7 @@ def test_demo_training_is_skipped_only_for_the_same_recipe(tmp_path, monkeypatch
     data, run = tmp_path / "train.jsonl", tmp_path / "model"
     source = f"sft.sources=[{{kind: synth, path: {json.dumps(str(data))}}}]"
     cfg = compose(TrainConfig, [TRAIN_CONFIG], [source])
+    assert safe_delete.claim(run, "train")  # a run folder harness made (the trainer claims its own)
     (run / "final").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps(to_dict(cfg)))
     assert train_cached(cfg, run) == (run / "final", False)
