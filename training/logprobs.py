@@ -7,11 +7,12 @@ backward: at 7.5k tokens × 152k vocabulary one fp32 copy is 4.6 GB per row (iss
 
 Here the model runs with ``logits_to_keep=1`` (its vocabulary projection sees one position), a
 forward hook takes the decoder's last hidden states, and the output embedding (``lm_head``) is
-applied over chunks of ``chunk_tokens`` tokens by :class:`_ChunkHead`: inside a chunk the logits
-are cast to fp32 and reduced to log-prob and entropy; only the chunk's hidden states and its
-log-sum-exp are kept for the backward, which recomputes the chunk's logits (one more vocabulary
-matmul per chunk, the trade verl's chunked entropy and Liger's fused linear cross-entropy make).
-Peak memory is then one chunk's logits in fp32 (two copies), independent of the sequence length.
+applied over chunks of ``chunk_tokens`` tokens: inside a chunk the logits are cast to fp32 and
+reduced to log-prob and entropy by :class:`_LogProbEntropy`; under autograd each chunk is a
+non-reentrant checkpoint, so only the chunk's hidden states are kept and the backward recomputes
+its logits (one more vocabulary matmul and log_softmax per chunk, the trade verl's chunked
+entropy and Liger's fused linear cross-entropy make). Peak memory is then one chunk's logits in
+fp32 (two copies), independent of the sequence length.
 
 Only positions where ``mask`` is 1 are computed (prompt, observation and padding tokens never
 carry a loss); the rest are 0. The numbers equal the full-logits path (``training.batch.
@@ -24,34 +25,33 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 
-class _ChunkHead(torch.autograd.Function):
-    """One chunk through the output embedding: hidden [n, H] (model dtype), targets [n] →
-    log-prob [n] and entropy [n] (or an empty tensor), fp32.
+class _LogProbEntropy(torch.autograd.Function):
+    """One chunk's logits [n, V] (model dtype), targets [n] → log-prob [n] and entropy [n] (or an
+    empty tensor), fp32.
 
-    The forward keeps only the chunk's hidden states and its log-sum-exp; the backward runs the
-    head again on them (as reentrant activation checkpointing does, so DeepSpeed's parameter
-    hooks see an ordinary module call) and feeds it the logits' gradient, written by hand with
-    p = softmax(z), log q = z − lse:  ∂logp_t/∂z = onehot_t − p;  ∂H/∂z = −p ⊙ (log q + H).
-    Hand-written so neither pass keeps more than two fp32 copies of the chunk's logits.
+    Backward, with p = softmax(z), log q = z − lse:  ∂logp_t/∂z = onehot_t − p;
+    ∂H/∂z = −p ⊙ (log q + H). Written by hand: log_softmax once forward, one softmax backward,
+    at most two fp32 copies of the chunk alive (autograd's log_softmax / gather / exp graph keeps
+    more, and ``logsumexp`` allocates two on CPU).
     """
 
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, targets: torch.Tensor, head: Any, with_entropy: bool):  # noqa: ANN205
-        with torch.no_grad():
-            z = head(hidden).float()  # [n, V] fp32, this chunk only
-            logq = torch.log_softmax(z, dim=-1)  # [n, V]
-            lse = z[:, 0] - logq[:, 0]  # [n] log-sum-exp, for the backward's softmax
-            del z
-            logp = logq.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [n]
-            if with_entropy:
-                # −Σ p log q as a batched dot product: no third [n, V] temporary
-                ent = -(logq.exp().unsqueeze(1) @ logq.unsqueeze(2)).reshape(-1)  # [n]
-            else:
-                ent = lse.new_zeros(0)
-        ctx.save_for_backward(hidden, targets, lse, ent if with_entropy else lse)
-        ctx.head, ctx.with_entropy = head, with_entropy
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):  # noqa: ANN205
+        z = logits.float()  # [n, V] fp32, this chunk only (the same tensor when the model is fp32)
+        logq = torch.log_softmax(z, dim=-1)  # [n, V]
+        lse = z[:, 0] - logq[:, 0]  # [n] log-sum-exp, for the backward's softmax
+        logp = logq.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [n]
+        if with_entropy:
+            # −Σ p log q as a batched dot product: no third [n, V] temporary
+            ent = -(logq.exp().unsqueeze(1) @ logq.unsqueeze(2)).reshape(-1)  # [n]
+        else:
+            ent = lse.new_zeros(0)
+        del logq
+        ctx.save_for_backward(logits, targets, lse, ent if with_entropy else lse)
+        ctx.with_entropy = with_entropy
         ctx.set_materialize_grads(False)  # an output nothing backpropagates through gets None, not zeros
         if not with_entropy:
             ctx.mark_non_differentiable(ent)
@@ -59,28 +59,23 @@ class _ChunkHead(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g_logp: torch.Tensor | None, g_ent: torch.Tensor | None):  # noqa: ANN205
-        hidden, targets, lse, ent = ctx.saved_tensors
+        logits, targets, lse, ent = ctx.saved_tensors
         g_ent = g_ent if ctx.with_entropy else None
         if g_logp is None and g_ent is None:
-            return None, None, None, None
-        h = hidden.detach().requires_grad_(hidden.requires_grad)
-        with torch.enable_grad():
-            logits = ctx.head(h)  # [n, V] model dtype, with its graph to the head's parameters
-        with torch.no_grad():
-            logq = logits.float() - lse.unsqueeze(-1)  # [n, V]
-            if g_ent is None:
-                grad = logq.exp_()  # [n, V] p, in place
-                grad.mul_(-g_logp.unsqueeze(-1))
-            else:
-                p = logq.exp()  # [n, V]
-                grad = logq.add_(ent.unsqueeze(-1)).mul_(p).mul_(-g_ent.unsqueeze(-1))  # −g·p(log q + H)
-                if g_logp is not None:
-                    grad.sub_(p.mul_(g_logp.unsqueeze(-1)))
-                del p
+            return None, None, None
+        logq = logits.float() - lse.unsqueeze(-1)  # [n, V]
+        if g_ent is None:
+            grad = logq.exp_()  # [n, V] p, in place
+            grad.mul_(-g_logp.unsqueeze(-1))
+        else:
+            p = logq.exp()  # [n, V]
+            grad = logq.add_(ent.unsqueeze(-1)).mul_(p).mul_(-g_ent.unsqueeze(-1))  # −g·p(log q + H)
             if g_logp is not None:
-                grad.scatter_add_(-1, targets.unsqueeze(-1), g_logp.unsqueeze(-1))
-        torch.autograd.backward(logits, grad.to(logits.dtype))
-        return h.grad if hidden.requires_grad else None, None, None, None
+                grad.sub_(p.mul_(g_logp.unsqueeze(-1)))
+            del p
+        if g_logp is not None:
+            grad.scatter_add_(-1, targets.unsqueeze(-1), g_logp.unsqueeze(-1))
+        return grad.to(logits.dtype), None, None
 
 
 def chunk_logprobs(
@@ -90,16 +85,23 @@ def chunk_logprobs(
 
     hidden [N, H] (the final hidden states that predict ``targets``), targets [N] → logp [N],
     entropy [N] or None; both fp32. Gradients reach ``hidden`` and ``lm_head``'s parameters.
+
+    Under autograd each chunk runs inside a NON-reentrant ``torch.utils.checkpoint``: only its
+    hidden states are kept, its logits are recomputed in the backward, and the whole backward is
+    one graph, so the head's weight gets ONE accumulated gradient (DeepSpeed ZeRO-1/2 refuse a
+    parameter whose gradient arrives twice in a backward, as per-chunk nested backwards would do).
     """
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    if torch.is_grad_enabled() and not hidden.requires_grad and any(p.requires_grad for p in lm_head.parameters()):
-        # The hand-written backward is reached through ``hidden``; a frozen body with a trained
-        # head has none, so give it a leaf to hang on (its own gradient is dropped).
-        hidden = hidden.detach().requires_grad_()
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
+
+    def one(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return _LogProbEntropy.apply(lm_head(h), t, with_entropy)  # [n, V] lives only in here
+
     logps, ents = [], []
     for i in range(0, hidden.shape[0], chunk_tokens):
-        lp, en = _ChunkHead.apply(hidden[i : i + chunk_tokens], targets[i : i + chunk_tokens], lm_head, with_entropy)
+        h, t = hidden[i : i + chunk_tokens], targets[i : i + chunk_tokens]  # [n, H], [n]
+        lp, en = checkpoint(one, h, t, use_reentrant=False) if grad else one(h, t)
         logps.append(lp)
         ents.append(en)
     logp = torch.cat(logps) if logps else hidden.new_zeros(0, dtype=torch.float32)  # [N]

@@ -243,7 +243,6 @@ def _parts(cfg: TrainConfig, arch: Arch, prm: Arch | None, gpus: int, mb: int, s
     trainable = arch.lora_per_r * lora.r if lora is not None else arch.params
     ms = model_states(arch.params, trainable, arch.largest_layer, o.zero_stage, gpus, bf16)
     parts = {f"policy {k}": v for k, v in ms.items()}
-    tokens = mb * seq
     rows = mb * (2 if a.kind == "prm" and cfg.prm.loss == "pairwise" else 1)
     tokens = rows * seq
     parts["activations"] = activation_bytes(arch, tokens, b, m.gradient_checkpointing)

@@ -346,8 +346,12 @@ class PRM:
     """A trained PRM in process: ``score(seqs)`` → raw head scores (logits), no gradients."""
 
     def __init__(self, model: Any, tokenizer: Any, append_eos: bool = True, max_len: int | None = None) -> None:
+        import threading
+
         self.model, self.tokenizer = model.eval(), tokenizer
         self.append_eos, self.max_len = append_eos, max_len
+        # Local rank 0 scores in process while its server thread scores for the node's other ranks.
+        self.lock = threading.Lock()
 
     @property
     def pad_id(self) -> int:
@@ -368,6 +372,10 @@ class PRM:
     def score(self, seqs: list[list[int]], batch_size: int = 8) -> list[float]:
         """Scores of token-id sequences (prefix + step; EOS appended here when the PRM was trained so),
         on the model's device, in batches of similar length (less padding); returned in input order."""
+        with self.lock:
+            return self._score(seqs, batch_size)
+
+    def _score(self, seqs: list[list[int]], batch_size: int) -> list[float]:
         tail = [self.tokenizer.eos_token_id] if self.append_eos else []
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
         out = [0.0] * len(seqs)
@@ -577,6 +585,24 @@ def node_local_prm(
             pass
         time.sleep(2.0)
     raise TimeoutError(f"local rank {local_rank}: no PRM server from local rank 0 after {timeout_s:.0f} s ({meet})")
+
+
+def serve(
+    path: str,
+    host: str = "127.0.0.1",
+    port: int = 8010,
+    batch_size: int = 8,
+    threads: int | None = None,
+    max_tokens: int | None = None,
+) -> None:
+    """``harness serve prm``: load the PRM folder ``path`` and serve it (:mod:`training.prm_server`)
+    until interrupted; sequences over ``max_tokens`` are refused (413)."""
+    import uvicorn
+
+    from training.prm_server import MAX_TOKENS, create_app
+
+    app = create_app(load_prm(path, threads), path, batch_size, max_tokens or MAX_TOKENS)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 
 
 def _serve_in_thread(prm: PRM, path: str) -> str:

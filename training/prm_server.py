@@ -1,4 +1,5 @@
-"""``harness serve prm``: a trained PRM over loopback HTTP, for ``algo.step_scorer_url``.
+"""The app of ``harness serve prm`` (started by :func:`training.prm.serve`, and by local rank 0 for its
+node, :func:`training.prm.node_local_prm`): a trained PRM over loopback HTTP, for ``algo.step_scorer_url``.
 
 ``POST /score`` ``{"sequences": [[token ids], ...]}`` → ``{"scores": [raw head score, ...]}``
 (EOS appended as the PRM was trained; the client takes σ). A token id outside the model's
@@ -131,20 +132,3 @@ class PRMApp:
 
 def create_app(prm: Any, path: str = "", batch_size: int = 8, max_tokens: int = MAX_TOKENS) -> PRMApp:
     return PRMApp(prm, path, batch_size, max_tokens)
-
-
-def serve(
-    path: str,
-    host: str = "127.0.0.1",
-    port: int = 8010,
-    batch_size: int = 8,
-    threads: int | None = None,
-    max_tokens: int = MAX_TOKENS,
-) -> None:
-    """Load the PRM folder ``path`` and serve it until interrupted."""
-    import uvicorn
-
-    from training.prm import load_prm
-
-    app = create_app(load_prm(path, threads), path, batch_size, max_tokens)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

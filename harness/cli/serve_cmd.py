@@ -124,7 +124,7 @@ def prm(
     """Serve a process reward model: POST /score {"sequences": [[ids]]} → {"scores": [...]} (algo.step_scorer_url)."""
     from pathlib import Path
 
-    from training.prm_server import serve
+    from training.prm import serve
 
     if not (Path(path) / "prm.json").exists():
         fail(f"--path {path}: not a PRM folder (no prm.json; train one with algo.kind=prm)")

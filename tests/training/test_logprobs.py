@@ -150,3 +150,16 @@ def test_models_with_logit_postprocessing_take_the_full_path():
     assert not supports_chunking(m)
     with pytest.raises(ValueError, match="chunk_tokens must be >= 1"):
         chunk_logprobs(torch.zeros(2, 32), m.lm_head, torch.zeros(2, dtype=torch.long), 0, False)
+
+
+def test_the_head_gets_one_gradient_accumulation_per_backward():
+    """DeepSpeed ZeRO-1/2 refuse a parameter whose gradient hook fires twice in one backward:
+    many chunks must still accumulate into lm_head (and a tied embedding) once."""
+    for tied in (False, True):
+        m = tiny_llama(tied)
+        calls: list[int] = []
+        m.lm_head.weight.register_post_accumulate_grad_hook(lambda p, c=calls: c.append(1))
+        ids, attn, targets, mask = inputs()
+        st = window_token_stats(m, ids, attn, targets, mask, chunk_tokens=2, entropy=True)
+        (st.logp.sum() + st.entropy.sum()).backward()
+        assert len(calls) == 1, tied
