@@ -85,7 +85,11 @@ def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> Any:
     model.train()
     if cfg.gradient_checkpointing:
         # Non-reentrant: works with frozen inputs (LoRA's frozen embeddings) and under no_grad.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.x's name (the old one warns)
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         model.config.use_cache = False  # a KV cache is useless in training and clashes with checkpointing
     return model
 
