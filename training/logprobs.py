@@ -186,6 +186,12 @@ def window_token_stats(
     flat_h = hidden.reshape(b * w, -1)  # [b·w, H]
     flat_t = targets.reshape(b * w)  # [b·w]
     idx = mask.reshape(-1).nonzero().squeeze(-1) if mask is not None else None  # [n] valid positions
+    if idx is not None and idx.numel() == 0:
+        # No model token in these rows (e.g. every trajectory failed before generating): zeros that
+        # still hang on the graph, so the loss backpropagates (zero gradients) instead of failing.
+        head = inner.get_output_embeddings().weight
+        zero = ((hidden.sum() + head.sum()) * 0.0).expand(b, w)  # [b, w]; the head gets its (zero) gradient too
+        return TokenStats(zero, zero if entropy else None)
     if idx is not None:
         flat_h, flat_t = flat_h.index_select(0, idx), flat_t.index_select(0, idx)  # [n, H], [n]
     lp, en = chunk_logprobs(flat_h, inner.get_output_embeddings(), flat_t, chunk_tokens, entropy)

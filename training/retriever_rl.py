@@ -430,7 +430,13 @@ def build_from_config(cfg: TrainConfig, backend: Any = None) -> tuple[Stochastic
         index = load_index(r.index, encoder=tower)
     else:  # built once with the document encoder, in the cache eval's retrievers use
         index = ensure_index(str(_corpus(cfg)), "dense", r.doc_encoder or e.name, encoder=tower)
-    fmt = StateFormat(s.stateful, s.template, s.max_history, s.max_titles, s.max_chars)
+    fmt = StateFormat(
+        stateful=s.stateful,
+        template=s.template,
+        max_history=s.max_history,
+        max_titles=s.max_titles,
+        max_chars=s.max_chars,
+    )
     retriever = StochasticDenseRetriever(index, tower, s.n_candidates, s.tau, state_format=fmt, seed=r.rl.seed)
     backend = backend or build_backend(r.backend)
     if agent:

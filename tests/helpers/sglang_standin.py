@@ -116,16 +116,27 @@ class SGLangStandIn:
 
         @app.post("/generate")
         async def generate(request: Request):
-            # 1 to 3 copies of one token, so samples differ in length; n samples as a list, as SGLang does.
+            # 1 to 3 copies of one token, so samples differ in length; n samples as a list, as SGLang
+            # does; a batch (a list of input_ids, one sampling_params each) answers one item per entry.
             b = await body(request)
             self.calls.append(("/generate", b))
-            n = b["sampling_params"].get("n")
-            items = []
-            for _ in range(n or 1):
-                self.n_generated += 1
-                ids = [100] * (1 + self.n_generated % 3)
-                meta = {"finish_reason": {"type": "length"}, "prompt_tokens": len(b["input_ids"])}
-                items.append({"text": "", "output_ids": ids, "meta_info": {**meta, "weight_version": self.version}})
-            return items if n else items[0]
+            batched = bool(b["input_ids"]) and isinstance(b["input_ids"][0], list)
+            prompts = b["input_ids"] if batched else [b["input_ids"]]
+            params = (
+                b["sampling_params"]
+                if isinstance(b["sampling_params"], list)
+                else [b["sampling_params"]] * len(prompts)
+            )
+            out = []
+            for ids_in, sp in zip(prompts, params, strict=True):
+                n = sp.get("n")
+                items = []
+                for _ in range(n or 1):
+                    self.n_generated += 1
+                    ids = [100] * (1 + self.n_generated % 3)
+                    meta = {"finish_reason": {"type": "length"}, "prompt_tokens": len(ids_in)}
+                    items.append({"text": "", "output_ids": ids, "meta_info": {**meta, "weight_version": self.version}})
+                out.append(items if n else items[0])
+            return out if batched else out[0]
 
         return app

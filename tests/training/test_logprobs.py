@@ -163,3 +163,15 @@ def test_the_head_gets_one_gradient_accumulation_per_backward():
         st = window_token_stats(m, ids, attn, targets, mask, chunk_tokens=2, entropy=True)
         (st.logp.sum() + st.entropy.sum()).backward()
         assert len(calls) == 1, tied
+
+
+def test_rows_without_a_model_token_give_zeros_that_still_backpropagate():
+    """A micro-batch whose trajectories all failed before generating has no model token: the loss
+    must still backpropagate (zero gradients), not fail with 'does not require grad'."""
+    ids, attn, targets, mask = inputs(seed=7)
+    m = tiny_llama()
+    st = window_token_stats(m, ids, attn, targets, torch.zeros_like(mask), chunk_tokens=4, entropy=True)
+    assert st.logp.shape == mask.shape and torch.all(st.logp == 0) and torch.all(st.entropy == 0)
+    (st.logp * mask).sum().backward()
+    for p in (m.lm_head.weight, m.model.embed_tokens.weight):
+        assert p.grad is not None and torch.all(p.grad == 0)

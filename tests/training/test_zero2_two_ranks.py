@@ -70,9 +70,9 @@ def _worker(out: str) -> None:
     from training.config import TrainConfig
     from training.rewards import REWARDS
 
-    class LetterA:  # random tiny models never answer; a reward that varies on their text
+    class LetterA:  # random tiny models never answer; a reward that varies on their own turns' text
         def __call__(self, traj):
-            return float("a" in traj.response_text), {}
+            return float(any("a" in s.text for s in traj.segments if s.role == "model")), {}
 
     REWARDS.register("zero2_letter_a", LetterA)
     rank = int(os.environ["RANK"])
