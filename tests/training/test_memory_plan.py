@@ -4,6 +4,7 @@ the knob it names, the shipped architectures, and (slow) SmolLM2's measured peak
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -133,14 +134,19 @@ def test_plan_covers_every_recipe(recipe):
 @pytest.mark.slow
 def test_plan_matches_smollm2_measured_on_cpu():
     """The plan against the measured peak of two real micro-steps (DeepSpeed, AdamW) of SmolLM2 on CPU."""
+    # A clean rendezvous: this test process may have set MASTER_PORT for its own (still listening)
+    # single-process DeepSpeed group, and a child inheriting it would fail to bind the port.
+    dist = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in dist}
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks/perf/plan_memory.py"), "--device", "cpu", "--micro-batch", "1"]
         + ["--seq", "384"],
         capture_output=True,
         text=True,
         cwd=ROOT,
-        check=True,
+        env=env,
     )
+    assert out.returncode == 0, out.stderr[-3000:]
     m = re.search(r"measured peak ([\d.]+) GiB, --plan ([\d.]+) GiB", out.stdout)
     print(out.stdout)
     assert m and float(m.group(2)) == pytest.approx(float(m.group(1)), rel=0.25)
