@@ -39,8 +39,9 @@ class BackendConfig:
     retries: int = 3
     max_batch_size: int = 8  # hf: rows per forward; sglang: requests per batched /generate
     # sglang: requests that become ready within this many ms go out as one batched /generate
-    # (SGLang takes lists of input_ids); 0 sends each request on its own.
-    batch_window_ms: float = 2.0
+    # (SGLang takes lists of input_ids); 0 (the default) sends each request on its own: the
+    # batched form is tested against a stand-in only, not yet against a real SGLang server.
+    batch_window_ms: float = 0.0
     threads: int | None = None
     dtype: str = "float32"
     script: str | None = None  # scripted backend: JSONL script file

@@ -20,7 +20,8 @@ the same order. That saves the server's per-request HTTP and tokenizer-manager w
 turn-synchronous loop that sends one batch per turn does not pay) without waiting for stragglers:
 only requests that were ready within the window share a POST. The price: a POST returns when its
 slowest entry is done, so a short generation in a batch waits for a long one of the same POST
-(the engine still schedules them as separate sequences). ``batch_window_ms=0`` turns it off.
+(the engine still schedules them as separate sequences). ``batch_window_ms=0`` (the default
+until the batched form is checked against a real SGLang server: tested on a stand-in only) turns it off.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class SGLangBackend(HTTPBackendBase):
         health_check: bool = True,
         tokenizer: Any = None,
         max_context: int | None = None,
-        batch_window_ms: float = 2.0,
+        batch_window_ms: float = 0.0,
         max_batch: int = 8,
     ) -> None:
         super().__init__(url, max_concurrency, timeout, retries, backoff)

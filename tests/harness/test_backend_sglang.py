@@ -366,9 +366,11 @@ def test_batching_is_configured_from_the_backend_config(batch_server):
     from harness.config import from_dict
     from harness.eval_config import BackendConfig
 
-    cfg = from_dict(BackendConfig, {"kind": "sglang", "url": [batch_server.url], "batch_window_ms": 0})
-    assert SGLangBackend.from_config(cfg).batch_window_s == 0
-    cfg = from_dict(BackendConfig, {"kind": "sglang", "url": [batch_server.url], "max_batch_size": 32})
+    cfg = from_dict(BackendConfig, {"kind": "sglang", "url": [batch_server.url]})
+    assert SGLangBackend.from_config(cfg).batch_window_s == 0  # off by default
+    cfg = from_dict(
+        BackendConfig, {"kind": "sglang", "url": [batch_server.url], "max_batch_size": 32, "batch_window_ms": 2}
+    )
     b = SGLangBackend.from_config(cfg)
     assert b.batch_window_s == pytest.approx(0.002) and b.max_batch == 32
     with pytest.raises(ValueError, match="batch_window_ms"):
