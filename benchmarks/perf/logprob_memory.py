@@ -28,7 +28,7 @@ import time
 VOCAB = 151_936  # Qwen2.5's vocabulary (config.json of Qwen/Qwen2.5-7B-Instruct)
 
 
-def _status(key: str) -> int:
+def proc_status(key: str) -> int:
     """A /proc/self/status field in bytes (VmRSS, VmHWM)."""
     with open("/proc/self/status") as f:
         for line in f:
@@ -92,13 +92,13 @@ def child(path: str, tokens: int, chunk: int, entropy_coef: float, dtype: str, t
         model.zero_grad(set_to_none=True)
 
     gc.collect()
-    rss0 = _status("VmRSS")
+    rss0 = proc_status("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:  # reset VmHWM to the current RSS
         f.write("5")
     t0 = time.perf_counter()
     step()
     first = time.perf_counter() - t0
-    peak = _status("VmHWM") - rss0
+    peak = proc_status("VmHWM") - rss0
     gc.collect()
     t0 = time.perf_counter()
     step()

@@ -17,15 +17,9 @@ import json
 import subprocess
 import sys
 
+from benchmarks.perf.logprob_memory import proc_status
+
 GiB = 2**30
-
-
-def _status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
 
 
 def recipe(micro_batch: int, seq: int, bf16: bool, checkpointing: bool) -> list[str]:
@@ -74,7 +68,7 @@ def measure(micro_batch: int, seq: int, checkpointing: bool, device: str) -> flo
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
-        base = _status("VmRSS")
+        base = proc_status("VmRSS")
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # VmHWM := VmRSS
     model = build_model(ModelConfig(dtype="bfloat16" if cuda else "float32", gradient_checkpointing=checkpointing))
@@ -92,7 +86,7 @@ def measure(micro_batch: int, seq: int, checkpointing: bool, device: str) -> flo
         engine.step()
     if cuda:
         return float(torch.cuda.max_memory_allocated() - base)
-    return float(_status("VmHWM") - base)
+    return float(proc_status("VmHWM") - base)
 
 
 def main() -> None:

@@ -379,18 +379,7 @@ def r1_searcher_validate(d: Dialect, response: str) -> tuple[bool, str]:
     or document tags, at most 10 words, and no CJK outside the documents. The Llama server's
     checks: :func:`r1_searcher_validate_llama`."""
     s = response.strip()
-    counts = [
-        s.count(t)
-        for t in (
-            "<|begin_of_documents|>\n",
-            "<|end_of_documents|>\n\n",
-            "<|begin_of_query|>",
-            "<|end_of_query|>",
-            "<|begin_of_documents|>",
-            "<|end_of_documents|>",
-            "<|begin_of_documents|>\n(1)",
-        )
-    ]
+    counts = [s.count(t) for t in _R1S_TAGS]
     if len(set(counts)) != 1:
         return False, f"query/document tag counts differ: {counts}"
     if s.count("Assistant") or s.count("assistant"):
