@@ -38,6 +38,15 @@ METHODS_CONFIG = "configs/methods/demo_cpu.yaml"
 TRAIN_CONFIG = "configs/train/smollm2_cpu_sft_demo.yaml"
 RL_CONFIG = "configs/train/smollm2_cpu_grpo_demo.yaml"
 UNTRAINED, TRAINED, RL = "research", "research+sft", "research+sft+rl"
+DEFAULT_OUT = "runs/demo"
+
+
+def trained_runs(out: str | Path = DEFAULT_OUT) -> dict[Path, str]:
+    """The run folders the demo trains into, each with the recipe it trains there. A recipe that
+    starts from one (the GRPO recipe names the SFT model) is traced back to an architecture by
+    ``harness train --plan`` through this before the demo has ever run."""
+    root = Path(out)
+    return {root / "sft" / "model": TRAIN_CONFIG, root / "rl": RL_CONFIG}
 
 
 class DemoUI(Protocol):
@@ -51,7 +60,7 @@ class DemoUI(Protocol):
 
 def run_demo(
     ui: DemoUI,
-    out: str | Path = "runs/demo",
+    out: str | Path = DEFAULT_OUT,
     methods_config: str = METHODS_CONFIG,
     train_config: str = TRAIN_CONFIG,
     threads: int = 1,
@@ -63,27 +72,28 @@ def run_demo(
     ``threads``: torch threads of the evaluations (the recipes set training's); ``overrides`` and
     ``rl_overrides``: ``key.path=value`` of the SFT and RL recipes. Returns the report folder."""
     root = Path(out)
-    eval_dir, sft_dir, rl_dir = root / "eval", root / "sft", root / "rl"
+    eval_dir, sft_dir = root / "eval", root / "sft"
     base_cfg = _eval_data(methods_config, eval_dir, threads)
     ui.step("1/6 baselines and the untrained agent (demo test split)")
     _evaluate(ui, base_cfg, ["naive", "standard", UNTRAINED])
     ui.step("2/6 SFT data: synthesized from the demo train split")
     data = _synthesize(ui, base_cfg, sft_dir)
     ui.step("3/6 SFT warm-up")
-    model, retrained = _train(ui, train_config, list(overrides or []), data, sft_dir / "model")
+    sft_run, rl_run = trained_runs(root)
+    model, retrained = _train(ui, train_config, list(overrides or []), data, sft_run)
     if retrained:  # everything after the SFT model belongs to an older one: folders harness made
         for name in (TRAINED, RL):
             safe_delete.remove(eval_dir / f"{name}-demo-test", RUN_ENTRIES, kind="eval", why="harness demo")
-        safe_delete.remove(rl_dir, TRAIN_ENTRIES, kind="train", why="harness demo")
+        safe_delete.remove(rl_run, TRAIN_ENTRIES, kind="train", why="harness demo")
     ui.step("4/6 the SFT agent (demo test split)")
     _evaluate(ui, _with_model(base_cfg, model), [UNTRAINED], TRAINED)
     ui.step("5/6 RL: GRPO from the SFT model (demo train split)")
-    rl_model, rl_retrained = _train_rl(ui, rl_config, list(rl_overrides or []), base_cfg, model, rl_dir)
+    rl_model, rl_retrained = _train_rl(ui, rl_config, list(rl_overrides or []), base_cfg, model, rl_run)
     if rl_retrained:  # results of an older RL model
         safe_delete.remove(eval_dir / f"{RL}-demo-test", RUN_ENTRIES, kind="eval", why="harness demo")
     ui.step("6/6 the RL agent (demo test split)")
     _evaluate(ui, _with_model(base_cfg, rl_model), [UNTRAINED], RL)
-    return _report(ui, eval_dir, root / "report", rl_dir)
+    return _report(ui, eval_dir, root / "report", rl_run)
 
 
 def _with_model(data: dict[str, Any], model: Path) -> dict[str, Any]:

@@ -413,7 +413,13 @@ def _produced_by(path: str, depth: int = 0) -> str:
     from harness.config import compose
 
     run = str(Path(path).parent if Path(path).name == "final" else Path(path))
-    root = ARCH_DIR.parents[1] / "configs" / "train"
+    repo = ARCH_DIR.parents[1]
+    from training.demo import trained_runs
+
+    for folder, recipe in trained_runs().items():  # `make demo` trains into folders of its own
+        if run == str(folder):
+            return _produced_by(compose(TrainConfig, [str(repo / recipe)], []).model.path, depth + 1)
+    root = repo / "configs" / "train"
     for f in sorted(root.rglob("*.yaml")):
         raw = yaml.safe_load(f.read_text()) or {}
         if "stages" in raw:

@@ -14,7 +14,7 @@ import pytest
 
 from harness.config import compose
 from training.config import TrainConfig
-from training.memory_plan import GiB, arch_of, model_states, plan, plan_recipe, shipped_archs
+from training.memory_plan import GiB, _produced_by, arch_of, model_states, plan, plan_recipe, shipped_archs
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs" / "train").rglob("*.yaml"))
@@ -109,6 +109,15 @@ def test_the_prorag_rl_plan_puts_one_bf16_prm_on_local_rank_0_or_none_when_serve
     assert p.parts["PRM (local rank 0)"] == 2 * p.arch.params
     served = plan(compose(TrainConfig, [f], ["algo.step_scorer_path=null", "algo.step_scorer_url=http://h:1"]))
     assert "PRM (local rank 0)" not in served.parts
+
+
+def test_a_demo_model_is_planned_before_the_demo_ran(tmp_path, monkeypatch):
+    """The GRPO demo recipe starts from ``runs/demo/sft/model/final``, which only ``make demo``
+    writes: on a fresh clone the planner traces it to the SFT recipe's model (CI caught this)."""
+    monkeypatch.chdir(tmp_path)  # no runs/ here
+    assert _produced_by("runs/demo/sft/model/final") == "smollm2-135m-instruct"
+    assert _produced_by("runs/demo/rl/final") == "smollm2-135m-instruct"
+    assert _produced_by("runs/nobody/final") == "runs/nobody/final"  # untraceable: left as named
 
 
 @pytest.mark.slow
