@@ -527,6 +527,9 @@ class Trainer:
         lora = self.cfg.model.lora
         zero3 = getattr(self.policy, "zero_optimization_stage", lambda: 0)() == 3
         adapter = lora is not None and lora.sync == "adapter"
+        # Asynchronous rollouts with interrupt=continue: completions in flight go on under the new weights.
+        a = self.cfg.trainer.async_
+        async_continue = a.enabled and a.interrupt == "continue"
         box: dict[str, Any] = {}
 
         def export() -> None:
@@ -549,6 +552,7 @@ class Trainer:
                 scratch=self.out / "sync",
                 tokenizer=self.tokenizer,
                 model_config=base_model(self.policy).config,
+                in_flight="pause" if async_continue else "drain",
             )
 
         gather = export if zero3 and not adapter else None

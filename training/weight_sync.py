@@ -38,9 +38,11 @@ def sync_weights(
     scratch: Path | None = None,
     tokenizer: Any = None,
     model_config: Any = None,
+    in_flight: str = "drain",
 ) -> None:
-    """Push ``state_dict`` (full weights) into ``backend`` as policy version ``version``."""
-    backend.update_weights(WeightUpdate(state_dict, version, model_config, tokenizer, scratch))
+    """Push ``state_dict`` (full weights) into ``backend`` as policy version ``version``;
+    ``in_flight``: see :class:`harness.backends.base.WeightUpdate`."""
+    backend.update_weights(WeightUpdate(state_dict, version, model_config, tokenizer, scratch, in_flight))
 
 
 def is_shared(backend: Any) -> bool:

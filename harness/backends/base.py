@@ -111,6 +111,11 @@ class WeightUpdate:
     ``version``: the policy version (optimizer steps taken) the backend reports from now on.
     Engines that load from disk write the weights under ``scratch`` as a model directory, which
     needs ``model_config`` and ``tokenizer``.
+    ``in_flight``: what happens to completions running when the update arrives: ``drain`` (they
+    finish on the old weights first; new ones wait) or ``pause`` (they stop where they are and
+    go on, with the KV they have, on the new weights: AReaL's interruptible generation; each
+    token's logprob is still the one of the weights that sampled it). Asynchronous RL asks for
+    ``pause`` (``trainer.async.interrupt: continue``).
     """
 
     weights: Any
@@ -118,6 +123,7 @@ class WeightUpdate:
     model_config: Any = None
     tokenizer: Any = None
     scratch: Path | None = None
+    in_flight: Literal["drain", "pause"] = "drain"
 
 
 def export_model_dir(update: WeightUpdate, engine: str, explicit_head: bool = False) -> Path:

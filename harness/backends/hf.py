@@ -17,7 +17,10 @@ batch and its cache. So a request never waits for a batch to drain before it sta
 - Logprobs are of the chosen token under the model's raw distribution (temperature 1, before
   top-k/top-p), the quantity RL losses need.
 - Weights load from safetensors only; ``update_weights`` swaps in new weights for RL once the
-  running rows have finished (admissions pause meanwhile), so a completion has one weight version.
+  running rows have finished (admissions pause meanwhile), so a completion has one weight version;
+  or, with ``WeightUpdate.in_flight == "pause"`` (asynchronous RL), at the next decode step: the
+  running rows keep their KV cache and go on under the new weights (``Completion.weight_version``
+  is then the newest; ``meta["weight_versions"]`` lists every version that wrote the row).
 - Models whose cache is not a plain per-layer key/value cache (e.g. sliding-window layers) cannot
   have rows joined mid-decode: they fall back to batch-at-a-time (new rows wait for the batch).
 """
@@ -51,6 +54,7 @@ class _Request:
     budget: int = 0  # most tokens this row may generate (max_new_tokens, cut to the context)
     queued_at: float = field(default_factory=time.perf_counter)
     queue_s: float = 0.0  # waited before its prefill (reported in Completion.meta["queue_s"])
+    versions: list[str] = field(default_factory=list)  # weight versions that decoded this row
 
 
 class HFBackend(BackendBase):
@@ -109,6 +113,8 @@ class HFBackend(BackendBase):
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._lock = threading.Lock()  # held while any row runs; update_weights waits for it
         self._update_pending = threading.Event()  # set while update_weights waits: admit nothing new
+        self._pause_rows = False  # the pending update lands at the next decode step (in_flight="pause")
+        self._paused_rows: list[_Request] = []  # the rows a paused update lands under
         self.continuous = True  # False once a model's cache turns out not to support joining rows
         self._worker = threading.Thread(target=self._run, name="hf-backend", daemon=True)
         self._worker.start()
@@ -171,6 +177,7 @@ class HFBackend(BackendBase):
                 state.update(load_file(str(f)))
         else:
             state = weights
+        self._pause_rows = update.in_flight == "pause"
         self._update_pending.set()
         try:
             self._lock.acquire()
@@ -185,7 +192,10 @@ class HFBackend(BackendBase):
                 )
             self.model.tie_weights()
             self.weight_version = str(update.version)
+            for r in self._paused_rows:
+                r.versions.append(self.weight_version)
         finally:
+            self._paused_rows = []
             self._lock.release()
 
     # ---- worker --------------------------------------------------------------------------
@@ -208,6 +218,8 @@ class HFBackend(BackendBase):
                 new = [first]
             else:
                 new = []
+                if self._update_pending.is_set() and self._pause_rows:
+                    self._yield_to_update(state.rows)
             joinable = self.continuous or not state.rows
             if joinable and not self._update_pending.is_set() and not closing:
                 closing = self._take_waiting(new, self.max_batch_size - len(state.rows) - len(new))
@@ -223,6 +235,15 @@ class HFBackend(BackendBase):
                 for r in [*state.rows, *new]:
                     _fail(r, e)
                 state.reset()
+
+    def _yield_to_update(self, rows: list[_Request]) -> None:
+        """Between two decode steps, let a pending ``in_flight="pause"`` update load: release the
+        lock, wait until the updater holds it, then wait for it back. The rows keep their cache."""
+        self._paused_rows = list(rows)
+        self._lock.release()
+        while self._update_pending.is_set():  # cleared once the updater has the lock
+            time.sleep(0.0005)
+        self._lock.acquire()
 
     def _take_waiting(self, into: list[_Request], room: int) -> bool:
         """Move up to ``room`` waiting requests into ``into``; True when a close was asked for."""
@@ -288,7 +309,7 @@ class HFBackend(BackendBase):
             logprobs=list(r.logprobs) if r.params.logprobs else None,
             prompt_tokens=len(r.input_ids),
             weight_version=self.weight_version,
-            meta={"queue_s": r.queue_s},
+            meta={"queue_s": r.queue_s, **({"weight_versions": r.versions} if len(r.versions) > 1 else {})},
         )
         try:
             r.future.set_result(comp)
@@ -330,6 +351,7 @@ class _Running:
         now = time.perf_counter()
         for i, r in enumerate(reqs):
             r.queue_s = now - r.queued_at
+            r.versions = [b.weight_version]
             r.budget = min(r.params.max_new_tokens, b.max_context - len(r.input_ids))
             if r.params.temperature > 0:
                 r.generator = torch.Generator().manual_seed(r.params.seed if r.params.seed is not None else b.seed + i)

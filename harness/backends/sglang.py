@@ -249,13 +249,29 @@ class SGLangBackend(HTTPBackendBase):
         ``POST /update_weights_from_disk {model_path, weight_version, flush_cache}`` on every server,
         then ``POST /flush_cache`` so no KV computed by the old weights is reused (the update's own
         ``flush_cache`` flag does the same; the explicit call also covers servers that ignore it).
-        Only the newest copy is kept on disk."""
+        Only the newest copy is kept on disk.
+
+        ``update.in_flight``: ``drain`` — SGLang's own behaviour: the update takes the server's
+        model-update write lock, so it waits for the requests in flight and new ones wait for it;
+        ``pause`` — ``POST /pause_generation {"mode": "retract"}`` first (running requests go back
+        to the waiting queue with what they generated; nothing waits for them), then the update
+        and the flush, then ``POST /continue_generation``: they go on from where they were, their
+        KV recomputed by the new weights (SGLang's pause modes, ``PauseGenerationReqInput``)."""
         path = export_model_dir(update, self.name)
-        run_sync(self.update_weights_from_disk(str(path), str(update.version), flush_cache=True))
-        for url in self.sync_urls():
-            r = httpx.post(url + "/flush_cache", timeout=60.0)
-            if r.status_code != 200:
-                raise BackendError(f"{url}/flush_cache failed ({r.status_code}): {r.text[:200]}")
+        pause = update.in_flight == "pause"
+        if pause:
+            for url in self.sync_urls():
+                self._post_ok(url, "/pause_generation", {"mode": "retract"})
+        try:
+            run_sync(self.update_weights_from_disk(str(path), str(update.version), flush_cache=True))
+            for url in self.sync_urls():
+                r = httpx.post(url + "/flush_cache", timeout=60.0)
+                if r.status_code != 200:
+                    raise BackendError(f"{url}/flush_cache failed ({r.status_code}): {r.text[:200]}")
+        finally:
+            if pause:  # never leave a server paused, even when the update failed
+                for url in self.sync_urls():
+                    self._post_ok(url, "/continue_generation", {"torch_empty_cache": False})
         self.weight_version = str(update.version)
         prune_exports(update, path)
 

@@ -76,9 +76,10 @@ class VLLMWeightSync:
             return r.text
 
     @contextmanager
-    def _paused(self, url: str):
-        """Requests in flight finish, new ones wait until :meth:`_resume` (``/pause?mode=wait``)."""
-        self._vllm_post(url, "/pause", hint=DEV_MODE_HINT, params={"mode": "wait"})
+    def _paused(self, url: str, mode: str = "wait"):
+        """``/pause?mode=wait``: requests in flight finish, new ones wait until ``/resume``;
+        ``mode=keep``: requests in flight stop where they are and continue after ``/resume``."""
+        self._vllm_post(url, "/pause", hint=DEV_MODE_HINT, params={"mode": mode})
         try:
             yield
         finally:
@@ -98,11 +99,14 @@ class VLLMWeightSync:
         ``update.weights`` when it is one), then on every server, paused: ``/collective_rpc``
         ``reload_weights(weights_path)``, ``/reset_prefix_cache``, ``/update_weight_version``.
         Rollouts go to the base model from now on (a LoRA adapter in use is dropped). Only the
-        newest copy is kept on disk."""
+        newest copy is kept on disk. ``update.in_flight``: ``drain`` pauses with ``mode=wait``
+        (requests in flight finish on the old weights), ``pause`` with ``mode=keep`` (they go on
+        from where they were on the new ones; the client tags them with the new version)."""
         path = export_model_dir(update, "vllm", explicit_head=True)
         version = str(update.version)
+        mode = "keep" if update.in_flight == "pause" else "wait"
         for url in self.urls:
-            with self._paused(url):
+            with self._paused(url, mode):
                 body = {"method": "reload_weights", "kwargs": {"weights_path": str(path.resolve())}}
                 self._vllm_post(url, "/collective_rpc", body, hint=DEV_MODE_HINT)
                 self._reset_prefix_cache(url)

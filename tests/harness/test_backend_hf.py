@@ -351,3 +351,66 @@ def test_decoding_raises_no_transformers_deprecation_warning(tiny):
         warnings.simplefilter("error", FutureWarning)  # process-wide: the decoding thread sees it too
         outs = gather(backend, [ids(tok, "abc"), ids(tok, "de")], SamplingParams(max_new_tokens=4, temperature=0.0))
     assert len(outs) == 2 and all(1 <= len(o.token_ids) <= 4 for o in outs)
+
+
+def _fresh_tiny(tok, seed):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+    )
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # never EOS: the generation must still be running when the update lands
+        model.lm_head.weight[tok.eos_token_id] = 0.0  # logit 0, below the largest of ~260 random ones
+    return model
+
+
+@pytest.mark.parametrize("in_flight", ["drain", "pause"])
+def test_an_update_mid_completion_drains_or_pauses_it(in_flight):
+    """``drain``: the running completion ends on the old weights, then the update lands.
+    ``pause``: the update lands at the next decode step; the row goes on under the new weights
+    (its tokens so far are the old weights' greedy ones), and reports both versions."""
+    import threading
+    import time
+
+    tok = byte_tokenizer()
+    model = _fresh_tiny(tok, 0)
+    new_state = {k: v.clone() for k, v in _fresh_tiny(tok, 1).state_dict().items()}
+    backend = HFBackend(model_obj=model, tokenizer=tok, max_batch_size=4)
+    try:
+        p, n = ids(tok, "hello"), 300
+        old_greedy = model.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False)[0, len(p) :].tolist()
+        box = {}
+        runner = threading.Thread(
+            target=lambda: box.update(c=gather(backend, [p], SamplingParams(max_new_tokens=n))[0])
+        )
+        start = backend.steps_run
+        runner.start()
+        deadline = time.monotonic() + 60
+        while backend.steps_run < start + 20 and runner.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        backend.update_weights(WeightUpdate(new_state, version=5, in_flight=in_flight))
+        steps_at_update = backend.steps_run - start
+        runner.join(60)
+        c = box["c"]
+        assert len(c.token_ids) == n
+        if in_flight == "drain":
+            assert c.token_ids == old_greedy and c.weight_version == "0" and steps_at_update >= n - 1
+            assert "weight_versions" not in c.meta
+        else:
+            assert 20 <= steps_at_update < n - 1
+            k = steps_at_update  # tokens picked before the new weights came in (at least)
+            assert c.token_ids[:k] == old_greedy[:k] and c.token_ids != old_greedy
+            assert c.weight_version == "5" and c.meta["weight_versions"] == ["0", "5"]
+    finally:
+        backend.close()
