@@ -146,7 +146,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
 def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     """Build the frozen dataclass ``cls`` from ``data``, checking every key and type."""
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = {config_key(f): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         path = f"{where}.{key}" if where else key
@@ -154,9 +154,9 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
             close = difflib.get_close_matches(key, list(fields), n=1)
             hint = f"; did you mean {(where + '.' if where else '') + close[0]!r}?" if close else ""
             raise ConfigError(f"unknown config key {path!r}{hint}")
-        kwargs[key] = _coerce(value, hints[key], path)
+        kwargs[fields[key].name] = _coerce(value, hints[fields[key].name], path)
     for name, f in fields.items():
-        if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+        if f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"missing required config key {(where + '.' if where else '') + name!r}")
     try:
         return cls(**kwargs)
@@ -186,10 +186,16 @@ def require_positive(obj: Any, *names: str) -> None:
             raise ValueError(f"{name} must be greater than 0, got {value}")
 
 
+def config_key(f: dataclasses.Field) -> str:
+    """A field's key in YAML: its name, or ``metadata["key"]`` where the key is a Python keyword
+    (``trainer.async`` is the field ``async_``)."""
+    return f.metadata.get("key", f.name)
+
+
 def to_dict(obj: Any) -> Any:
-    """The plain-data form of a config (for manifests and hashing)."""
+    """The plain-data form of a config (for manifests and hashing), keyed as the YAML is."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {config_key(f): to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, list | tuple):
         return [to_dict(v) for v in obj]
     if isinstance(obj, dict):

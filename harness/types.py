@@ -84,17 +84,29 @@ class Segment:
     token_ids: list[int]
     text: str = ""
     logprobs: list[float] | None = None
+    # The policy version (optimizer steps) whose weights wrote a model segment, as the backend
+    # reported it; None where unknown. An asynchronous RL run mixes versions within a trajectory.
+    version: int | None = None
 
     @property
     def loss_mask(self) -> list[int]:
         return [1 if self.role == "model" else 0] * len(self.token_ids)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"role": self.role, "token_ids": self.token_ids, "text": self.text, "logprobs": self.logprobs}
+        d = {"role": self.role, "token_ids": self.token_ids, "text": self.text, "logprobs": self.logprobs}
+        if self.version is not None:  # written only where known: evaluation records stay as they were
+            d["version"] = self.version
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Segment:
-        return cls(role=d["role"], token_ids=list(d["token_ids"]), text=d.get("text", ""), logprobs=d.get("logprobs"))
+        return cls(
+            role=d["role"],
+            token_ids=list(d["token_ids"]),
+            text=d.get("text", ""),
+            logprobs=d.get("logprobs"),
+            version=d.get("version"),
+        )
 
 
 @dataclass

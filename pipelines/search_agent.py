@@ -315,7 +315,7 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
             if d.rewrite is not None and (new := d.rewrite(text, action)) is not None:
                 # The original continues from its own text (R1-Searcher strips the turn): re-encoded.
                 text, ids, logprobs = new, self.tokenizer.encode(new, add_special_tokens=False), None
-            traj.segments.append(Segment("model", ids, text, logprobs))
+            traj.segments.append(Segment("model", ids, text, logprobs, version=_version(comp.weight_version)))
             context.extend(ids)
             traj.generated_tokens += len(ids)
             used += len(ids)
@@ -461,3 +461,11 @@ def cap_doc(tokenizer: Any, doc: Doc, max_tokens: int) -> Doc:
     if len(ids) <= max_tokens:
         return doc
     return Doc(id=doc.id, title=doc.title, text=tokenizer.decode(ids[:max_tokens]) + " ...", score=doc.score)
+
+
+def _version(weight_version: str | None) -> int | None:
+    """A backend's weight version as the policy version (an int) where it is one."""
+    try:
+        return int(weight_version) if weight_version is not None else None
+    except ValueError:  # a server started with its own label
+        return None

@@ -256,6 +256,17 @@ def next_step(cfg: TrainConfig, final: Path) -> str:
     return TRAINERS.info(cfg.algo.kind)["next"].format(final=final)
 
 
+def _as_current(recorded: Path) -> Any:
+    """A run's recorded config as this harness writes it: keys added since (with their defaults)
+    filled in, so a new option never invalidates a cached run; None where it no longer loads."""
+    from harness.config import ConfigError
+
+    try:
+        return json.loads(json.dumps(to_dict(from_dict(TrainConfig, json.loads(recorded.read_text())))))
+    except (ConfigError, ValueError, TypeError):
+        return None
+
+
 def train_cached(cfg: TrainConfig, run: str | Path) -> tuple[Path, bool]:
     """Train ``cfg`` into ``run`` unless ``run`` already holds a final model trained with exactly
     this config (its ``config.json``); returns the final model folder and whether it trained now.
@@ -265,7 +276,7 @@ def train_cached(cfg: TrainConfig, run: str | Path) -> tuple[Path, bool]:
     final, recorded = run / "final", run / "config.json"
     wanted = json.loads(json.dumps(to_dict(cfg)))  # as config.json holds it (tuples as lists)
     with run_lock(run, "train"):
-        if final.is_dir() and recorded.exists() and json.loads(recorded.read_text()) == wanted:
+        if final.is_dir() and recorded.exists() and _as_current(recorded) == wanted:
             return final, False
         if safe_delete.check_removable(run, TRAIN_ENTRIES, kind="train"):
             logger.info("retraining: %s holds no final model of this config", run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from harness.config import require_at_least
 from harness.eval_config import BackendConfig, RetrieverConfig
 from training.retriever_config import RetrieverTrainConfig
 
@@ -184,6 +185,31 @@ class OptimConfig:
 
 
 @dataclass(frozen=True)
+class AsyncConfig:
+    """``trainer.async``: rollouts that never wait for the trainer (:mod:`training.async_rollout`).
+
+    A producer keeps rollout groups (a prompt's ``n_samples``) in flight through the same agent
+    into a buffer; each step trains on ``prompts_per_step`` finished groups. AReaL's staleness
+    control (``max_head_offpolicyness``): a group starts only while it can be consumed at most
+    ``max_staleness`` policy versions after the version it started on; the trainer re-checks
+    on taking it and drops (and counts) any older one. ``interrupt``: what a weight update does
+    to trajectories in flight: ``continue`` (their next turns run on the new weights; each
+    segment records the version that wrote it) or ``finish`` (the update waits until they end
+    on the old weights; no new group starts meanwhile). A completion never mixes versions: the
+    engines apply an update between completions."""
+
+    enabled: bool = False
+    max_staleness: int = 1
+    interrupt: Literal["continue", "finish"] = "continue"
+    # Groups generating at once (AReaL's max_concurrent_rollouts, in groups); None: prompts_per_step.
+    max_running_groups: int | None = None
+
+    def __post_init__(self) -> None:
+        require_at_least(self, 0, "max_staleness")
+        require_at_least(self, 1, "max_running_groups")
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     max_steps: int = 10
     save_every: int = 5  # checkpoint every N steps (0: only the final one)
@@ -201,6 +227,8 @@ class TrainerConfig:
     # With algo.entropy_coef = 0 the policy entropy is only a metric: compute and log it every N
     # training steps (1: every step, 0: never). A nonzero coefficient computes it every step.
     entropy_every: int = 10
+    # Asynchronous rollouts (``trainer.async`` in YAML; see training.async_rollout).
+    async_: AsyncConfig = field(default_factory=lambda: AsyncConfig(), metadata={"key": "async"})
 
 
 @dataclass(frozen=True)

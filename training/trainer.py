@@ -13,9 +13,12 @@ slice of them (whole groups per rank), so group advantages are exact; batch-wide
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -29,6 +32,7 @@ import torch
 from harness.backends.base import SamplingParams
 from training import losses
 from training.advantages import ADVANTAGES, AdvantageInputs, step_score_tensor
+from training.async_rollout import AsyncRollouts
 from training.batch import Batch, collate
 from training.checkpoint import export_hf, resume_checkpoint, save_and_prune
 from training.config import TrainConfig
@@ -48,7 +52,7 @@ from training.logging_utils import MetricsLog, ProgressBar, memory_metrics, rele
 from training.logprobs import window_token_stats
 from training.lora import adapters_disabled, apply_lora, base_model, lora_critic, merged_state_dict, save_adapter
 from training.rewards import algo_step_scorer, build_reward
-from training.rollout import PromptSampler, collect
+from training.rollout import PromptSampler, RolloutBatch, collect, sample_seed
 from training.weight_sync import rank_safe_sync, sync_weights
 
 logger = logging.getLogger(__name__)
@@ -142,6 +146,13 @@ class Trainer:
             max_new_tokens=agent.config.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
         )
         self.step_no = 0  # optimizer steps taken = the policy version the backend serves
+        self.async_rollouts: AsyncRollouts | None = None  # trainer.async's producer, from the first step
+        self._sampler_lock: Any = contextlib.nullcontext()
+        if cfg.trainer.async_.enabled and self.world > 1:
+            raise NotImplementedError(
+                "trainer.async with several ranks is not implemented (each rank would need its own "
+                "producer and the same number of groups per step); run it on one rank"
+            )
         # This run's checkpoints carry its id: pruning never touches another run's.
         self.run_id = uuid.uuid4().hex
         self._saved_step, self._saved_at = -1, time.monotonic()  # the last checkpoint: step, clock
@@ -158,10 +169,13 @@ class Trainer:
     def train(self) -> Path:
         """Run to ``trainer.max_steps`` (from wherever a resume left off); returns the exported model."""
         c = self.cfg.trainer
-        with ProgressBar(c.max_steps, self.step_no, enabled=c.progress and self.rank == 0) as bar:
-            while self.step_no < c.max_steps:
-                metrics = self.step()
-                bar.update(self.step_no, metrics)
+        try:
+            with ProgressBar(c.max_steps, self.step_no, enabled=c.progress and self.rank == 0) as bar:
+                while self.step_no < c.max_steps:
+                    metrics = self.step()
+                    bar.update(self.step_no, metrics)
+        finally:
+            self.close()
         if self._saved_step != self.step_no:
             self.save()  # the last step is always resumable
         final = export_hf(self.policy, self.tokenizer, self.out / "final")
@@ -172,19 +186,23 @@ class Trainer:
     def step(self) -> dict[str, float]:
         """One iteration: rollouts → rewards → advantages → update → sync → log → checkpoint → eval."""
         c, t0 = self.cfg, time.perf_counter()
-        # 1. prompts: the step's prompts on every rank; this rank rolls out its slice (whole groups)
-        per_rank = c.rollout.prompts_per_step // self.world
-        prompts = self.sampler.next(c.rollout.prompts_per_step)[self.rank * per_rank : (self.rank + 1) * per_rank]
-        # 2. rollouts through THE agent, n samples per prompt, tagged with the serving policy version
-        rollout = collect(
-            self.agent,
-            prompts,
-            c.rollout.n_samples,
-            self.sampling,
-            policy_version=self.step_no,
-            seed=c.trainer.seed + self.step_no,
-            group_offset=self.rank * per_rank,
-        )
+        stats: dict[str, float] = {}
+        if not c.trainer.async_.enabled:
+            # 1. prompts: the step's prompts on every rank; this rank rolls out its slice (whole groups)
+            per_rank = c.rollout.prompts_per_step // self.world
+            prompts = self.sampler.next(c.rollout.prompts_per_step)[self.rank * per_rank : (self.rank + 1) * per_rank]
+            # 2. rollouts through THE agent, n samples per prompt, tagged with the serving policy version
+            rollout = collect(
+                self.agent,
+                prompts,
+                c.rollout.n_samples,
+                self.sampling,
+                policy_version=self.step_no,
+                seed=c.trainer.seed + self.step_no,
+                group_offset=self.rank * per_rank,
+            )
+        else:  # 1–2 asynchronously: finished groups from the producer, at most max_staleness versions old
+            rollout = self._take_async(stats)
         t_rollout = time.perf_counter()
         # 3. rewards
         scored = [self.reward_fn(t) for t in rollout.trajectories]
@@ -195,7 +213,7 @@ class Trainer:
         keep = list(range(len(rewards)))
         if c.algo.filter_groups:
             keep = informative_rows(rollout.group_ids, rewards)
-        stats: dict[str, float] = {"groups/kept_frac": len(keep) / max(1, len(rewards))}
+        stats["groups/kept_frac"] = len(keep) / max(1, len(rewards))
         if keep:
             trajs = [rollout.trajectories[i] for i in keep]
             # 4. collate: token ids, loss mask from roles (0 on prompt/observation), group id = prompt index
@@ -214,8 +232,16 @@ class Trainer:
             stats["policy_updates"], trained_tokens, seen_tokens = 0.0, 0.0, 0.0
         self.step_no += 1
         t_update = time.perf_counter()
-        # 8. weight sync: the backend serves the new policy, version = step_no
-        self.sync()
+        # 8. weight sync: the backend serves the new policy, version = step_no (asynchronously:
+        # with interrupt=finish the trajectories in flight end on the old weights first)
+        if self.async_rollouts is not None and c.trainer.async_.interrupt == "finish":
+            with self.async_rollouts.paused() as drained_s:
+                self.sync()
+            stats["async/drain_s"] = drained_s
+        else:
+            self.sync()
+        if self.async_rollouts is not None:
+            self.async_rollouts.set_version(self.step_no)
         t_sync = time.perf_counter()
         # 9. log
         metrics = {
@@ -246,6 +272,66 @@ class Trainer:
         if self.validate is not None and c.trainer.eval_every and self.step_no % c.trainer.eval_every == 0:
             self.run_validation()
         return metrics
+
+    # ---- asynchronous rollouts ---------------------------------------------------------------
+    def _start_async(self) -> None:
+        """The producer of ``trainer.async`` (started on the first step, after any resume)."""
+        c = self.cfg
+        if self.async_rollouts is not None or not c.trainer.async_.enabled:
+            return
+        lock = threading.Lock()  # the producer draws prompts; a checkpoint reads the position
+
+        def next_prompt() -> Any:
+            with lock:
+                return self.sampler.next(1)[0]
+
+        self._sampler_lock = lock
+        self.async_rollouts = AsyncRollouts(
+            self._run_group,
+            next_prompt,
+            groups_per_step=c.rollout.prompts_per_step,
+            max_staleness=c.trainer.async_.max_staleness,
+            max_running=c.trainer.async_.max_running_groups,
+            version=self.step_no,
+        ).start()
+
+    async def _run_group(self, example: Any, seq: int, version: int) -> list:
+        """One prompt's ``n_samples`` rollouts through THE agent (as ``collect`` makes them), seeded
+        by the group's submission order, tagged with the version it started on."""
+        n, params = self.cfg.rollout.n_samples, self.sampling.with_(logprobs=True)
+        seed = self.cfg.trainer.seed
+        return list(
+            await asyncio.gather(
+                *(
+                    self.agent.arun(
+                        example,
+                        sample_index=j,
+                        sampling=params.with_(seed=sample_seed(seed, seq, j, n)),
+                        policy_version=version,
+                    )
+                    for j in range(n)
+                )
+            )
+        )
+
+    def _take_async(self, stats: dict[str, float]) -> RolloutBatch:
+        """This step's groups from the producer, as a :class:`RolloutBatch` (group id = order taken)."""
+        self._start_async()
+        groups, took = self.async_rollouts.take(self.cfg.rollout.prompts_per_step, self.step_no)
+        trajs = [t for g in groups for t in g.trajectories]
+        gids = [k for k, g in enumerate(groups) for _ in g.trajectories]
+        stats.update(took.metrics(self.async_rollouts.dropped))
+        seg = [self.step_no - v for g in groups for v in g.segment_versions()]
+        if seg:  # how far behind the trainer the tokens are (a segment may be newer than its head)
+            stats["async/segment_staleness_mean"] = float(np.mean(seg))
+            stats["async/segment_staleness_max"] = float(max(seg))
+        return RolloutBatch(trajs, gids, min(g.head_version for g in groups))
+
+    def close(self) -> None:
+        """Stop the asynchronous producer, if any (its in-flight and buffered groups are dropped)."""
+        if self.async_rollouts is not None:
+            self.async_rollouts.close()
+            self.async_rollouts = None
 
     # ---- the pieces --------------------------------------------------------------------------
     @property
@@ -500,7 +586,10 @@ class Trainer:
 
     def save(self) -> Path:
         """A checkpoint of this step (atomic); keeps this run's newest ``trainer.keep_checkpoints``."""
-        state = {"sampler": self.sampler.state(), "policy_version": self.step_no, "run_id": self.run_id}
+        # Asynchronously the sampler's position is the producer's: prompts of groups in flight or
+        # buffered at this checkpoint are not drawn again by a resumed run.
+        with self._sampler_lock:
+            state = {"sampler": self.sampler.state(), "policy_version": self.step_no, "run_id": self.run_id}
         keep = self.cfg.trainer.keep_checkpoints
         path = save_and_prune(self.out / "checkpoints", self.step_no, self.policy, state, keep, self.critic)
         self._saved_step, self._saved_at = self.step_no, time.monotonic()

@@ -1,0 +1,48 @@
+"""``trainer.async`` end to end on the tiny offline Llama (in-process hf backend, real weight sync):
+the staleness bound on every step's groups, the per-segment versions under both interrupt modes,
+and the async metrics in the log."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.training.test_trainer import make, read_jsonl
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("interrupt", ["continue", "finish"])
+def test_async_steps_respect_the_bound_and_tag_every_segment(tmp_path, interrupt):
+    steps, bound = 4, 1
+    trainer = make(
+        tmp_path,
+        "trainer.async.enabled=true",
+        f"trainer.async.max_staleness={bound}",
+        f"trainer.async.interrupt={interrupt}",
+        f"trainer.max_steps={steps}",
+        "trainer.save_every=2",
+    )
+    trainer.train()
+    assert trainer.async_rollouts is None  # the producer was stopped
+    assert trainer.backend.weight_version == str(steps)
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    for r in rows:
+        assert 0 <= r["async/staleness_max"] <= bound
+        for key in ("async/trainer_wait_s", "async/buffer_depth", "async/dropped_stale", "grad_norm"):
+            assert key in r, key
+        if interrupt == "finish":
+            assert r["async/drain_s"] >= 0
+    for rec in read_jsonl(tmp_path / "run" / "rollouts.jsonl"):
+        step, traj = rec["step"], rec["trajectory"]
+        head = traj["policy_version"]
+        assert step - 1 - bound <= head <= step - 1  # trained at version step − 1
+        seg = [s["version"] for s in traj["segments"] if s["role"] == "model"]
+        assert seg and all(head <= v <= step - 1 for v in seg)
+        if interrupt == "finish":  # a trajectory ends on the weights it started on
+            assert set(seg) == {head}
+
+
+def test_async_with_several_ranks_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr("training.trainer.rank_and_world", lambda: (0, 2))
+    with pytest.raises(NotImplementedError, match="trainer.async with several ranks"):
+        make(tmp_path, "trainer.async.enabled=true", "rollout.prompts_per_step=2")
