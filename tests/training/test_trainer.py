@@ -379,3 +379,30 @@ def test_decoupled_loss_refuses_rollouts_without_backend_logprobs(tmp_path):
 def test_decoupled_loss_is_refused_for_a_dialect_that_rewrites_turns(tmp_path):
     with pytest.raises(ValueError, match="algo.decoupled_loss=true .* r1_searcher dialect rewrites turns"):
         make(tmp_path, "rollout.method=r1_searcher", "algo.decoupled_loss=true", "trainer.tensorboard=false")
+
+
+@pytest.mark.slow
+def test_decoupled_loss_with_async_rollouts_weighs_the_stale_tokens(tmp_path):
+    """trainer.async + algo.decoupled_loss: tokens written by an older policy version have a
+    behaviour logprob that differs from the proximal (pre-update) policy's, so where a step
+    trained on stale segments its weights move off 1; where every segment is current they are ≈ 1."""
+    trainer = make(
+        tmp_path,
+        "trainer.async.enabled=true",
+        "trainer.async.max_staleness=2",
+        "trainer.max_steps=4",
+        "trainer.save_every=0",
+        "trainer.tensorboard=false",
+        "algo.decoupled_loss=true",
+        "algo.behav_imp_weight_cap=1000",
+        "algo.reward=test_length",  # a signal in every group, so every step updates
+    )
+    trainer.train()
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        assert r["behav_imp_weight"] > 0 and 0 <= r["behav_drop_frac"] <= 1 and r["grad_norm"] > 0
+        if r["async/segment_staleness_max"] == 0:  # on-policy: the backend's logprobs are the proximal's
+            assert r["behav_imp_weight"] == pytest.approx(1.0, abs=1e-2)
+        else:
+            assert abs(r["behav_kl"]) > 1e-5, r
