@@ -130,8 +130,25 @@ class AlgoConfig:
     # reward (no group-relative signal) are left out of the step's update (logged groups/kept_frac).
     filter_groups: bool = False
     max_len: int | None = None  # truncate collated sequences (Dr. GRPO's constant denominator too)
+    # AReaL's decoupled PPO, for asynchronous rollouts (training.losses.policy_loss): the ratio and
+    # the clip are taken against the PROXIMAL policy, the policy before this step's update
+    # (recomputed by the trainer), and each token's term is weighted by exp(proximal − behaviour),
+    # the BEHAVIOUR policy being the one that generated that token (the backend's logprobs,
+    # recorded at generation). Needs every model token's backend logprob.
+    decoupled_loss: bool = False
+    # AReaL's name: with decoupled_loss, tokens whose behaviour importance weight exceeds the cap
+    # are dropped from the loss (still counted in its denominator). AReaL requires > 1.0.
+    behav_imp_weight_cap: float | None = None
 
     def __post_init__(self) -> None:
+        if self.behav_imp_weight_cap is not None:
+            if not self.decoupled_loss:
+                raise ValueError(
+                    "algo.behav_imp_weight_cap applies to the decoupled loss only; set algo.decoupled_loss=true "
+                    "or algo.behav_imp_weight_cap=null"
+                )
+            if not self.behav_imp_weight_cap > 1.0:  # AReaL: "must be > 1.0"; on-policy tokens have w ≈ 1
+                raise ValueError(f"algo.behav_imp_weight_cap must be > 1.0, got {self.behav_imp_weight_cap}")
         if self.ppo_epochs < 1:
             raise ValueError(f"algo.ppo_epochs must be >= 1, got {self.ppo_epochs}")
         if self.ppo_mini_batch_size is not None and self.ppo_mini_batch_size < 1:

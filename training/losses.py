@@ -94,6 +94,8 @@ def policy_loss(
     agg: str = "token_mean",
     global_tokens: float | None = None,
     max_len: int | None = None,
+    behav_logp: torch.Tensor | None = None,
+    behav_imp_weight_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """PPO-clip per token: −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)·A), ρ = exp(logp − old_logp),
     aggregated with ``agg``. ``clip_high`` > ``clip_low`` is DAPO's clip-higher.
@@ -101,6 +103,21 @@ def policy_loss(
     Returns (loss, stats): ``clip_frac`` = share of valid tokens where the clipped term is the
     active one; ``approx_kl`` = mean over valid tokens of ½(logp − old_logp)², the k2 estimator
     (verl logs the k1 mean instead, which can go negative).
+
+    Decoupled PPO (AReaL, for asynchronous rollouts), when ``behav_logp`` [B, T] is given: the
+    log-probs of the BEHAVIOUR policy, the one that generated each token (the backend's, recorded
+    at generation; tokens of one row may come from several policy versions). ``old_logp`` is then
+    the PROXIMAL policy, the policy before this update, and ρ and the clip are taken against it
+    as above; each token's clipped term is multiplied by the behaviour importance weight
+    w = exp(old_logp − behav_logp), a constant (no gradient). With ``behav_imp_weight_cap``,
+    tokens with w > cap are dropped: their term is 0, yet they still count in the aggregation's
+    denominators (the valid-token ``mask``). This follows ``ppo_actor_loss_fn`` in
+    inclusionAI/AReaL ``areal/utils/functional.py``, whose denominator is
+    ``loss_mask.count_nonzero()``, not the kept-token count. Extra stats, as AReaL logs them
+    (``behave_imp_weight``, ``behave_approx_kl`` over the kept tokens): ``behav_imp_weight`` =
+    mean w and ``behav_kl`` = mean (old_logp − behav_logp), both over kept valid tokens;
+    ``behav_drop_frac`` = share of valid tokens dropped by the cap. Without ``behav_logp`` the
+    function is the plain PPO-clip loss, unchanged.
     """
     m = mask.bool()  # [B, T]
     # Masked positions get log-ratio 0 (ρ = 1) so padding/observation garbage can never make inf·0 = nan.
@@ -109,6 +126,10 @@ def policy_loss(
     unclipped = -adv * ratio  # [B, T]
     clipped = -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)  # [B, T]
     per_token = torch.maximum(unclipped, clipped)  # [B, T]
+    behav_stats: dict[str, float] = {}
+    if behav_logp is not None:
+        w, behav_stats = behaviour_weights(old_logp, behav_logp, m, behav_imp_weight_cap)  # [B, T]
+        per_token = per_token * w  # [B, T]: dropped tokens give 0, and still count in ``mask``
     loss = aggregate(per_token, mask, agg, global_tokens, max_len)
     with torch.no_grad():
         n = m.sum().clamp(min=1)
@@ -116,8 +137,32 @@ def policy_loss(
             "clip_frac": float(((clipped > unclipped) & m).sum() / n),
             "approx_kl": float((0.5 * log_ratio**2 * m).sum() / n),
             "ratio_mean": float((ratio * m).sum() / n),
+            **behav_stats,
         }
     return loss, stats
+
+
+@torch.no_grad()
+def behaviour_weights(
+    old_logp: torch.Tensor, behav_logp: torch.Tensor, m: torch.Tensor, cap: float | None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Decoupled PPO's behaviour importance weight w = exp(proximal − behaviour) per token, set to
+    0 off the kept tokens (valid and, with ``cap``, w ≤ cap: AReaL keeps ``behav_imp_weight <= cap``),
+    and the stats. No gradient: both log-probs are data. Zeroing w itself (not the weighted term
+    afterwards) keeps an infinite weight of a dropped token out of the backward (0·inf = nan).
+    [B, T] ×2, bool [B, T] → w [B, T]
+    """
+    behav_kl = torch.where(m, old_logp - behav_logp, torch.zeros_like(old_logp))  # [B, T], 0 off the mask
+    w = torch.exp(behav_kl)  # [B, T]
+    keep = m & (w <= cap) if cap is not None else m  # [B, T]
+    n_keep = keep.sum().clamp(min=1)
+    zero = torch.zeros_like(w)
+    stats = {
+        "behav_imp_weight": float(torch.where(keep, w, zero).sum() / n_keep),
+        "behav_kl": float(torch.where(keep, behav_kl, zero).sum() / n_keep),
+        "behav_drop_frac": float((m & ~keep).sum() / m.sum().clamp(min=1)),
+    }
+    return torch.where(keep, w, zero), stats
 
 
 # ---- KL estimators -----------------------------------------------------------------------------
@@ -221,6 +266,9 @@ class RLLoss:
     by them and ``dapo`` already normalises over the step. Returns the loss and its stats
     (``clip_frac``, ``kl``, ``entropy``, ...); ``kl`` and ``entropy`` are token means of the
     micro-batch whatever ``agg`` is, so they read the same under every aggregation.
+
+    ``decoupled``: AReaL's decoupled PPO (see :func:`policy_loss`); every call must then bring the
+    behaviour policy's log-probs ``behav_logp``, and ``old_logp`` is the proximal policy's.
     """
 
     clip_low: float = 0.2
@@ -231,6 +279,8 @@ class RLLoss:
     kl_in_reward: bool = False
     entropy_coef: float = 0.0
     max_len: int | None = None
+    decoupled: bool = False
+    behav_imp_weight_cap: float | None = None
 
     @classmethod
     def from_config(cls, algo: Any) -> RLLoss:
@@ -244,6 +294,8 @@ class RLLoss:
             algo.kl_in_reward,
             algo.entropy_coef,
             algo.max_len,
+            algo.decoupled_loss,
+            algo.behav_imp_weight_cap,
         )
 
     @property
@@ -261,17 +313,38 @@ class RLLoss:
         ref_logp: torch.Tensor | None = None,
         global_tokens: float | None = None,
         grad_accum: int = 1,
+        behav_logp: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """``logp``, ``old_logp``, ``adv``, ``mask``, ``ref_logp``, ``entropy``: [b, W].
+        """``logp``, ``old_logp``, ``adv``, ``mask``, ``ref_logp``, ``entropy``, ``behav_logp``: [b, W].
 
         ``entropy`` (per token, e.g. from :func:`training.logprobs.window_token_stats`) is needed
-        when ``entropy_coef`` ≠ 0; otherwise, when given, it is only logged."""
+        when ``entropy_coef`` ≠ 0; otherwise, when given, it is only logged. ``behav_logp`` (the
+        behaviour policy's per-token log-probs) is required when ``decoupled`` and refused
+        otherwise, so the objective is always the configured one."""
+        if self.decoupled and behav_logp is None:
+            raise ValueError(
+                "RLLoss(decoupled=True) (algo.decoupled_loss) needs behav_logp, the behaviour policy's "
+                "per-token log-probs recorded at generation; none were given"
+            )
+        if not self.decoupled and behav_logp is not None:
+            raise ValueError("behav_logp given to RLLoss(decoupled=False); set algo.decoupled_loss=true to use it")
         # One denominator for every term: the step's tokens (dapo), the window W (dr_grpo's default).
         agg_kw = {
             "global_tokens": global_tokens,
             "max_len": self.max_len if self.max_len is not None else mask.shape[1],
         }
-        loss, stats = policy_loss(logp, old_logp, adv, mask, self.clip_low, self.clip_high, self.agg, **agg_kw)
+        loss, stats = policy_loss(
+            logp,
+            old_logp,
+            adv,
+            mask,
+            self.clip_low,
+            self.clip_high,
+            self.agg,
+            **agg_kw,
+            behav_logp=behav_logp,
+            behav_imp_weight_cap=self.behav_imp_weight_cap,
+        )
         if ref_logp is not None and not self.kl_in_reward:
             kl_tok = kl_penalty(logp, ref_logp, self.kl_estimator)  # [b, W]
             loss = loss + self.kl_coef * aggregate(kl_tok, mask, self.agg, **agg_kw)

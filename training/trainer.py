@@ -124,6 +124,13 @@ class Trainer:
         self.critic = None
         self.step_scorer = algo_step_scorer(a, self.device) if adv_info.get("needs_step_scores") else None
         self.loss_fn = losses.RLLoss.from_config(a)
+        rewrite = getattr(getattr(agent, "dialect", None), "rewrite", None)
+        if a.decoupled_loss and rewrite is not None:
+            raise ValueError(
+                f"algo.decoupled_loss=true needs the backend's logprob of every model token, but the "
+                f"{agent.dialect.name} dialect rewrites turns (re-encoded text has no backend logprobs); "
+                "set algo.decoupled_loss=false"
+            )
         if adv_info.get("needs_critic"):  # PPO: a critic on the same LM architecture
             critic = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))
             if lora is not None:
@@ -369,6 +376,12 @@ class Trainer:
     def forward(self, batch: Batch) -> Forward:
         """Everything the advantages and losses need from models other than the training forward."""
         a = self.cfg.algo
+        if a.decoupled_loss and not batch.has_rollout_logprobs:
+            raise ValueError(
+                "algo.decoupled_loss=true needs the behaviour policy's logprob of every model token, but this "
+                "batch has model tokens without backend logprobs (a backend that returns none, or a dialect "
+                "that rewrites a turn and re-encodes it); set algo.decoupled_loss=false"
+            )
         offset = max(0, int(batch.response_start.min()) - 1)
         slices = self._slices(batch)
 
@@ -388,6 +401,8 @@ class Trainer:
         # Old log-probs are computed ONCE, before any update. With one epoch and one mini-batch the
         # training forward runs before the only optimizer step, so it yields them for free; with
         # several updates per batch (or advantages that read them) a separate pass is needed.
+        # Either way they are the policy before this step's update: exactly the proximal policy of
+        # the decoupled loss (algo.decoupled_loss), so it needs no pass of its own.
         old = None
         if self.updates_per_step > 1 or (ref is not None and a.kl_in_reward):
             old = cat(lambda s: self._logprobs(self.policy, batch, s, offset)[0])
@@ -475,7 +490,9 @@ class Trainer:
         if not have_old:
             old[s] = logp.detach()  # one update per batch: this forward precedes the only optimizer step
         ref = fwd.ref_logp[s] if fwd.ref_logp is not None else None
-        loss, st = self.loss_fn(logp, old[s], adv[s], mask[s], ent, ref, mini_tokens, gas)
+        # Decoupled PPO: old = proximal policy, the backend's logprobs = behaviour policy (per token).
+        behav = batch.rollout_logprobs[s, o:] if self.loss_fn.decoupled else None  # [b, W]
+        loss, st = self.loss_fn(logp, old[s], adv[s], mask[s], ent, ref, mini_tokens, gas, behav)
         with torch.no_grad():
             if batch.has_rollout_logprobs:  # the backend's logprobs vs the pre-update policy's: sync health
                 diff = (old[s] - batch.rollout_logprobs[s, o:]).abs()  # [b, W]

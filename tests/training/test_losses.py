@@ -178,6 +178,8 @@ def test_rl_loss_composes_policy_kl_and_entropy_by_hand():
         kl_in_reward=False,
         entropy_coef=0.01,
         max_len=None,
+        decoupled_loss=False,
+        behav_imp_weight_cap=None,
     )
     loss, st = RLLoss.from_config(algo)(logp, old, adv, mask, entropy_from_logits(logits), ref)
     policy = (-1.2 + 0.8 - 2.0) / 3  # the clipped policy loss of test_policy_loss_clips_both_sides_by_hand
@@ -232,3 +234,142 @@ def test_rl_loss_entropy_only_when_given_and_required_by_its_coefficient():
     assert RLLoss(entropy_coef=0.01).needs_entropy and not RLLoss().needs_entropy
     with pytest.raises(ValueError, match="entropy_coef != 0 needs the per-token entropy"):
         RLLoss(entropy_coef=0.01)(logp, logp, torch.ones(1, 3), mask)
+
+
+# ---- decoupled PPO (AReaL's ppo_actor_loss_fn, inclusionAI/AReaL areal/utils/functional.py) ----------
+# old_logp = the proximal policy (before this update), behav_logp = the policy that generated each token.
+
+
+def test_decoupled_with_behaviour_equal_to_proximal_is_the_plain_loss():
+    # The clipping example above: w = exp(old − behav) = e⁰ = 1 on every token, so every term is
+    # unchanged: .160548, gradient [0, 0, −.151633, .412180], clip_frac 2/4.
+    logp = torch.tensor([[0.5, -0.5, -0.5, 0.5]], requires_grad=True)
+    old, adv, mask = torch.zeros(1, 4), torch.tensor([[1.0, -1.0, 1.0, -1.0]]), torch.ones(1, 4)
+    plain, plain_st = policy_loss(logp, old, adv, mask)
+    dec, st = policy_loss(logp, old, adv, mask, behav_logp=old.clone(), behav_imp_weight_cap=2.0)
+    assert torch.equal(dec, plain) and dec.item() == pytest.approx(0.160548, abs=1e-6)
+    (g_plain,) = torch.autograd.grad(plain, logp)
+    (g_dec,) = torch.autograd.grad(dec, logp)
+    assert torch.equal(g_dec, g_plain)
+    assert g_dec[0].tolist() == pytest.approx([0.0, 0.0, -0.151633, 0.412180], abs=1e-6)
+    assert st["behav_imp_weight"] == 1.0 and st["behav_kl"] == 0.0 and st["behav_drop_frac"] == 0.0
+    assert {k: st[k] for k in plain_st} == plain_st  # clip_frac, approx_kl, ratio_mean: against the proximal
+    assert "behav_imp_weight" not in plain_st
+
+
+def test_decoupled_mixed_versions_by_hand():
+    """Row 0 on-policy (behav = old), row 1 stale: behav below old by ln 2 on t1 and .5 on t2.
+
+    old (proximal) = 0, so ρ = e^logp.  mask all 1, N = 6 tokens, token_mean, clip .2.
+    row 0: logp 0, .1, −.1; A 1, 1, −1; w 1, 1, 1.
+      t0: ρ 1                -> −1
+      t1: ρ 1.105171 (inside) -> −1.105171
+      t2: ρ .904837, A −1     -> .904837                      row 0 Σ = −1.200334
+    row 1: logp 0, .3, .3; A 1, −1, 1; w = e^0 = 1, e^(ln 2) = 2, e^.5 = 1.648721.
+      t0: ρ 1                                  -> −1 × 1 = −1
+      t1: ρ 1.349859, A −1: max(1.349859, 1.2) = 1.349859 (unclipped) -> × 2 = 2.699718
+      t2: ρ 1.349859, A 1: max(−1.349859, −1.2) = −1.2 (clipped) -> × 1.648721 = −1.978465
+                                                                  row 1 Σ = −.278747
+    loss = (−1.200334 − .278747) / 6 = −1.479081 / 6 = −.246514
+    (the plain loss would weigh row 1 as −1 + 1.349859 − 1.2: (−1.200334 − .850141) / 6 = −.341746).
+    Gradient w.r.t. logp: −A·ρ·w / 6 where the unclipped term is active, 0 where clipped:
+      row 0: −1/6 = −.166667, −1.105171/6 = −.184195, .904837/6 = .150806
+      row 1: −1/6 = −.166667, 1.349859 × 2 / 6 = .449953, 0
+    Stats: w mean (1 + 1 + 1 + 1 + 2 + 1.648721) / 6 = 1.274787; behav_kl (ln 2 + .5) / 6 = .198858.
+    """
+    logp = torch.tensor([[0.0, 0.1, -0.1], [0.0, 0.3, 0.3]], requires_grad=True)
+    old = torch.zeros(2, 3)
+    adv = torch.tensor([[1.0, 1.0, -1.0], [1.0, -1.0, 1.0]])
+    behav = torch.tensor([[0.0, 0.0, 0.0], [0.0, -math.log(2), -0.5]])
+    mask = torch.ones(2, 3)
+    loss, st = policy_loss(logp, old, adv, mask, behav_logp=behav)
+    assert loss.item() == pytest.approx(-0.246514, abs=1e-6)
+    assert policy_loss(logp, old, adv, mask)[0].item() == pytest.approx(-0.341746, abs=1e-6)
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-0.166667, -0.184195, 0.150806], abs=1e-6)
+    assert logp.grad[1].tolist() == pytest.approx([-0.166667, 0.449953, 0.0], abs=1e-6)
+    assert st["behav_imp_weight"] == pytest.approx(1.274787, abs=1e-6)
+    assert st["behav_kl"] == pytest.approx(0.198858, abs=1e-6)
+    assert st["behav_drop_frac"] == 0.0 and st["clip_frac"] == pytest.approx(1 / 6)
+
+
+def test_decoupled_cap_drops_heavy_tokens_but_keeps_them_in_the_denominator():
+    """cap 2: w = 1, 1.648721, 3, inf are kept, kept, dropped, dropped; t4 is masked (w = e^50 there
+    must not count as a drop). logp = old = 0 (ρ = 1), A = 1, 2, 3, 4: terms −A·w.
+      kept: −1 × 1 = −1, −2 × 1.648721 = −3.297443; dropped: 0, 0.
+    AReaL divides by loss_mask.count_nonzero() = 4 valid tokens, dropped ones included:
+      (−1 − 3.297443) / 4 = −1.074361   (not / 2 kept = −2.148721).
+    Gradient: −A·w / 4 = −.25, −.824361, then 0, 0 (finite although w = inf on t3), 0 on t4.
+    Stats: w mean over kept (1 + 1.648721) / 2 = 1.324361; behav_kl (0 + .5) / 2 = .25; drops 2/4."""
+    logp = torch.zeros(1, 5, requires_grad=True)
+    old = torch.zeros(1, 5)
+    adv = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0]])
+    behav = torch.tensor([[0.0, -0.5, -math.log(3), -1e4, -50.0]])  # e^1e4 overflows float32 to inf
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])
+    loss, st = policy_loss(logp, old, adv, mask, behav_logp=behav, behav_imp_weight_cap=2.0)
+    assert loss.item() == pytest.approx(-1.074361, abs=1e-6)
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-0.25, -0.824361, 0.0, 0.0, 0.0], abs=1e-6)
+    assert st["behav_imp_weight"] == pytest.approx(1.324361, abs=1e-6)
+    assert st["behav_kl"] == pytest.approx(0.25) and st["behav_drop_frac"] == pytest.approx(0.5)
+    # A higher cap (3.5) keeps t2 (w = 3): (−1 − 3.297443 − 9) / 4 = −3.324361; t3 (inf) still dropped.
+    loss, st = policy_loss(logp.detach(), old, adv, mask, behav_logp=behav, behav_imp_weight_cap=3.5)
+    assert loss.item() == pytest.approx(-3.324361, abs=1e-5) and st["behav_drop_frac"] == pytest.approx(0.25)
+
+
+def test_decoupled_under_every_aggregation_by_hand():
+    """logp = old = 0 (ρ = 1); A = 1 on row 0, 2 on row 1; row 1's t2 is masked.
+    row 0: w 1, 1, 1 -> terms −1, −1, −1 (Σ −3, 3 tokens).
+    row 1: w 1.5, 4 with cap 2.5 -> −2 × 1.5 = −3, t1 dropped (0) but counted (Σ −3, 2 tokens).
+      token_mean:          (−3 − 3) / 5 = −1.2
+      seq_mean_token_mean: (−3/3 + −3/2) / 2 = −1.25   (row 1's own denominator keeps the drop)
+      dapo, 10 step tokens: −6 / 10 = −.6; through RLLoss with 2 accumulation steps: × 2 = −1.2
+      dr_grpo:             −6 / (2 × 3) = −1.0
+    """
+    from training.losses import RLLoss
+
+    logp, old = torch.zeros(2, 3), torch.zeros(2, 3)
+    adv = torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    behav = torch.tensor([[0.0, 0.0, 0.0], [-math.log(1.5), -math.log(4), 0.0]])
+    kw = {"behav_logp": behav, "behav_imp_weight_cap": 2.5}
+    assert policy_loss(logp, old, adv, mask, agg="token_mean", **kw)[0].item() == pytest.approx(-1.2)
+    assert policy_loss(logp, old, adv, mask, agg="seq_mean_token_mean", **kw)[0].item() == pytest.approx(-1.25)
+    assert policy_loss(logp, old, adv, mask, agg="dapo", global_tokens=10, **kw)[0].item() == pytest.approx(-0.6)
+    assert policy_loss(logp, old, adv, mask, agg="dr_grpo", **kw)[0].item() == pytest.approx(-1.0)
+    f = RLLoss(agg="dapo", decoupled=True, behav_imp_weight_cap=2.5)
+    loss, st = f(logp, old, adv, mask, global_tokens=10, grad_accum=2, behav_logp=behav)
+    assert loss.item() == pytest.approx(-1.2) and st["behav_drop_frac"] == pytest.approx(1 / 5)
+    assert st["behav_imp_weight"] == pytest.approx((3 + 1.5) / 4)
+
+
+def test_rl_loss_decoupled_needs_the_behaviour_logprobs_and_plain_refuses_them():
+    from training.config import AlgoConfig
+    from training.losses import RLLoss
+
+    logp, mask = torch.zeros(1, 3), torch.ones(1, 3)
+    f = RLLoss.from_config(AlgoConfig(decoupled_loss=True, behav_imp_weight_cap=5.0))
+    assert f.decoupled and f.behav_imp_weight_cap == 5.0
+    with pytest.raises(ValueError, match=r"decoupled=True.*needs behav_logp"):
+        f(logp, logp, torch.ones(1, 3), mask)
+    loss, st = f(logp, logp, torch.ones(1, 3), mask, behav_logp=logp - math.log(2))  # w = 2 everywhere
+    assert loss.item() == pytest.approx(-2.0) and st["behav_imp_weight"] == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="set algo.decoupled_loss=true"):
+        RLLoss()(logp, logp, torch.ones(1, 3), mask, behav_logp=logp)
+    assert not RLLoss.from_config(AlgoConfig()).decoupled
+
+
+def test_behav_imp_weight_cap_is_validated_as_areal_does():
+    from harness.config import compose
+    from training.config import AlgoConfig, TrainConfig
+
+    assert AlgoConfig(decoupled_loss=True, behav_imp_weight_cap=5.0).behav_imp_weight_cap == 5.0
+    assert AlgoConfig(decoupled_loss=True).behav_imp_weight_cap is None  # no cap: every token kept
+    for cap in (1.0, 0.5, -2.0, float("nan")):  # AReaL: "must be > 1.0"
+        with pytest.raises(ValueError, match="algo.behav_imp_weight_cap must be > 1.0"):
+            AlgoConfig(decoupled_loss=True, behav_imp_weight_cap=cap)
+    # AReaL's help: "use_decoupled_loss must be true" for the cap.
+    with pytest.raises(ValueError, match="applies to the decoupled loss only"):
+        AlgoConfig(behav_imp_weight_cap=5.0)
+    cfg = compose(TrainConfig, [], ["algo.decoupled_loss=true", "algo.behav_imp_weight_cap=3"])
+    assert cfg.algo.decoupled_loss and cfg.algo.behav_imp_weight_cap == 3.0

@@ -317,3 +317,92 @@ def test_cli_overwrite_resume_after_a_lost_checkpoint_and_a_damaged_one(tmp_path
     res = CliRunner().invoke(app, ["train", "-c", str(f), "--resume", str(run), "trainer.max_steps=2"])
     out = " ".join(res.output.split())
     assert res.exit_code == 2 and "no intact checkpoint" in out and "step-1: model.safetensors has 1000 bytes" in out
+
+
+@pytest.mark.slow
+def test_decoupled_loss_trains_a_step_and_logs_the_behaviour_weight(tmp_path):
+    """algo.decoupled_loss: the backend's logprobs are the behaviour policy, the pre-update forward
+    the proximal one. Rolled out synchronously by the synced hf backend, the two are the same
+    policy, so the weights are ≈ 1 and the cap drops nothing."""
+    trainer = make(tmp_path, "algo.decoupled_loss=true", "algo.behav_imp_weight_cap=5", "trainer.save_every=0")
+    assert trainer.loss_fn.decoupled and trainer.loss_fn.behav_imp_weight_cap == 5.0
+    m = trainer.step()
+    assert m["grad_norm"] > 0 and m["loss"] == m["loss"]
+    assert m["behav_imp_weight"] == pytest.approx(1.0, abs=1e-2)
+    assert abs(m["behav_kl"]) < 1e-2 and m["behav_drop_frac"] == 0.0
+    row = read_jsonl(tmp_path / "run" / "metrics.jsonl")[0]
+    assert {"behav_imp_weight", "behav_kl", "behav_drop_frac"} <= row.keys()
+
+
+@pytest.mark.slow
+def test_decoupled_loss_weighs_each_token_by_its_own_behaviour_logprob(tmp_path):
+    """Make row 0 stale: its recorded logprobs 10× less likely than the proximal policy's, so
+    w ≈ 10 > cap 5 on every one of its tokens, and only those are dropped. Stats are means over the
+    micro-batches (rows 0-1, rows 2-3): drop_frac = (row 0's tokens / rows 0-1's tokens + 0) / 2."""
+    import math
+
+    from training.batch import collate
+    from training.rollout import collect
+
+    trainer = make(tmp_path, "algo.decoupled_loss=true", "algo.behav_imp_weight_cap=5", "trainer.tensorboard=false")
+    rollout = collect(trainer.agent, trainer.sampler.next(2), 2, trainer.sampling, 0, seed=0)
+    batch = collate(rollout.trajectories, [1.0, 0.0, 1.0, 0.0], rollout.group_ids, trainer.pad_id)
+    batch = batch.to(trainer.device)
+    batch.old_logprobs[0] -= math.log(10.0) * batch.loss_mask[0]  # [L]: model tokens only
+    fwd = trainer.forward(batch)
+    adv, returns = trainer.advantages(batch, rollout.trajectories, fwd)
+    st = trainer.update(batch, fwd, adv, returns)
+    n = batch.mask.sum(1)  # [B] model tokens per row
+    assert st["behav_drop_frac"] == pytest.approx(float(n[0] / (n[0] + n[1])) / 2, abs=1e-6)
+    assert st["behav_imp_weight"] == pytest.approx(1.0, abs=1e-2)  # the kept tokens are on-policy
+
+
+@pytest.mark.slow
+def test_decoupled_loss_refuses_rollouts_without_backend_logprobs(tmp_path):
+    from dataclasses import replace
+
+    from training.batch import collate
+    from training.rollout import collect
+
+    trainer = make(tmp_path, "algo.decoupled_loss=true", "trainer.save_every=0", "trainer.tensorboard=false")
+    rollout = collect(trainer.agent, trainer.sampler.next(2), 2, trainer.sampling, 0, seed=0)
+    trajs = rollout.trajectories
+    assert collate(trajs).has_rollout_logprobs  # the hf backend reports them
+    # One model turn loses its logprobs, as a dialect that rewrites and re-encodes a turn leaves it.
+    i = next(k for k, s in enumerate(trajs[0].segments) if s.role == "model")
+    trajs[0].segments[i] = replace(trajs[0].segments[i], logprobs=None)
+    batch = collate(trajs, [0.0] * 4, rollout.group_ids, trainer.pad_id)
+    with pytest.raises(ValueError, match="algo.decoupled_loss=true needs the behaviour policy's logprob"):
+        trainer.forward(batch)
+
+
+def test_decoupled_loss_is_refused_for_a_dialect_that_rewrites_turns(tmp_path):
+    with pytest.raises(ValueError, match="algo.decoupled_loss=true .* r1_searcher dialect rewrites turns"):
+        make(tmp_path, "rollout.method=r1_searcher", "algo.decoupled_loss=true", "trainer.tensorboard=false")
+
+
+@pytest.mark.slow
+def test_decoupled_loss_with_async_rollouts_weighs_the_stale_tokens(tmp_path):
+    """trainer.async + algo.decoupled_loss: tokens written by an older policy version have a
+    behaviour logprob that differs from the proximal (pre-update) policy's, so where a step
+    trained on stale segments its weights move off 1; where every segment is current they are ≈ 1."""
+    trainer = make(
+        tmp_path,
+        "trainer.async.enabled=true",
+        "trainer.async.max_staleness=2",
+        "trainer.max_steps=4",
+        "trainer.save_every=0",
+        "trainer.tensorboard=false",
+        "algo.decoupled_loss=true",
+        "algo.behav_imp_weight_cap=1000",
+        "algo.reward=test_length",  # a signal in every group, so every step updates
+    )
+    trainer.train()
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        assert r["behav_imp_weight"] > 0 and 0 <= r["behav_drop_frac"] <= 1 and r["grad_norm"] > 0
+        if r["async/segment_staleness_max"] == 0:  # on-policy: the backend's logprobs are the proximal's
+            assert r["behav_imp_weight"] == pytest.approx(1.0, abs=1e-2)
+        else:
+            assert abs(r["behav_kl"]) > 1e-5, r
