@@ -23,20 +23,24 @@ Each of a group's n samples draws its own shape (samples of one prompt differ in
 
 What is a MODEL, not a measurement:
 
-- The generation engine: ``--slots`` sequences decode at once (SGLang's max running requests);
-  a trajectory holds a slot while a turn decodes, not while it searches, and queues when none is
-  free. A turn generating g tokens takes ``g × t_tok(B)`` simulated seconds, with eval_sim's
+- The generation engine: ``--slots`` sequences decode at once (SGLang's max running requests).
+  A turn generating g tokens takes ``g × t_tok(B)`` simulated seconds, with eval_sim's
   :class:`CostModel` (7B model on one H100; its derivation is in eval_sim's docstring):
   ``t_tok(B) = a + b·B + c·B·C̄ + p·B·ρ``: one continuous-batching step at batch B (every running
   sequence gains one token a step), C̄ the mean context a generated token sees, ρ the prefill
   tokens per generated token (prompt, then each follow-up turn's new tokens: the last output and
-  the observation, prefix-cached before them), both computed from the workload; the step's share
-  of prefill is how the new tokens' prefill enters (spread over the steps, as chunked prefill
-  does). ``--batch fixed`` (default) takes B = ``--slots`` for every turn: the engine full, as
-  asynchronous mode keeps it; this flatters nobody in async, and it OVERCHARGES sync's tail,
-  where few sequences remain and a real step is faster. ``--batch live`` takes B = the sequences
-  decoding when the turn starts (a turn started in a thin tail runs fast): use it to see how much
-  the fixed batch favours async. A search takes ``--retrieval-s``.
+  the observation, prefix-cached before them), both computed from the workload: the new tokens'
+  prefill enters as each step's share of it, as chunked prefill spreads it. A search takes
+  ``--retrieval-s``. A group is done when its slowest trajectory is.
+  ``--batch fixed`` (default) takes B = ``--slots`` for every turn: the engine full, as
+  asynchronous mode keeps it. This OVERCHARGES sync's tail, where few sequences remain and a
+  real step is faster, so it favours async; the engine is then never oversubscribed (G × n and
+  max running groups × n ≤ slots, checked), each trajectory's time is known at its start, and a
+  group sleeps once. ``--batch live`` takes B = the sequences decoding when a turn starts (a
+  turn started in a thin tail runs fast); a trajectory holds a slot while a turn decodes, not
+  while it searches, and its turn queues (FIFO) when none is free, so the engine may be
+  oversubscribed. Live mode sleeps per turn: its own CPU time is larger and, on a loaded
+  machine, shows in the figures (use a larger ``--ms-per-s``).
 - The update: a fixed ``--update-s`` simulated seconds per step (forward, backward, optimizer and
   weight sync together), the trainer's thread asleep. ``sync`` (default) sets it to synchronous
   mode's mean generation phase, measured first (a synchronous run with no update, seed 0):
@@ -365,6 +369,12 @@ def compare(
         runs["sync"].append(run_sync(model, cfg))
         for s in stalenesses:
             runs[f"async s={s}"].append(run_async(model, cfg, s))
+    want = cfg.steps * cfg.groups_per_step * n
+    for k, v in runs.items():
+        if any(r["trajectories"] != want for r in v):
+            raise RuntimeError(
+                f"{k}: trained {[r['trajectories'] for r in v]} trajectories, not steps x G x n = {want}"
+            )
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in runs.items()}
     for k, v in runs.items():  # speed-up per seed against that seed's sync run
         ups = [r["traj_per_s"] / s["traj_per_s"] for r, s in zip(v, runs["sync"], strict=True)]
@@ -399,10 +409,15 @@ def goal_line(result: dict, workload: str) -> str:
     ceiling = (
         (sync["gen_phase_s"] + result["update_s"]) / result["update_s"] if result["update_s"] > 0 else float("inf")
     )
-    verdict = "REACHED" if best[1] >= 2.0 else "NOT reached"
+    if best[1] >= 2.0:
+        verdict = "REACHED"
+    elif best[1] >= 0.97 * ceiling:
+        verdict = "NOT reached, but at the ceiling (the trainer never waits; no schedule does better)"
+    else:
+        verdict = "NOT reached"
     return (
-        f"goal (>= 2x at staleness <= 2), {workload}: {verdict}: best {best[0]} at {best[1]:.2f}x (median of seeds); "
-        f"ceiling set by the update: {ceiling:.2f}x (sync generation phase {sync['gen_phase_s']:.2f} s, "
+        f"goal (>= 2x at staleness <= 2), {workload}: {verdict}: best {best[0]} at {best[1]:.3f}x (median of "
+        f"seeds); ceiling set by the update: {ceiling:.3f}x (sync generation phase {sync['gen_phase_s']:.2f} s, "
         f"update {result['update_s']:.2f} s)"
     )
 
