@@ -57,7 +57,9 @@ Figures, over the steps after ``--warmup`` (the pipeline filling), in simulated 
 - ``trainer idle``: the share of the time the trainer waited for groups (``take``'s wait;
   in sync, the generation phase);
 - ``rollout idle``: 1 − (time-mean of sequences decoding) / ``--slots``: the engine's unused
-  decode capacity, counting a slot as idle while its trajectory searches;
+  decode capacity, counting a slot as idle while its trajectory searches (with ``--batch
+  fixed`` a group's decoding is credited when the group ends, so a group running across the
+  first or last measured step is counted whole or not at all);
 - ``staleness``: of the groups trained on, trainer version − the version their generation started
   on (mean, max); ``dropped``: groups the scheduler dropped as too stale.
 

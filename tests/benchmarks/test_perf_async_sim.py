@@ -62,3 +62,13 @@ def test_live_batch_queues_for_slots_and_fixed_refuses_to_oversubscribe():
         run_sync(fixed, cfg)
     with pytest.raises(ValueError, match="fixed or live"):
         GenModel.build(SHAPES, "mixed", n=2, slots=4, cost=COST, batch="dynamic")
+
+
+def test_live_batch_counts_every_turn_that_starts_together():
+    """Four one-turn trajectories start at once on 4 slots: each decodes at batch 4 (not 1, 2, 3,
+    4 in the order they happened to join), so all end together and the engine is never idle."""
+    cost = CostModel(a=0.01, b=0.01, c=0.0, p=0.0, retrieval_s=0.1)
+    live = GenModel.build([Shape(10, ((20, 0),))], "uniform", n=2, slots=4, cost=cost, batch="live")
+    r = run_sync(live, RunConfig(groups_per_step=2, steps=3, warmup=1, update_s=0.0, ms_per_s=50.0))
+    assert r["gen_phase_s"] == pytest.approx(20 * live.t_tok(4), rel=0.15)  # 1.0 s; at batch 1 it is 0.4 s
+    assert r["rollout_idle"] < 0.12
