@@ -10,9 +10,13 @@ while the trainer updates, and puts each finished group in a buffer. A step take
 Staleness is bounded as AReaL bounds it (``areal/core/staleness_manager.py``,
 ``max_head_offpolicyness``): with the trainer at policy version ``v``, a new group may start
 only while ``accepted + running < (max_staleness + v + 1) × groups_per_step`` (and fewer than
-``max_running`` groups run), so no group can be consumed more than ``max_staleness`` versions
-after the one it started on. :meth:`AsyncRollouts.take` checks it again and drops (and counts)
-any group that is older, so the bound holds however slow a worker is.
+``max_running`` groups run). That bounds how far generation runs ahead of the trainer, so groups
+consumed in the order they started are never more than ``max_staleness`` versions old. The
+trainer takes them in the order they *finish*, though: a slow group (five searches) that later
+ones overtake can come due past the bound. :meth:`AsyncRollouts.take` checks every group and
+drops (and counts, ``async/dropped_stale``) any that is older, so the bound holds however slow a
+worker is; a dropped group's generation is lost (``benchmarks/perf/async_sim.py`` counts 1–2 per
+640 groups at staleness 2 on a mixed workload).
 
 A group's *head version* is the weights version served when it started; each model segment
 records the version that wrote it (``Segment.version``, from the backend's report). A weight

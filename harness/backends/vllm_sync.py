@@ -85,10 +85,14 @@ class VLLMWeightSync:
         finally:
             self._vllm_post(url, "/resume")
 
-    def _reset_prefix_cache(self, url: str, tries: int = 20) -> None:
-        """``/reset_prefix_cache`` until it succeeds: it refuses while KV blocks are still held."""
+    def _reset_prefix_cache(self, url: str, tries: int = 20, running: bool = False) -> None:
+        """``/reset_prefix_cache`` until it succeeds: it refuses while KV blocks are still held.
+        ``running``: with requests frozen in place (``/pause?mode=keep``), preempt them too
+        (``reset_running_requests=true``): they go back to the queue and recompute their KV
+        under the new weights when resumed, as SGLang's retract does."""
+        params = {"reset_running_requests": "true"} if running else None
         for i in range(tries):
-            out = self._vllm_post(url, "/reset_prefix_cache", hint=DEV_MODE_HINT)
+            out = self._vllm_post(url, "/reset_prefix_cache", hint=DEV_MODE_HINT, params=params)
             if not isinstance(out, dict) or out.get("success", True):
                 return
             time.sleep(min(0.1 * 2**i, 2.0))
@@ -100,8 +104,9 @@ class VLLMWeightSync:
         ``reload_weights(weights_path)``, ``/reset_prefix_cache``, ``/update_weight_version``.
         Rollouts go to the base model from now on (a LoRA adapter in use is dropped). Only the
         newest copy is kept on disk. ``update.in_flight``: ``drain`` pauses with ``mode=wait``
-        (requests in flight finish on the old weights), ``pause`` with ``mode=keep`` (they go on
-        from where they were on the new ones; the client tags them with the new version)."""
+        (requests in flight finish on the old weights), ``pause`` with ``mode=keep`` and the
+        running requests preempted at the cache reset (they go on from where they were, their KV
+        recomputed by the new weights; the client tags them with the new version)."""
         path = export_model_dir(update, "vllm", explicit_head=True)
         version = str(update.version)
         mode = "keep" if update.in_flight == "pause" else "wait"
@@ -109,7 +114,7 @@ class VLLMWeightSync:
             with self._paused(url, mode):
                 body = {"method": "reload_weights", "kwargs": {"weights_path": str(path.resolve())}}
                 self._vllm_post(url, "/collective_rpc", body, hint=DEV_MODE_HINT)
-                self._reset_prefix_cache(url)
+                self._reset_prefix_cache(url, running=mode == "keep")
                 self._vllm_post(url, "/update_weight_version", {"new_version": version}, hint=DEV_MODE_HINT)
         old, self.lora_name = self.lora_name, None
         if old is not None:

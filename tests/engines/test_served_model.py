@@ -136,3 +136,56 @@ def test_distributed_sync_by_broadcast(backend, model_dir):
         sync.push(original, 12)  # the group is kept: the second push reuses it
     restored = checks.gen(backend, ids, max_new_tokens=16)
     assert restored.weight_version == "12" and restored.token_ids == before.token_ids
+
+
+@pytest.mark.parametrize("in_flight", ["drain", "pause"])
+def test_weight_sync_with_a_completion_in_flight(backend, model_dir, tmp_path, in_flight):
+    """Asynchronous RL's weight sync while a long completion runs. ``drain``: the update waits
+    for it (SGLang's model-update lock; vLLM ``/pause?mode=wait``), so it ends on the old weights.
+    ``pause`` (SGLang ``/pause_generation`` retract → update → ``/continue_generation``; vLLM
+    ``/pause?mode=keep``): the update does not wait; the completion goes on under the new weights
+    and reports them. Prints the sync's stall (how long the trainer waited) in each mode."""
+    import threading
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from training.weight_sync import sync_weights
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = checks.chat_ids(backend.tokenizer, "Count from 1 to 500, separated by commas.")
+    n = 400
+    box: dict = {}
+    t0 = time.perf_counter()
+    runner = threading.Thread(target=lambda: box.update(c=checks.gen(backend, ids, max_new_tokens=n)))
+    runner.start()
+    time.sleep(3.0)  # well into the completion (a few tokens a second or more on CPU)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(0)
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    kw = dict(scratch=tmp_path / "sync", tokenizer=backend.tokenizer, model_config=model.config)
+    try:
+        s0 = time.perf_counter()
+        sync_weights(backend, model.state_dict(), 1, in_flight=in_flight, **kw)
+        stall = time.perf_counter() - s0
+        synced_at = time.perf_counter() - t0
+        runner.join(600)
+        done_at = time.perf_counter() - t0
+        c = box["c"]
+        print(
+            f"{backend.name} {in_flight}: sync stall {stall:.2f} s; completion of {len(c.token_ids)} tokens "
+            f"done at {done_at:.1f} s, sync returned at {synced_at:.1f} s"
+        )
+        assert len(c.token_ids) > 50
+        if in_flight == "drain":
+            assert synced_at >= done_at - 0.5  # the update waited for the completion
+            assert c.weight_version != "1"  # it ended on the weights before the update
+        else:
+            assert synced_at < done_at  # the update did not wait for it
+            assert c.weight_version == "1"  # it finished under the new weights
+    finally:
+        sync_weights(backend, original, 2, **kw)

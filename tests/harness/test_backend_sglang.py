@@ -375,3 +375,26 @@ def test_batching_is_configured_from_the_backend_config(batch_server):
     assert b.batch_window_s == pytest.approx(0.002) and b.max_batch == 32
     with pytest.raises(ValueError, match="batch_window_ms"):
         from_dict(BackendConfig, {"kind": "sglang", "batch_window_ms": -1})
+
+
+@pytest.mark.parametrize("in_flight", ["drain", "pause"])
+def test_an_update_that_pauses_requests_in_flight_retracts_and_continues_them(smol_tokenizer, tmp_path, in_flight):
+    """``in_flight=pause``: /pause_generation (retract: running requests go back to the queue
+    with their tokens) → the update → /flush_cache → /continue_generation; ``drain``: the update
+    alone (SGLang's model-update lock waits for the requests in flight)."""
+    from harness.backends.base import WeightUpdate
+    from tests.helpers.sglang_standin import SGLangStandIn
+
+    w = SGLangStandIn()
+    with ServerThread(w.app()) as srv:
+        b = SGLangBackend(srv.url, tokenizer=smol_tokenizer, health_check=False, max_context=512)
+        (tmp_path / "m").mkdir()
+        b.update_weights(WeightUpdate(str(tmp_path / "m"), 4, in_flight=in_flight))
+    names = [c[0] for c in w.calls]
+    if in_flight == "pause":
+        assert names == ["/pause_generation", "/update_weights_from_disk", "/flush_cache", "/continue_generation"]
+        assert w.of("/pause_generation") == [{"mode": "retract"}]
+        assert w.of("/continue_generation") == [{"torch_empty_cache": False}]  # no CUDA call on a CPU server
+    else:
+        assert names == ["/update_weights_from_disk", "/flush_cache"]
+    assert b.weight_version == "4"

@@ -61,6 +61,21 @@ def test_full_weights_reload_protocol_and_version(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["weights-v2"]  # the older copy is gone
 
 
+def test_an_update_that_pauses_requests_in_flight_keeps_and_preempts_them(tmp_path):
+    """``in_flight=pause``: ``/pause?mode=keep`` (requests stay where they are) and the cache reset
+    preempts them (``reset_running_requests=true``) so they recompute their KV under the new
+    weights after ``/resume``; ``drain`` is ``mode=wait`` and a plain reset."""
+    standin, server = serve()
+    with server:
+        b = OpenAIBackend(server.url, tokenizer=TOK, retries=0)
+        u = tiny_update(1, tmp_path)
+        b.update_weights(WeightUpdate(u.weights, 1, u.model_config, None, tmp_path, in_flight="pause"))
+    assert names(standin) == ["/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume"]
+    calls = dict(standin.calls)
+    assert calls["/pause"] == {"mode": "keep"} and calls["/reset_prefix_cache"] == {"reset_running_requests": True}
+    assert b.weight_version == "1" and not standin.paused
+
+
 def test_tied_head_is_written_for_vllm(tmp_path):
     """vLLM's in-place reload keeps the old head when the file has none: the head is written."""
     standin, server = serve()

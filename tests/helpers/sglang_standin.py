@@ -44,6 +44,16 @@ class SGLangStandIn:
             self.version = b.get("weight_version", self.version)
             return {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
 
+        @app.post("/pause_generation")
+        async def pause(request: Request):
+            self.calls.append(("/pause_generation", await body(request)))
+            return {"message": "Generation paused successfully.", "status": "ok"}
+
+        @app.post("/continue_generation")
+        async def cont(request: Request):
+            self.calls.append(("/continue_generation", await body(request)))
+            return {"message": "Generation continued successfully.", "status": "ok"}
+
         @app.post("/flush_cache")
         async def flush(request: Request):
             self.calls.append(("/flush_cache", None))

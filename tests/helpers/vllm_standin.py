@@ -1,10 +1,11 @@
 """A stand-in for vLLM 0.32's RL endpoints, answering as the real server answered when recorded
 (``VLLM_SERVER_DEV_MODE=1 VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``, CPU build, SmolLM2, 2026-11-24):
 
-- ``POST /pause?mode=wait`` → ``{"status": "paused"}``; ``POST /resume`` → ``{"status": "resumed"}``
+- ``POST /pause?mode=wait|keep`` → ``{"status": "paused"}``; ``POST /resume`` → ``{"status": "resumed"}``
 - ``POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path"}}`` → ``{"results": [null]}``
   (a path without a model: 500 ``{"error": {"message": "Call to collective_rpc method failed: ..."}}``)
-- ``POST /reset_prefix_cache`` → ``{"success": true}`` (``false`` while KV blocks are held)
+- ``POST /reset_prefix_cache[?reset_running_requests=true]`` → ``{"success": true}`` (``false``
+  while KV blocks are held; ``reset_running_requests`` preempts the running requests first)
 - ``POST /update_weight_version {"new_version"}`` → ``{"success": true, "new_version"}``; ``GET /weight_info``
 - ``POST /v1/load_lora_adapter {"lora_name", "lora_path"}`` → 200 text ``Success: LoRA adapter 'x'
   added successfully.`` (missing path: 404 ``{"error": {"message": "Loading lora x failed: No adapter found ..."}}``)
@@ -83,8 +84,10 @@ class VLLMStandin:
             return {"results": [None]}
 
         @app.post("/reset_prefix_cache")
-        async def reset():
-            self.calls.append(("/reset_prefix_cache", None))
+        async def reset(reset_running_requests: bool = False):
+            self.calls.append(
+                ("/reset_prefix_cache", {"reset_running_requests": True} if reset_running_requests else None)
+            )
             if self.busy_resets > 0:
                 self.busy_resets -= 1
                 return {"success": False}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.training.test_trainer import make, read_jsonl
+from training.rewards import REWARDS
 
 
 @pytest.mark.slow
@@ -46,3 +47,30 @@ def test_async_with_several_ranks_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr("training.trainer.rank_and_world", lambda: (0, 2))
     with pytest.raises(NotImplementedError, match="trainer.async with several ranks"):
         make(tmp_path, "trainer.async.enabled=true", "rollout.prompts_per_step=2")
+
+
+if "test_frac_a" not in REWARDS:
+    # The toy learning task: the share of the letter "a" in the model's own text. A random tiny
+    # model starts near 0 and GRPO at a high learning rate drives it up within ~20 steps.
+    class FracA:
+        def __call__(self, traj):
+            text = "".join(s.text for s in traj.segments if s.role == "model")
+            r = text.count("a") / max(1, len(text))
+            return r, {"frac_a": r}
+
+    REWARDS.register("test_frac_a", FracA)
+
+TOY = ("algo.reward=test_frac_a", "trainer.max_steps=20", "trainer.save_every=0", "rollout.n_samples=4")
+TOY_OPTIM = ("optim.micro_batch_size=8", "optim.lr=2e-2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_toy_task_is_learned_sync_and_async(tmp_path, mode):
+    """Both schedules learn the toy task (measured: sync 0.005 → 0.83, async with staleness 1
+    0.005 → 0.69 over 20 steps; async trails by about a step, as its batches are a version old)."""
+    extra = ("trainer.async.enabled=true", "trainer.async.max_staleness=1") if mode == "async" else ()
+    make(tmp_path, *TOY, *TOY_OPTIM, *extra).train()
+    reward = [r["reward/mean"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")]
+    first, last = sum(reward[:4]) / 4, sum(reward[-4:]) / 4
+    assert last > 0.15 and last > 5 * first + 0.05, reward
