@@ -14,6 +14,7 @@ exercised here: no GPU on this machine.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import socket
@@ -107,10 +108,18 @@ class DistributedWeightSync:
         self.group = join_group(self.address, port, 0, world, self.group_name, self.comm, self.timeout_s)
         self._finish(t, box, self.timeout_s)
 
-    def push(self, state: dict[str, torch.Tensor], version: int) -> None:
+    def push(self, state: dict[str, torch.Tensor], version: int, in_flight: str = "drain") -> None:
         """Announce names/dtypes/shapes over HTTP and broadcast the tensors in that order, inside
         the server's weight-update session (``/begin_weight_update`` ... ``/end_weight_update``,
-        which SGLang 0.5.23 requires; servers without it skip that step)."""
+        which SGLang 0.5.23 requires; servers without it skip that step). ``in_flight="pause"``:
+        the requests in flight are retracted around it and go on under the new weights
+        (:meth:`harness.backends.sglang.SGLangBackend.generation_paused`); ``drain``: SGLang's
+        model-update lock makes the update wait for them."""
+        pause = in_flight == "pause" and hasattr(self.backend, "generation_paused")
+        with self.backend.generation_paused(pause) if pause else contextlib.nullcontext():
+            self._push(state, version)
+
+    def _push(self, state: dict[str, torch.Tensor], version: int) -> None:
         if self.group is None:
             self.connect()
         self.backend.begin_weight_update()

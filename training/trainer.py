@@ -560,7 +560,7 @@ class Trainer:
             if "w" not in box:
                 export()
             if self.dist_sync is not None:  # broadcast, no disk round trip
-                self.dist_sync.push(box.pop("w"), self.step_no)
+                self.dist_sync.push(box.pop("w"), self.step_no, "pause" if async_continue else "drain")
                 return
             sync_weights(
                 self.backend,

@@ -27,7 +27,9 @@ until the batched form is checked against a real SGLang server: tested on a stan
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -258,22 +260,33 @@ class SGLangBackend(HTTPBackendBase):
         and the flush, then ``POST /continue_generation``: they go on from where they were, their
         KV recomputed by the new weights (SGLang's pause modes, ``PauseGenerationReqInput``)."""
         path = export_model_dir(update, self.name)
-        pause = update.in_flight == "pause"
-        if pause:
-            for url in self.sync_urls():
-                self._post_ok(url, "/pause_generation", {"mode": "retract"})
-        try:
+        with self.generation_paused(update.in_flight == "pause"):
             run_sync(self.update_weights_from_disk(str(path), str(update.version), flush_cache=True))
             for url in self.sync_urls():
                 r = httpx.post(url + "/flush_cache", timeout=60.0)
                 if r.status_code != 200:
                     raise BackendError(f"{url}/flush_cache failed ({r.status_code}): {r.text[:200]}")
-        finally:
-            if pause:  # never leave a server paused, even when the update failed
-                for url in self.sync_urls():
-                    self._post_ok(url, "/continue_generation", {"torch_empty_cache": False})
         self.weight_version = str(update.version)
         prune_exports(update, path)
+
+    @contextlib.contextmanager
+    def generation_paused(self, pause: bool = True) -> Iterator[None]:
+        """``pause``: every server's running requests are retracted to its queue, with what they
+        generated, for the duration (``/pause_generation {"mode": "retract"}``), then continue
+        (``/continue_generation``), their KV recomputed by whatever weights the server then has.
+        Never leaves a server paused, even when the body fails. ``pause=False``: nothing."""
+        if not pause:
+            yield
+            return
+        paused: list[str] = []
+        try:
+            for url in self.sync_urls():
+                self._post_ok(url, "/pause_generation", {"mode": "retract"})
+                paused.append(url)
+            yield
+        finally:
+            for url in paused:  # no CUDA call on resume: CPU servers have none
+                self._post_ok(url, "/continue_generation", {"torch_empty_cache": False})
 
     def update_lora_adapter(self, path: str | Path, version: int) -> None:
         """RL weight sync for LoRA without merging: ``POST /load_lora_adapter {lora_name, lora_path}``

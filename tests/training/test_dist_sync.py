@@ -36,6 +36,15 @@ def test_weights_arrive_by_broadcast_in_announced_order():
         assert session == ["/begin_weight_update", "/update_weights_from_distributed", "/end_weight_update"] * 2
         assert all(torch.equal(standin.received[k], v) for k, v in state2.items())
         assert backend.weight_version == "2" and standin.version == "2"
+        sync.push(state, 3, in_flight="pause")  # asynchronous RL: requests in flight retracted around it
+        last = [p for p, _ in standin.calls][-5:]
+        assert last == [
+            "/pause_generation",
+            "/begin_weight_update",
+            "/update_weights_from_distributed",
+            "/end_weight_update",
+            "/continue_generation",
+        ]
 
 
 def test_trainer_syncs_by_broadcast(tmp_path):
