@@ -26,6 +26,7 @@ import copy
 import logging
 import re
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -455,12 +456,26 @@ def _last(open_tag: str, close_tag: str, text: str) -> str | None:
     return found[-1] if found else None
 
 
+# Capped texts per tokenizer: a passage comes back for many samples, turns and questions, and
+# encoding it again each time was among an evaluation's top costs outside the engine (profiled).
+_CAPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CAPPED_MAX = 100_000  # entries per tokenizer before the cache starts over
+
+
 def cap_doc(tokenizer: Any, doc: Doc, max_tokens: int) -> Doc:
     """The cap on an inserted document's text: its first ``max_tokens`` tokens, then `` ...``."""
-    ids = tokenizer.encode(doc.text, add_special_tokens=False)
-    if len(ids) <= max_tokens:
-        return doc
-    return Doc(id=doc.id, title=doc.title, text=tokenizer.decode(ids[:max_tokens]) + " ...", score=doc.score)
+    try:
+        cache = _CAPPED.setdefault(tokenizer, {})
+    except TypeError:  # a tokenizer that takes no weak reference: no cache
+        cache = {}
+    key = (doc.text, max_tokens)
+    if key not in cache:
+        ids = tokenizer.encode(doc.text, add_special_tokens=False)
+        if len(cache) >= _CAPPED_MAX:
+            cache.clear()
+        cache[key] = None if len(ids) <= max_tokens else tokenizer.decode(ids[:max_tokens]) + " ..."
+    text = cache[key]
+    return doc if text is None else Doc(id=doc.id, title=doc.title, text=text, score=doc.score)
 
 
 def _version(weight_version: str | None) -> int | None:
