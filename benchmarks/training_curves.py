@@ -10,7 +10,9 @@ record per validation with ``val/<metric>`` keys; its validations are also evalu
 - response length (``response_tokens``) and searches per rollout (``searches``);
 - what the rollouts scored by the eval scorer, whatever the reward: ``em``, ``f1``, ``format_valid``;
 - validation score: ``val/<metric>`` (from the log, else the validation run's ``results.json``);
-- ``loss`` (the one curve an SFT or PRM run has in common with RL).
+- ``loss`` (the one curve an SFT or PRM run has in common with RL);
+- asynchronous runs (``trainer.async``): staleness, trainer idle time, buffer depth; and the wall
+  time per step of every run.
 
 Several runs are drawn on the same axes, one line per run labelled by its name, so a sync and an
 async run, or two recipes, sit side by side. PNGs are drawn with matplotlib's object API on the
@@ -68,6 +70,11 @@ FIXED = (
     Panel("f1", "F1 of the training rollouts", "F1 (0-1)"),
     Panel("format_valid", "format-valid responses among the rollouts", "fraction"),
     Panel("loss", "training loss", "loss"),
+    # trainer.async (training/async_rollout.py): drawn only for asynchronous runs
+    Panel("async/staleness_mean", "staleness of the step's groups (versions behind the trainer)", "versions"),
+    Panel("async/trainer_wait_s", "trainer idle: seconds waiting for finished groups", "seconds"),
+    Panel("async/buffer_depth", "finished groups left in the buffer after the step's take", "groups"),
+    Panel("time/step_s", "wall time per step", "seconds"),
 )
 VAL_NAMES = {"em": "EM", "f1": "F1", "acc": "Acc", "cover_em": "Cover-EM"}
 

@@ -45,7 +45,18 @@ SYNC = [
 ]
 SYNC_VAL = [{"step": 2, "val/em": 0.25, "val/f1": 0.4}, {"step": 4, "val/em": 0.5, "val/f1": 0.55}]
 # Run "async": fewer quantities (no KL logged, no components), validation only as run folders.
-ASYNC = [{"step": s, "reward/mean": 0.3 + 0.05 * s, "searches": 1.0, "entropy": 2.0} for s in range(1, 4)]
+# It logs what trainer.async adds (staleness, the trainer's wait), as training/async_rollout.py names them.
+ASYNC = [
+    {
+        "step": s,
+        "reward/mean": 0.3 + 0.05 * s,
+        "searches": 1.0,
+        "entropy": 2.0,
+        "async/staleness_mean": 0.5,
+        "async/trainer_wait_s": 0.2 * s,
+    }
+    for s in range(1, 4)
+]
 
 
 def _write_log(run: Path, records: list[dict]) -> None:
@@ -88,6 +99,9 @@ def test_pngs_are_drawn_for_the_logged_quantities_only(two_runs, tmp_path):
         "val_acc.png",  # from async's validation run folder (results.json) only
         "val_cover_em.png",
         "loss.png",
+        "async_staleness_mean.png",  # trainer.async's, logged by the async run only
+        "async_trainer_wait_s.png",
+        "time_step_s.png",
     ]
     assert "approx_kl.png" not in names  # logged by no run: skipped, not drawn empty
     for p in paths:
@@ -137,7 +151,7 @@ def test_html_charts_carry_the_runs_metrics(two_runs, tmp_path):
     out = tmp_path / "report"
     result = runner.invoke(app, ["report", *map(str, two_runs), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert "14 training curves in curves/" in " ".join(result.output.split())
+    assert "17 training curves in curves/" in " ".join(result.output.split())
     html = (out / "report.html").read_text()
     data = json.loads(html.split('<script type="application/json" id="data">')[1].split("</script>")[0])
     training = data["training"]
