@@ -143,49 +143,61 @@ def test_weight_sync_with_a_completion_in_flight(backend, model_dir, tmp_path, i
     """Asynchronous RL's weight sync while a long completion runs. ``drain``: the update waits
     for it (SGLang's model-update lock; vLLM ``/pause?mode=wait``), so it ends on the old weights.
     ``pause`` (SGLang ``/pause_generation`` retract → update → ``/continue_generation``; vLLM
-    ``/pause?mode=keep``): the update does not wait; the completion goes on under the new weights
-    and reports them. Prints the sync's stall (how long the trainer waited) in each mode."""
+    ``/pause?mode=keep`` + preemption): the update does not wait; the completion goes on under the
+    new weights and reports them. The completion runs on perturbed weights (v11), which never
+    say EOS within the budget, so it is surely in flight when the second perturbation (v12)
+    arrives. Prints the sync's stall (the update call alone: the weights are saved beforehand)."""
     import threading
     import time
 
     import torch
     from transformers import AutoModelForCausalLM
 
+    from harness.backends.base import WeightUpdate
     from training.weight_sync import sync_weights
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     original = {k: v.clone() for k, v in model.state_dict().items()}
+    dirs = {}
+    for seed in (11, 12):  # two perturbed checkpoints, saved as model folders before anything is timed
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for k, p in model.named_parameters():
+                if p.ndim == 2:
+                    p.copy_(original[k] + 0.05 * torch.randn(p.shape, generator=g))
+        dirs[seed] = tmp_path / f"v{seed}"
+        model.save_pretrained(dirs[seed], safe_serialization=True)
+        backend.tokenizer.save_pretrained(dirs[seed])
     ids = checks.chat_ids(backend.tokenizer, "Count from 1 to 500, separated by commas.")
-    n = 400
+    n = 300
     box: dict = {}
-    t0 = time.perf_counter()
-    runner = threading.Thread(target=lambda: box.update(c=checks.gen(backend, ids, max_new_tokens=n)))
-    runner.start()
-    time.sleep(3.0)  # well into the completion (a few tokens a second or more on CPU)
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(0)
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.add_(0.05 * torch.randn(p.shape, generator=g))
-    kw = dict(scratch=tmp_path / "sync", tokenizer=backend.tokenizer, model_config=model.config)
     try:
-        s0 = time.perf_counter()
-        sync_weights(backend, model.state_dict(), 1, in_flight=in_flight, **kw)
-        stall = time.perf_counter() - s0
-        synced_at = time.perf_counter() - t0
+        backend.update_weights(WeightUpdate(str(dirs[11]), 11))
+        t0 = time.perf_counter()
+
+        def run() -> None:
+            box["c"] = checks.gen(backend, ids, max_new_tokens=n)
+            box["done"] = time.perf_counter() - t0
+
+        runner = threading.Thread(target=run)
+        runner.start()
+        time.sleep(1.0)
+        started = time.perf_counter() - t0
+        backend.update_weights(WeightUpdate(str(dirs[12]), 12, in_flight=in_flight))
+        synced = time.perf_counter() - t0
         runner.join(600)
-        done_at = time.perf_counter() - t0
         c = box["c"]
         print(
-            f"{backend.name} {in_flight}: sync stall {stall:.2f} s; completion of {len(c.token_ids)} tokens "
-            f"done at {done_at:.1f} s, sync returned at {synced_at:.1f} s"
+            f"{backend.name} {in_flight}: sync stall {synced - started:.2f} s; completion of {len(c.token_ids)} "
+            f"tokens ended at {box['done']:.1f} s; the sync began at {started:.1f} s, returned at {synced:.1f} s"
         )
-        assert len(c.token_ids) > 50
+        assert len(c.token_ids) == n and box["done"] > started  # in flight when the update began
         if in_flight == "drain":
-            assert synced_at >= done_at - 0.5  # the update waited for the completion
-            assert c.weight_version != "1"  # it ended on the weights before the update
+            assert box["done"] <= synced + 0.5  # the update waited for the completion
+            assert c.weight_version == "11"  # which ended on the weights it started on
         else:
-            assert synced_at < done_at  # the update did not wait for it
-            assert c.weight_version == "1"  # it finished under the new weights
+            assert synced < box["done"]  # the update did not wait for it
+            assert c.weight_version == "12"  # it finished under the new weights
     finally:
-        sync_weights(backend, original, 2, **kw)
+        kw = dict(scratch=tmp_path / "sync", tokenizer=backend.tokenizer, model_config=model.config)
+        sync_weights(backend, original, 2, **kw)  # as the other tests leave it
