@@ -242,7 +242,7 @@ def versions(args: argparse.Namespace, backend: Any) -> str:
         f"harness@{commit or '?'} backend={args.backend}({type(backend).__name__}) model={args.model} "
         f"questions={args.n} max_turns={args.max_turns} max_new_tokens={args.max_new_tokens} topk={args.topk} "
         f"retriever=bm25({args.dataset}/{args.split} corpus) workload={args.workload} "
-        f"flashrag_prompt={args.flashrag_prompt} greedy"
+        f"flashrag_prompt={args.flashrag_prompt} batch_window_ms={args.batch_window_ms} greedy"
     )
 
 
@@ -267,7 +267,7 @@ def make_backend(args: argparse.Namespace, stack: contextlib.ExitStack) -> Any:
     if args.backend == "sglang":
         from harness.backends.sglang import SGLangBackend
 
-        return SGLangBackend(url, model=args.model, max_concurrency=args.n)
+        return SGLangBackend(url, model=args.model, max_concurrency=args.n, batch_window_ms=args.batch_window_ms)
     from harness.backends.openai import OpenAIBackend
 
     return OpenAIBackend(url, model=args.model, max_concurrency=args.n)
@@ -363,6 +363,12 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=1, help="hf: torch threads (1 is faster on a shared 2-core VM)")
+    p.add_argument(
+        "--batch-window-ms",
+        type=float,
+        default=0.0,
+        help="sglang: the agent's requests ready within this window go out as one batched /generate (0: off)",
+    )
     p.add_argument(
         "--flashrag-prompt",
         choices=("own", "agent"),

@@ -19,15 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data"
 
 
-def test_two_steps_with_a_launched_sglang(tmp_path):
-    if not engine_ready("sglang"):
-        pytest.skip(f"no sglang venv under {engine_dir()}: run make engines")
-    if not (DATA / "hotpotqa" / "train100.jsonl").is_file():
-        pytest.skip(f"no HotpotQA train100 under {DATA}")
-    from harness.cli.main import app
-
-    run = tmp_path / "run"
-    args = [
+def _args(run: Path) -> list[str]:
+    return [
         "train",
         "-c",
         str(ROOT / "configs" / "train" / "smollm2_cpu_grpo.yaml"),
@@ -49,7 +42,21 @@ def test_two_steps_with_a_launched_sglang(tmp_path):
         "trainer.progress=false",
         "trainer.tensorboard=false",
     ]
-    res = CliRunner().invoke(app, args)
+
+
+def _skip_without_sglang() -> None:
+    if not engine_ready("sglang"):
+        pytest.skip(f"no sglang venv under {engine_dir()}: run make engines")
+    if not (DATA / "hotpotqa" / "train100.jsonl").is_file():
+        pytest.skip(f"no HotpotQA train100 under {DATA}")
+
+
+def test_two_steps_with_a_launched_sglang(tmp_path):
+    _skip_without_sglang()
+    from harness.cli.main import app
+
+    run = tmp_path / "run"
+    res = CliRunner().invoke(app, _args(run))
     assert res.exit_code == 0, res.output
     assert "sglang up at http://127.0.0.1:" in res.output
     rollouts = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
@@ -68,5 +75,38 @@ def test_two_steps_with_a_launched_sglang(tmp_path):
     assert all(m["rollout_logprob_diff"] < 0.05 for m in steps)
     logs = list(run.glob("sglang-*.log"))
     assert logs and "update_weights_from_disk" in logs[0].read_text()
+    port = logs[0].stem.split("-")[1]
+    assert not checks.processes_with(f"--port {port}"), "engine left running after training"
+
+
+def test_async_steps_with_a_launched_sglang(tmp_path):
+    """``trainer.async`` against real SGLang: the producer generates while the trainer updates,
+    every update reaches the server with the requests in flight retracted and continued
+    (``interrupt: continue``), the decoupled loss weighs stale tokens by the server's own
+    logprobs, and the staleness bound holds on every step and every segment."""
+    _skip_without_sglang()
+    from harness.cli.main import app
+
+    run = tmp_path / "run"
+    extra = [
+        "trainer.max_steps=4",
+        "trainer.async.enabled=true",
+        "trainer.async.max_staleness=1",
+        "algo.decoupled_loss=true",
+    ]
+    res = CliRunner().invoke(app, [*_args(run), *extra])
+    assert res.exit_code == 0, res.output
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "loss" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3, 4]
+    for m in steps:
+        assert 0 <= m["async/staleness_max"] <= 1 and "behav_imp_weight" in m and "async/trainer_wait_s" in m
+    print("trainer wait per step:", [round(m["async/trainer_wait_s"], 1) for m in steps])
+    print("behaviour weight per step:", [round(m["behav_imp_weight"], 4) for m in steps])
+    for r in (json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()):
+        head, step = r["trajectory"]["policy_version"], r["step"]
+        seg = [x["version"] for x in r["trajectory"]["segments"] if x["role"] == "model"]
+        assert step - 2 <= head <= step - 1 and seg and all(head <= v <= step - 1 for v in seg), (step, head, seg)
+    logs = list(run.glob("sglang-*.log"))
     port = logs[0].stem.split("-")[1]
     assert not checks.processes_with(f"--port {port}"), "engine left running after training"
