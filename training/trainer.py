@@ -6,6 +6,10 @@ ids) → forward (reference log-probs, values, old log-probs once before any upd
 each (gradient accumulation over micro-batches) → weight sync into the rollout backend → log →
 checkpoint → periodic validation (the eval path, ``benchmarks.evaluate``; see ``training.build``).
 
+Asynchronously (``trainer.async``; :mod:`training.async_rollout`) the first two steps become a
+take of finished groups from a producer that keeps generating during the update, at most
+``max_staleness`` policy versions old; everything after is the same.
+
 Data parallelism: every rank draws the same prompts for a step and rolls out its own contiguous
 slice of them (whole groups per rank), so group advantages are exact; batch-wide statistics
 (Reinforce++ whitening, DAPO's token count) are per rank. DeepSpeed all-reduces the gradients.
