@@ -75,6 +75,10 @@ class Forward:
 class Trainer:
     """Holds the collaborators (agent, engines, reward, sampler, log); see the module docstring."""
 
+    # Guards the sampler's position between the async producer and a checkpoint; a real lock only
+    # once trainer.async's producer runs (:meth:`_start_async`).
+    _sampler_lock: Any = contextlib.nullcontext()
+
     def __init__(
         self, cfg: TrainConfig, agent: Any, examples: list, out: Path, validate: Callable[[int], Any] | None = None
     ) -> None:
@@ -151,7 +155,6 @@ class Trainer:
         )
         self.step_no = 0  # optimizer steps taken = the policy version the backend serves
         self.async_rollouts: AsyncRollouts | None = None  # trainer.async's producer, from the first step
-        self._sampler_lock: Any = contextlib.nullcontext()
         if cfg.trainer.async_.enabled and self.world > 1:
             raise NotImplementedError(
                 "trainer.async with several ranks is not implemented (each rank would need its own "
