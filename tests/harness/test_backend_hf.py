@@ -13,12 +13,11 @@ from harness.backends.hf import HFBackend
 from harness.tokenization import byte_tokenizer
 
 
-@pytest.fixture(scope="module")
-def tiny():
+def _tiny_llama(tok, seed, max_positions):
+    """A random 2-layer Llama over the byte tokenizer."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tok = byte_tokenizer()
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=len(tok),
         hidden_size=64,
@@ -26,12 +25,18 @@ def tiny():
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=256,
+        max_position_embeddings=max_positions,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
         bos_token_id=tok.bos_token_id,
     )
-    model = LlamaForCausalLM(cfg)
+    return LlamaForCausalLM(cfg)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tok = byte_tokenizer()
+    model = _tiny_llama(tok, seed=0, max_positions=256)
     backend = HFBackend(model_obj=model, tokenizer=tok, max_batch_size=8)
     yield backend, model, tok
     backend.close()
@@ -354,22 +359,7 @@ def test_decoding_raises_no_transformers_deprecation_warning(tiny):
 
 
 def _fresh_tiny(tok, seed):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-    )
-    model = LlamaForCausalLM(cfg)
+    model = _tiny_llama(tok, seed, max_positions=512)
     with torch.no_grad():  # never EOS: the generation must still be running when the update lands
         model.lm_head.weight[tok.eos_token_id] = 0.0  # logit 0, below the largest of ~260 random ones
     return model
