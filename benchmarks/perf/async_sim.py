@@ -83,7 +83,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.perf.eval_sim import DEFAULT_RUNS, CostModel, Shape, plan, read_shapes, turn_histogram
+from benchmarks.perf.eval_sim import (
+    DEFAULT_RUNS,
+    CostModel,
+    Shape,
+    add_cost_args,
+    cost_from_args,
+    plan,
+    read_shapes,
+    run_dirs,
+    turn_histogram,
+)
 from training.async_rollout import AsyncRollouts
 
 logger = logging.getLogger("async_sim")
@@ -445,20 +455,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", choices=["fixed", "live"], default="fixed", help="the batch a turn's token time is at")
     ap.add_argument("--ms-per-s", type=float, default=20.0, help="wall milliseconds per simulated second")
     ap.add_argument("--seeds", type=int, default=3, help="repeats (each draws its own shapes); medians")
-    for name, value in vars(CostModel()).items():
-        if name in ("max_running", "kv_tokens", "prefill_chunk"):
-            continue  # eval_sim's engine limits; here --slots bounds the batch
-        ap.add_argument(
-            f"--{name.replace('_', '-')}", type=type(value), default=value, help=f"cost model (default {value})"
-        )
+    # eval_sim's engine limits are left out: here --slots bounds the batch
+    add_cost_args(ap, skip=("max_running", "kv_tokens", "prefill_chunk"))
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    runs = args.runs or [Path(p) for p in DEFAULT_RUNS if (Path(p) / "trajectories.jsonl").is_file()][:1]
-    if not runs:
-        ap.error("no run directory given and none of the defaults exists")
+    runs = run_dirs(ap, args.runs)
     shapes = read_shapes(runs)
-    cost = CostModel(**{k: getattr(args, k, v) for k, v in vars(CostModel()).items()})
+    cost = cost_from_args(args)
     cfg = RunConfig(args.groups, args.steps, args.warmup, 0.0, args.ms_per_s, args.max_running_groups)
     update = args.update_s if args.update_s in ("sync", "work") else float(args.update_s)
     logger.info("THE ENGINE AND THE UPDATE ARE MODELS (see the docstring): %s, batch %s", cost, args.batch)

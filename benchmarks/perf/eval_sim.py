@@ -436,6 +436,28 @@ def turn_histogram(shapes: list[Shape]) -> str:
     return ", ".join(f"{k} turns: {v}" for k, v in sorted(counts.items()))
 
 
+def add_cost_args(ap: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """One ``--name`` option per :class:`CostModel` constant (but ``skip``), defaulting to it."""
+    for name, value in vars(CostModel()).items():
+        if name not in skip:
+            ap.add_argument(
+                f"--{name.replace('_', '-')}", type=type(value), default=value, help=f"cost model (default {value})"
+            )
+
+
+def cost_from_args(args: argparse.Namespace) -> CostModel:
+    """The :class:`CostModel` of :func:`add_cost_args`'s options (a skipped one keeps its default)."""
+    return CostModel(**{k: getattr(args, k, v) for k, v in vars(CostModel()).items()})
+
+
+def run_dirs(ap: argparse.ArgumentParser, given: list[Path] | None) -> list[Path]:
+    """The run directories given, else the first default that holds trajectories (else a usage error)."""
+    runs = given or [Path(p) for p in DEFAULT_RUNS if (Path(p) / "trajectories.jsonl").is_file()][:1]
+    if not runs:
+        ap.error("no run directory given and none of the defaults exists")
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -450,18 +472,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[256, 1024, 4096])
     ap.add_argument("--workload", nargs="+", choices=["uniform", "mixed"], default=["uniform", "mixed"])
     ap.add_argument("--seed", type=int, default=0)
-    for name, value in vars(CostModel()).items():
-        ap.add_argument(
-            f"--{name.replace('_', '-')}", type=type(value), default=value, help=f"cost model (default {value})"
-        )
+    add_cost_args(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    runs = args.runs or [Path(p) for p in DEFAULT_RUNS if (Path(p) / "trajectories.jsonl").is_file()][:1]
-    if not runs:
-        ap.error("no run directory given and none of the defaults exists")
+    runs = run_dirs(ap, args.runs)
     shapes = read_shapes(runs)
-    cost = CostModel(**{k: getattr(args, k) for k in vars(CostModel())})
+    cost = cost_from_args(args)
     n = args.questions or question_count(args.data_dir) or 4 * max(args.concurrency)
     logger.info("THE ENGINE IS A MODEL (see the docstring): %s", cost)
     logger.info(
