@@ -485,18 +485,7 @@ def r1_searcher_stage1(response: str) -> tuple[bool, bool]:
     (retrieval well formed: the seven query/document tag counts equal and at least 1,
     format: no ``<think>``, one ``</think>``, one ``<answer>``, one ``</answer>``)."""
     s = response.strip()
-    counts = {
-        s.count(t)
-        for t in (
-            "<|begin_of_documents|>\n",
-            "<|end_of_documents|>\n\n",
-            "<|begin_of_query|>",
-            "<|end_of_query|>",
-            "<|begin_of_documents|>",
-            "<|end_of_documents|>",
-            "<|begin_of_documents|>\n(1)",
-        )
-    }
+    counts = {s.count(t) for t in _R1S_TAGS}  # the same seven tags the Qwen/Llama validators count
     retrieval = len(counts) == 1 and counts.pop() >= 1
     fmt = s.count("<think>") == 0 and s.count("</think>") == s.count("<answer>") == s.count("</answer>") == 1
     return retrieval, fmt
