@@ -5,7 +5,8 @@ per step written by the trainers in ``training/`` (``{"schema", "step", ...scala
 record per validation with ``val/<metric>`` keys; its validations are also evaluation runs under
 ``validation/step-N/<run>/``. The panels, each drawn only when some run logged it:
 
-- reward: ``reward/mean``, then one panel per reward component ``reward/<name>``;
+- reward: ``reward/mean``, then one panel per reward component ``reward/<name>``; a run of ten
+  steps or more also gets a dashed trailing mean of five steps there (:func:`smoothed`);
 - ``kl`` (to the reference), ``approx_kl`` (of the update), ``clip_frac``, ``entropy``;
 - response length (``response_tokens``) and searches per rollout (``searches``);
 - what the rollouts scored by the eval scorer, whatever the reward: ``em``, ``f1``, ``format_valid``;
@@ -77,6 +78,28 @@ FIXED = (
     Panel("time/step_s", "wall time per step", "seconds"),
 )
 VAL_NAMES = {"em": "EM", "f1": "F1", "acc": "Acc", "cover_em": "Cover-EM"}
+# Each RL step draws other prompts, so a per-step reward mixes learning with the prompts' difficulty:
+# reward panels of runs with at least 2 windows of steps also get the trailing mean of SMOOTH_WINDOW
+# steps, dashed, in the PNGs and the HTML alike.
+SMOOTH_WINDOW = 5
+
+
+def smoothed(panel_key: str, values: list[float | None]) -> list[float | None] | None:
+    """The trailing mean over the last ``SMOOTH_WINDOW`` finite values at each step of a reward
+    panel's series (``None`` where the step's own value is a gap), or ``None`` when the panel is
+    not a reward or the run is shorter than two windows."""
+    if not panel_key.startswith("reward/") or panel_key == "reward/std" or len(values) < 2 * SMOOTH_WINDOW:
+        return None
+    out: list[float | None] = []
+    seen: list[float] = []
+    for v in values:
+        if v is None:
+            out.append(None)
+            continue
+        seen.append(v)
+        recent = seen[-SMOOTH_WINDOW:]
+        out.append(sum(recent) / len(recent))
+    return out
 
 
 @dataclass
@@ -230,6 +253,10 @@ def figure(panel: Panel, runs: list[TrainingRun]) -> Any:
         values = [math.nan if v is None else v for _, v in pts]
         sparse = len(pts) <= 30 or panel.key.startswith(VAL_PREFIX)
         ax.plot(steps, values, label=run.label, color=colour, marker="o" if sparse else None, markersize=3)
+        trend = smoothed(panel.key, [v for _, v in pts])
+        if trend is not None:
+            mean = [math.nan if v is None else v for v in trend]
+            ax.plot(steps, mean, label=f"{run.label}: mean of {SMOOTH_WINDOW} steps", color=colour, linestyle="--")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.ticklabel_format(axis="y", useOffset=False)  # 5.5543 reads as itself, not "+5.554" and offsets
     ax.set_title(panel.title, fontsize=11)
@@ -260,15 +287,19 @@ def curves_data(runs: list[TrainingRun]) -> dict[str, Any]:
                 "title": p.title,
                 "ylabel": p.ylabel,
                 "file": p.file,
-                "series": [
-                    {"run": r.label, "steps": [s for s, _ in pts], "values": [v for _, v in pts]}
-                    for r in runs
-                    if (pts := r.series.get(p.key))
-                ],
+                "series": [_series(p.key, r.label, pts) for r in runs if (pts := r.series.get(p.key))],
             }
             for p in panels(runs)
         ],
     }
+
+
+def _series(key: str, label: str, pts: list[tuple[int, float | None]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"run": label, "steps": [s for s, _ in pts], "values": [v for _, v in pts]}
+    trend = smoothed(key, out["values"])
+    if trend is not None:
+        out["smoothed"] = trend
+    return out
 
 
 def write_training_curves(run_dirs: list[str | Path], out_dir: str | Path) -> list[Path]:

@@ -12,9 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 from benchmarks.training_curves import (
+    SMOOTH_WINDOW,
+    curves_data,
     figure,
     load_training_runs,
     panels,
+    smoothed,
     write_training_curves,
 )
 from harness.cli.main import app
@@ -220,3 +223,30 @@ def test_labels_tell_runs_apart():
 
     assert run_labels([Path("runs/demo/sft/model"), Path("runs/demo/rl/model")]) == ["sft/model", "rl/model"]
     assert run_labels([Path("a/x"), Path("b/x"), Path("c/y")]) == ["a/x", "b/x", "y"]
+
+
+def test_a_long_runs_reward_gets_its_trailing_mean_in_png_and_html(tmp_path):
+    # 12 steps of a noisy reward (step 7 not finite: a gap); the trend is the mean of the last
+    # SMOOTH_WINDOW finite values, drawn dashed after the run's own line, and the HTML gets the same numbers
+    rewards = [0.1, 0.9, 0.2, 0.8, 0.3, 0.7, float("nan"), 0.6, 0.5, 1.0, 0.4, 0.9]
+    run = tmp_path / "long"
+    _write_log(run, [{"step": i + 1, "reward/mean": r, "entropy": 1.0} for i, r in enumerate(rewards)])
+    finite = [r for r in rewards if r == r]
+    want = []
+    for i, r in enumerate(rewards):
+        seen = [x for x in rewards[: i + 1] if x == x][-SMOOTH_WINDOW:]
+        want.append(None if r != r else sum(seen) / len(seen))
+    assert len(finite) == 11 and want[4] == pytest.approx(0.46) and want[7] == pytest.approx(0.52)
+    runs = load_training_runs([run])
+    by_key = {p.key: p for p in panels(runs)}
+    lines = figure(by_key["reward/mean"], runs).axes[0].lines
+    assert [line.get_label() for line in lines] == ["long", f"long: mean of {SMOOTH_WINDOW} steps"]
+    trend = lines[1].get_ydata().tolist()
+    assert [None if v != v else pytest.approx(v) for v in trend] == want
+    assert len(figure(by_key["entropy"], runs).axes[0].lines) == 1  # only reward panels are smoothed
+    series = {p["key"]: p["series"][0] for p in curves_data(runs)["panels"]}
+    assert series["reward/mean"]["smoothed"] == [None if w is None else pytest.approx(w) for w in want]
+    assert "smoothed" not in series["entropy"]
+    # a short run (the other tests' five steps) has no trend: too few steps to average
+    assert smoothed("reward/mean", [0.1] * (2 * SMOOTH_WINDOW - 1)) is None
+    assert smoothed("reward/std", [0.1] * 20) is None
