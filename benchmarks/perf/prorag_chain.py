@@ -5,7 +5,7 @@ how each stage moved the model.
         [--summary-only]
 
 The chain (``harness stages run``) is SmolLM2-135M-Instruct on HotpotQA train100: synthesized SFT
-warm-up, MCTS on 20 questions, PRM training, K=4 sampling + PRM-filtered RFT, RL with the learned
+warm-up, MCTS on 8 questions, PRM training, K=4 sampling + PRM-filtered RFT, RL with the learned
 PRM's step advantages; eval stages measure the untrained, SFT, RFT and RL models greedily on 20
 dev_distractor1352 questions. Finished stages are never re-run, so an interrupted run resumes.
 
