@@ -3,6 +3,8 @@
 A checkpoint directory ``checkpoints/step-N/`` holds
 
 - ``model.safetensors`` (+ ``config.json``): the full policy weights (gathered under ZeRO-3);
+  with the tokenizer's files where the trainer gives one (RL, SFT), so ``harness eval --model
+  .../checkpoints/step-N`` evaluates an intermediate policy as it does ``final/``;
 - ``model_optim_rank{r}.pt``: each rank's optimizer (and its ZeRO partition, fp32 master weights
   included) and LR-scheduler states, loaded with ``weights_only=True`` (tensors and plain
   containers only: nothing is unpickled);
@@ -65,8 +67,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.random.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
 
 
-def save_checkpoint(out_dir: Path, step: int, policy: Any, state: dict[str, Any], critic: Any = None) -> Path:
-    """Write ``out_dir/step-{step}`` atomically (every rank calls this; rank 0 writes the shared files)."""
+def save_checkpoint(
+    out_dir: Path, step: int, policy: Any, state: dict[str, Any], critic: Any = None, tokenizer: Any = None
+) -> Path:
+    """Write ``out_dir/step-{step}`` atomically (every rank calls this; rank 0 writes the shared
+    files, the ``tokenizer``'s among them when given)."""
     from safetensors.torch import save_file
 
     rank, _ = rank_and_world()
@@ -84,6 +89,8 @@ def save_checkpoint(out_dir: Path, step: int, policy: Any, state: dict[str, Any]
             save_file(untie({k: v.contiguous() for k, v in weights.items()}), str(tmp / f"{name}.safetensors"))
             if name == "model" and hasattr(unwrap(eng), "config"):
                 unwrap(eng).config.save_pretrained(tmp)
+            if name == "model" and tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
         opt = {"optimizer": eng.optimizer.state_dict()}
         if getattr(eng, "lr_scheduler", None) is not None:
             opt["scheduler"] = eng.lr_scheduler.state_dict()
@@ -266,7 +273,15 @@ def run_id_of(ckpt: Path) -> str | None:
         return None
 
 
-def save_and_prune(out_dir: Path, step: int, policy: Any, state: dict[str, Any], keep: int, critic: Any = None) -> Path:
+def save_and_prune(
+    out_dir: Path,
+    step: int,
+    policy: Any,
+    state: dict[str, Any],
+    keep: int,
+    critic: Any = None,
+    tokenizer: Any = None,
+) -> Path:
     """The checkpoint policy of every trainer (RL, SFT, PRM): write ``out_dir/step-N`` (see
     :func:`save_checkpoint`), then keep the newest ``keep`` checkpoints of this run (the new one
     included; 0 keeps all). ``state["run_id"]`` names the run: another run's checkpoints in the
@@ -274,7 +289,7 @@ def save_and_prune(out_dir: Path, step: int, policy: Any, state: dict[str, Any],
     harness cannot prove it wrote is kept, with a warning)."""
     from harness import safe_delete
 
-    path = save_checkpoint(out_dir, step, policy, state, critic)
+    path = save_checkpoint(out_dir, step, policy, state, critic, tokenizer)
     rank, _ = rank_and_world()
     if keep and rank == 0:
         run_id = state.get("run_id")

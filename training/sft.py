@@ -204,7 +204,12 @@ class SFTTrainer:
         """A checkpoint of this step; keeps this run's newest ``trainer.keep_checkpoints`` (as RL)."""
         state = {"sampler": self.sampler.state(), "kind": "sft", "run_id": self.run_id}
         return save_and_prune(
-            self.out / "checkpoints", self.step_no, self.policy, state, self.cfg.trainer.keep_checkpoints
+            self.out / "checkpoints",
+            self.step_no,
+            self.policy,
+            state,
+            self.cfg.trainer.keep_checkpoints,
+            tokenizer=self.tokenizer,
         )
 
     def resume(self, run_dir: Path) -> None:

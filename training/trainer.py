@@ -602,7 +602,9 @@ class Trainer:
         with self._sampler_lock:
             state = {"sampler": self.sampler.state(), "policy_version": self.step_no, "run_id": self.run_id}
         keep = self.cfg.trainer.keep_checkpoints
-        path = save_and_prune(self.out / "checkpoints", self.step_no, self.policy, state, keep, self.critic)
+        path = save_and_prune(
+            self.out / "checkpoints", self.step_no, self.policy, state, keep, self.critic, self.tokenizer
+        )
         self._saved_step, self._saved_at = self.step_no, time.monotonic()
         return path
 

@@ -76,13 +76,19 @@ def test_resume_continues_exactly(tmp_path, stage):
 
 
 @pytest.mark.slow
-def test_exported_model_loads_with_harness_eval(tmp_path):
+@pytest.mark.parametrize("what", ["final", "checkpoint"])
+def test_exported_model_loads_with_harness_eval(tmp_path, what):
+    """``final/`` and an intermediate checkpoint given the trainer's tokenizer both evaluate as they are."""
     from harness.cli.main import app
 
     tok = byte_tokenizer()
     eng = engine(0, vocab=len(tok))
     train_step(eng, 1)
-    final = export_hf(eng, tok, tmp_path / "final")
+    if what == "final":
+        final = export_hf(eng, tok, tmp_path / "final")
+    else:
+        final = save_checkpoint(tmp_path / "checkpoints", 1, eng, {"sampler": {}}, tokenizer=tok)
+        assert "tokenizer.json" in json.loads((final / "trainer_state.json").read_text())["files"]  # verified too
     assert (final / "config.json").is_file() and (final / "tokenizer.json").is_file()
     assert list(final.glob("*.safetensors"))
     result = CliRunner().invoke(
@@ -151,7 +157,7 @@ def _stub_trainer(out, run_id, keep=2, save_every=0, minutes=0.0):
     from training.trainer import Trainer
 
     t = Trainer.__new__(Trainer)
-    t.out, t.run_id, t.rank, t.critic, t.step_no = out, run_id, 0, None, 0
+    t.out, t.run_id, t.rank, t.critic, t.step_no, t.tokenizer = out, run_id, 0, None, 0, None
     t.policy = engine()
     t.sampler = SimpleNamespace(state=lambda: {"epoch": 0, "index": 0})
     t.cfg = SimpleNamespace(
