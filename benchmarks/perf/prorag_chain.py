@@ -5,8 +5,8 @@ how each stage moved the model.
         [--summary-only]
 
 The chain (``harness stages run``) is SmolLM2-135M-Instruct on HotpotQA train100: synthesized SFT
-warm-up, MCTS on 8 questions, PRM training, K=4 sampling + PRM-filtered RFT, RL with the learned
-PRM's step advantages; eval stages measure the untrained, SFT, RFT and RL models greedily on 20
+warm-up, MCTS on 6 questions, PRM training, K=4 sampling + PRM-filtered RFT, RL with the learned
+PRM's step advantages; eval stages measure the untrained, SFT, RFT and RL models greedily on 10
 dev_distractor1352 questions. Finished stages are never re-run, so an interrupted run resumes.
 
 Printed per eval stage: EM, F1, the fraction of items that ended with an answer in the dialect's

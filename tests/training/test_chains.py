@@ -68,7 +68,7 @@ def test_prorag_recipes_carry_the_papers_settings():
     assert rl.algo.advantage == "dual_granularity" and rl.algo.step_scorer == "prm" and rl.algo.dual_beta == 0.3
     assert rl.rollout.n_samples == 8 and rl.optim.lr == 1e-5 and rl.model.lora.r == 16
     cpu_rl = compose(TrainConfig, [REPO / "configs/train/prorag/cpu_rl.yaml"])
-    assert cpu_rl.algo.step_scorer == "prm" and cpu_rl.trainer.max_steps == 6
+    assert cpu_rl.algo.step_scorer == "prm" and cpu_rl.trainer.max_steps == 4
     sample = compose(EvalConfig, [REPO / "configs/train/prorag/rft_sample.yaml"])
     assert sample.method == "prorag" and sample.agent["temperature"] == 0.8
 
