@@ -23,7 +23,9 @@ else in braces that looks like a placeholder is an error; braces with other text
 State, per stage, from its marker ``WORKDIR/.stages/NAME.json`` (written atomically):
 
 - ``done``: the marker says done, the output exists, and the upstream stages' markers are the
-  ones it was run after: skipped (never re-run);
+  ones it was run after: skipped (never re-run). A stage's upstream is the stages whose outputs
+  its arguments name (``{stage.NAME.output}``), and theirs in turn: running an evaluation stage
+  again leaves a training stage that does not read it done;
 - ``partial``: the marker says running (an earlier attempt died or failed) with the same
   upstream: run again with ``rerun_args`` appended (the command resumes or overwrites);
 - ``stale``: an output with no marker, or one made after other upstream results: moved aside
@@ -77,6 +79,7 @@ class Stage:
     run: tuple[str, ...]  # resolved arguments after `harness`
     output: str  # resolved path
     rerun_args: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()  # earlier stages whose output its arguments name ({stage.NAME.output})
 
 
 @dataclass(frozen=True)
@@ -174,11 +177,14 @@ def _read_stage(raw: Any, where: str, values: dict[str, str], earlier: set[str])
     if not output.strip():
         raise StageError(f"{where}: empty output")
     local = {**values, "self.output": output}
+    named = (m.group(1) for a in [*run, *rerun, raw["output"]] for m in _PLACEHOLDER.finditer(str(a)))
+    needs = tuple(dict.fromkeys(k.split(".")[1] for k in named if k.startswith("stage.")))
     return Stage(
         name,
         tuple(_substitute(str(a), local, f"{where}: run") for a in run),
         output,
         tuple(_substitute(str(a), local, f"{where}: rerun_args") for a in rerun),
+        needs,
     )
 
 
@@ -200,21 +206,32 @@ def read_marker(chain: Chain, stage: Stage) -> dict[str, Any] | None:
 
 
 def _upstream(chain: Chain, stage: Stage) -> dict[str, str | None]:
-    """The run ids of the done markers of the stages before ``stage``."""
+    """The run ids of the done markers of ``stage``'s upstream: the stages it names, and theirs."""
+    wanted, todo = set(), list(stage.needs)
+    while todo:
+        name = todo.pop()
+        if name not in wanted:
+            wanted.add(name)
+            todo += chain.stage(name).needs
     out: dict[str, str | None] = {}
-    for s in chain.stages:
-        if s.name == stage.name:
-            break
-        m = read_marker(chain, s)
-        out[s.name] = m.get("run_id") if m and m.get("state") == "done" else None
+    for s in chain.stages:  # in chain order
+        if s.name in wanted:
+            m = read_marker(chain, s)
+            out[s.name] = m.get("run_id") if m and m.get("state") == "done" else None
     return out
+
+
+def _same_upstream(recorded: Any, current: dict[str, str | None]) -> bool:
+    """Whether a marker was written after ``current`` (a marker may record more stages: those
+    written before upstream meant named stages recorded every earlier one)."""
+    return isinstance(recorded, dict) and all(k in recorded and recorded[k] == v for k, v in current.items())
 
 
 def stage_state(chain: Chain, stage: Stage) -> str:
     """``done``, ``partial``, ``stale`` or ``todo`` (see the module docstring)."""
     m = read_marker(chain, stage)
     exists = Path(stage.output).exists()
-    same_upstream = m is not None and m.get("upstream") == _upstream(chain, stage)
+    same_upstream = m is not None and _same_upstream(m.get("upstream"), _upstream(chain, stage))
     if m and m.get("state") == "done" and exists and same_upstream:
         return "done"
     if m and m.get("state") == "running" and same_upstream:

@@ -142,6 +142,59 @@ def test_a_rerun_upstream_makes_downstream_stale(tmp_path):
     assert [o.moved_aside for o in outcomes] == [None, str(aside / "second"), str(aside / "third.txt")]
 
 
+INDEPENDENT = """
+name: evals
+workdir: {workdir}
+stages:
+  - name: eval_base
+    run: [eval, --out, "{{self.output}}"]
+    output: "{{workdir}}/eval_base.txt"
+  - name: sft
+    run: [train, --out, "{{self.output}}"]
+    output: "{{workdir}}/sft"
+  - name: eval_sft
+    run: [eval, --in, "{{stage.sft.output}}/final", --out, "{{self.output}}"]
+    output: "{{workdir}}/eval_sft.txt"
+"""
+
+
+def test_a_stage_that_does_not_name_a_rerun_stage_stays_done(tmp_path):
+    # Upstream is what a stage's arguments name: evaluating the base model again does not make
+    # the SFT run (which never reads that evaluation) or its evaluation stale.
+    ch = load_chain(write_chain(tmp_path, INDEPENDENT))
+    assert [s.needs for s in ch.stages] == [(), (), ("sft",)]
+    run_chain(ch, Executor())
+    (tmp_path / "work" / "eval_base.txt").unlink()
+    ex = Executor()
+    outcomes = run_chain(ch, ex)
+    assert [c[0] for c in ex.calls] == ["eval"] and ex.calls[0][-1].endswith("eval_base.txt")
+    assert [o.ran for o in outcomes] == [True, False, False] and not list((tmp_path / "work").glob(".stale-*"))
+    # ... while a rerun SFT makes its evaluation stale, as before
+    import shutil
+
+    shutil.rmtree(tmp_path / "work" / "sft")
+    ex = Executor()
+    run_chain(ch, ex)
+    assert [c[0] for c in ex.calls] == ["train", "eval"] and ex.calls[1][-1].endswith("eval_sft.txt")
+    (aside,) = (tmp_path / "work").glob(".stale-*")
+    assert (aside / "eval_sft.txt").exists()
+
+
+def test_markers_written_when_upstream_meant_every_earlier_stage_still_count(tmp_path):
+    # A marker from before recorded every earlier stage; the stages it names still decide.
+    ch = load_chain(write_chain(tmp_path, INDEPENDENT))
+    run_chain(ch, Executor())
+    marker = tmp_path / "work" / ".stages" / "eval_sft.json"
+    data = json.loads(marker.read_text())
+    base = json.loads((tmp_path / "work" / ".stages" / "eval_base.json").read_text())["run_id"]
+    data["upstream"] = {"eval_base": base, **data["upstream"]}
+    marker.write_text(json.dumps(data))
+    assert stage_state(ch, ch.stage("eval_sft")) == "done"
+    data["upstream"]["sft"] = "another-run"
+    marker.write_text(json.dumps(data))
+    assert stage_state(ch, ch.stage("eval_sft")) == "stale"
+
+
 def test_a_missing_output_and_a_stale_output_outside_the_workdir_stop_the_chain(tmp_path):
     ch = load_chain(write_chain(tmp_path))
     with pytest.raises(StageError, match="does not exist"):
