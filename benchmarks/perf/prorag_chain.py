@@ -59,11 +59,15 @@ def summary(workdir: Path) -> None:
     metrics = workdir / "prm" / "metrics.jsonl"
     if metrics.is_file():
         rows = [r for _, r in read_jsonl(metrics, tolerant=True)]  # a run may still be appending
-        accs = [r[k] for r in rows for k in ("prm/val_pair_acc", "prm/train_pair_acc_all") if k in r]
+
+        def last(key: str) -> str:
+            vals = [r[key] for r in rows if key in r]
+            return f"{vals[-1]:.3f}" if vals else "not logged"
+
+        # held out (prm.val_fraction) and on every pair it trained on, told apart
         print(
-            f"prm        {len(rows)} logged steps; last pair accuracy {accs[-1]:.3f}"
-            if accs
-            else "prm        no accuracy"
+            f"prm        {len(rows)} logged steps; pair accuracy held out {last('prm/val_pair_acc')}, "
+            f"on all pairs {last('prm/train_pair_acc_all')}"
         )
     rft = _json(workdir / "rft_set" / "rft_summary.json")
     if rft:
