@@ -267,16 +267,32 @@ def _as_current(recorded: Path) -> Any:
         return None
 
 
+# Options that change how a run executes, not what it trains: a cached run trained with other
+# values of these is still the run asked for (torch threads change float summation order only).
+EXECUTION_ONLY = (("optim", "threads"), ("trainer", "progress"))
+
+
+def _without_execution_only(config: Any) -> Any:
+    if not isinstance(config, dict):
+        return config
+    out = json.loads(json.dumps(config))
+    for section, key in EXECUTION_ONLY:
+        if isinstance(out.get(section), dict):
+            out[section].pop(key, None)
+    return out
+
+
 def train_cached(cfg: TrainConfig, run: str | Path) -> tuple[Path, bool]:
-    """Train ``cfg`` into ``run`` unless ``run`` already holds a final model trained with exactly
-    this config (its ``config.json``); returns the final model folder and whether it trained now.
-    A ``run`` of any other config is cleared first (a cached demo or stage never mixes recipes),
-    through :func:`harness.safe_delete.clear`: only a harness training run is ever cleared."""
+    """Train ``cfg`` into ``run`` unless ``run`` already holds a final model trained with this
+    config (its ``config.json``, compared without the :data:`EXECUTION_ONLY` options); returns the
+    final model folder and whether it trained now. A ``run`` of any other config is cleared first
+    (a cached demo or stage never mixes recipes), through :func:`harness.safe_delete.clear`: only
+    a harness training run is ever cleared."""
     run = Path(run)
     final, recorded = run / "final", run / "config.json"
-    wanted = json.loads(json.dumps(to_dict(cfg)))  # as config.json holds it (tuples as lists)
+    wanted = _without_execution_only(json.loads(json.dumps(to_dict(cfg))))  # as config.json holds it
     with run_lock(run, "train"):
-        if final.is_dir() and recorded.exists() and _as_current(recorded) == wanted:
+        if final.is_dir() and recorded.exists() and _without_execution_only(_as_current(recorded)) == wanted:
             return final, False
         if safe_delete.check_removable(run, TRAIN_ENTRIES, kind="train"):
             logger.info("retraining: %s holds no final model of this config", run)

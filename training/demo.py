@@ -63,16 +63,24 @@ def run_demo(
     out: str | Path = DEFAULT_OUT,
     methods_config: str = METHODS_CONFIG,
     train_config: str = TRAIN_CONFIG,
-    threads: int = 1,
+    threads: int | None = None,
     overrides: list[str] | None = None,
     rl_config: str = RL_CONFIG,
     rl_overrides: list[str] | None = None,
 ) -> Path:
     """Baselines, untrained agent, SFT, SFT agent, RL, RL agent, report; see the module docstring.
-    ``threads``: torch threads of the evaluations (the recipes set training's); ``overrides`` and
-    ``rl_overrides``: ``key.path=value`` of the SFT and RL recipes. Returns the report folder."""
+    ``threads``: torch threads of every stage (None: :func:`auto_threads`; ``optim.threads`` in
+    ``overrides``/``rl_overrides`` still wins for a training); ``overrides`` and ``rl_overrides``:
+    ``key.path=value`` of the SFT and RL recipes. Returns the report folder."""
     root = Path(out)
     eval_dir, sft_dir = root / "eval", root / "sft"
+    if threads is None:
+        threads, why = auto_threads()
+        ui.say(f"torch threads: {threads} ({why}; --threads N to choose)")
+    # Threads are execution-only: cached evaluations resume and cached trainings are reused
+    # whatever thread count made them (training.build.EXECUTION_ONLY).
+    overrides = [f"optim.threads={threads}", *(overrides or [])]
+    rl_overrides = [f"optim.threads={threads}", *(rl_overrides or [])]
     base_cfg = _eval_data(methods_config, eval_dir, threads)
     ui.step("1/6 baselines and the untrained agent (demo test split)")
     _evaluate(ui, base_cfg, ["naive", "standard", UNTRAINED])
@@ -94,6 +102,21 @@ def run_demo(
     ui.step("6/6 the RL agent (demo test split)")
     _evaluate(ui, _with_model(base_cfg, rl_model), [UNTRAINED], RL)
     return _report(ui, eval_dir, root / "report", rl_run)
+
+
+def auto_threads() -> tuple[int, str]:
+    """Torch threads for the demo on this machine, and why. Every core when the machine is quiet
+    (1-minute load average under half the cores); one when it is busy, where on a 2-core VM two
+    threads spin-wait on each other (~3x the CPU time of a step, measured under load). Quiet, two
+    threads make a GRPO step of the demo 1.5x faster than one (111 s against 171 s, measured with
+    benchmarks/perf/train_step.py; see docs/training.md)."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if cores > 1 and load < cores / 2:
+        return cores, f"{cores} cores, load average {load:.2f}: quiet"
+    return 1, f"{cores} core(s), load average {load:.2f}: busy or single-core"
 
 
 def _with_model(data: dict[str, Any], model: Path) -> dict[str, Any]:

@@ -41,11 +41,11 @@ def demo_command(
         None, "--rl", help="key.path=value override of the RL recipe (repeatable), e.g. --rl trainer.max_steps=4."
     ),
     threads: int = typer.Option(
-        1,
+        0,
         "--threads",
-        min=1,
-        help="Torch threads of the evaluations (the recipe sets training's). 1: on a shared 2-core machine "
-        "two threads spin-wait on each other (measured ~3x the CPU time per step under load).",
+        min=0,
+        help="Torch threads of every stage. 0 (default): every core when the machine is quiet (load average "
+        "under half the cores), else 1, since on a busy 2-core machine two threads spin-wait on each other.",
     ),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides of the SFT recipe."),
 ) -> None:
@@ -54,7 +54,14 @@ def demo_command(
 
     try:
         run_demo(
-            _Terminal(), out, methods_config, train_config, threads, list(overrides or []), rl_config, rl_overrides
+            _Terminal(),
+            out,
+            methods_config,
+            train_config,
+            threads or None,
+            list(overrides or []),
+            rl_config,
+            rl_overrides,
         )
     except (ValueError, KeyError, FileNotFoundError, RuntimeError, OSError) as e:
         fail(f"{type(e).__name__}: {e}")

@@ -126,6 +126,9 @@ def test_demo_training_is_skipped_only_for_the_same_recipe(tmp_path, monkeypatch
     (run / "final").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps(to_dict(cfg)))
     assert train_cached(cfg, run) == (run / "final", False)
+    # Torch threads are execution-only: `harness demo` picks them per machine and still reuses the run.
+    two_threads = compose(TrainConfig, [TRAIN_CONFIG], [source, "optim.threads=2"])
+    assert train_cached(two_threads, run) == (run / "final", False)
 
     built = []
 
@@ -148,3 +151,17 @@ def test_question_templates_of_the_demo_cover_every_question():
     kinds = {question_template(ex.question) for ex in load_examples("demo")}
     assert kinds == {"inventor's town", "river of a town", "company founder", "born earlier", "same province"}
     assert question_template("Who wrote Hamlet?") == "other"
+
+
+def test_demo_threads_follow_how_busy_the_machine_is(monkeypatch):
+    """Every core on a quiet machine, one on a busy one (two threads spin-wait on a busy 2-core VM)."""
+    import os
+
+    from training.demo import auto_threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.4, 0.0, 0.0))
+    assert auto_threads()[0] == 2
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 0.0, 0.0))
+    threads, why = auto_threads()
+    assert threads == 1 and "1.50" in why
