@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.backends import build_backend
-from harness.config import to_dict
+from harness.config import pop_paths, to_dict
 from harness.eval_config import EvalConfig, RetrieverConfig
 from harness.retrieval.factory import build_retriever, needs_corpus
 from harness.run_records import ItemScore, RunManifest, RunResults
@@ -79,14 +79,8 @@ class EvalRun:
 def split_config(cfg: EvalConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """(identity, execution): the resolved config less :data:`EXECUTION_ONLY_KEYS`, which
     identifies the run, and those keys' values by dotted name."""
-    out, execution = to_dict(cfg), {}
-    for key in EXECUTION_ONLY_KEYS:
-        *parents, leaf = key.split(".")
-        node = out
-        for p in parents:
-            node = node.get(p, {}) if isinstance(node, dict) else {}
-        if isinstance(node, dict) and leaf in node:
-            execution[key] = node.pop(leaf)
+    out = to_dict(cfg)
+    execution = pop_paths(out, EXECUTION_ONLY_KEYS)
     for key, default in _OMIT_AT_DEFAULT.items():
         if out.get(key) == default:
             out.pop(key, None)

@@ -54,6 +54,20 @@ def set_path(d: dict[str, Any], dotted: str, value: Any) -> None:
     cur[parts[-1]] = value
 
 
+def pop_paths(d: dict[str, Any], dotted: Iterable[str]) -> dict[str, Any]:
+    """Remove each dotted key present in the nested dict ``d`` (in place); returns the removed
+    values by dotted key. A key whose sections are missing is skipped."""
+    popped: dict[str, Any] = {}
+    for key in dotted:
+        *parents, leaf = key.split(".")
+        node: Any = d
+        for p in parents:
+            node = node.get(p, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict) and leaf in node:
+            popped[key] = node.pop(leaf)
+    return popped
+
+
 def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """A new dict: ``extra`` wins; nested dicts merge key by key."""
     out = dict(base)

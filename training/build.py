@@ -23,7 +23,7 @@ from typing import Any
 from benchmarks.evaluate import evaluate
 from harness import safe_delete
 from harness.backends import build_backend
-from harness.config import compose, from_dict, to_dict
+from harness.config import compose, from_dict, pop_paths, to_dict
 from harness.engines import engine_for_backend, sigterm_as_exit, start_engine
 from harness.registry import Registry
 from harness.run_records import RunManifest, RunResults
@@ -269,17 +269,14 @@ def _as_current(recorded: Path) -> Any:
 
 # Options that change how a run executes, not what it trains: a cached run trained with other
 # values of these is still the run asked for (torch threads change float summation order only).
-EXECUTION_ONLY = (("optim", "threads"), ("trainer", "progress"))
+EXECUTION_ONLY = ("optim.threads", "trainer.progress")
 
 
-def _without_execution_only(config: Any) -> Any:
-    if not isinstance(config, dict):
-        return config
-    out = json.loads(json.dumps(config))
-    for section, key in EXECUTION_ONLY:
-        if isinstance(out.get(section), dict):
-            out[section].pop(key, None)
-    return out
+def _identity(config: Any) -> Any:
+    """A recorded config (a fresh dict, or None) less :data:`EXECUTION_ONLY`, in place."""
+    if isinstance(config, dict):
+        pop_paths(config, EXECUTION_ONLY)
+    return config
 
 
 def train_cached(cfg: TrainConfig, run: str | Path) -> tuple[Path, bool]:
@@ -290,9 +287,9 @@ def train_cached(cfg: TrainConfig, run: str | Path) -> tuple[Path, bool]:
     a harness training run is ever cleared."""
     run = Path(run)
     final, recorded = run / "final", run / "config.json"
-    wanted = _without_execution_only(json.loads(json.dumps(to_dict(cfg))))  # as config.json holds it
+    wanted = _identity(json.loads(json.dumps(to_dict(cfg))))  # as config.json holds it (tuples as lists)
     with run_lock(run, "train"):
-        if final.is_dir() and recorded.exists() and _without_execution_only(_as_current(recorded)) == wanted:
+        if final.is_dir() and recorded.exists() and _identity(_as_current(recorded)) == wanted:
             return final, False
         if safe_delete.check_removable(run, TRAIN_ENTRIES, kind="train"):
             logger.info("retraining: %s holds no final model of this config", run)

@@ -28,3 +28,12 @@ def test_agent_options_in_method_configs_are_valid_agent_keys():
     for path in (ROOT / "configs" / "methods").glob("*.yaml"):
         cfg = compose(EvalConfig, [path])
         from_dict(AgentConfig, cfg.agent, where="agent")
+
+
+def test_pop_paths_removes_the_dotted_keys_present_and_returns_them():
+    from harness.config import pop_paths
+
+    d = {"optim": {"threads": 2, "lr": 1e-5}, "trainer": {"out": "x"}, "seed": 0}
+    popped = pop_paths(d, ["optim.threads", "trainer.progress", "missing.key", "seed"])
+    assert popped == {"optim.threads": 2, "seed": 0}
+    assert d == {"optim": {"lr": 1e-5}, "trainer": {"out": "x"}}
