@@ -34,6 +34,13 @@ LOCK = ".harness.lock"  # harness.runlock's lock file: never removed (another pr
 _ALWAYS = (MARKER, LOCK)
 
 
+def bookkeeping(name: str) -> bool:
+    """Whether an entry of a folder is harness's own bookkeeping, not output: the marker, a marker
+    being written (:func:`mark`'s temporary) or the run lock. Another process may be writing it
+    right now (rank 0 claims a run folder while the other ranks check that it is empty)."""
+    return name in _ALWAYS or name.startswith(f".{MARKER}.tmp-")
+
+
 class NotOursError(ValueError):
     """Harness refuses to delete something it cannot prove it wrote; the message says what."""
 

@@ -193,7 +193,7 @@ def claim_run_folder(run: Path, overwrite: bool = False, check_only: bool = Fals
         return
     if not run.is_dir():
         raise ValueError(f"run folder {run} is a file")
-    held = sorted(p.name for p in run.iterdir() if p.name not in (safe_delete.MARKER, safe_delete.LOCK))
+    held = sorted(p.name for p in run.iterdir() if not safe_delete.bookkeeping(p.name))
     if not held:
         return
     if not overwrite:
@@ -219,7 +219,9 @@ def train(
     out through ``rollout.backend`` and that says ``launch: true``, the engine is started for the
     run and stopped however it ends (SIGTERM included); ``say`` tells the user about it. The run
     folder is locked throughout (:func:`harness.runlock.run_lock`: a second writer is refused), and
-    a fresh run claims it first (:func:`claim_run_folder`, which ``overwrite`` lets clear it)."""
+    a fresh run claims it first (:func:`claim_run_folder`, which ``overwrite`` lets clear it). A
+    rank of a multi-rank run ends its process groups when its training ends well
+    (:func:`training.engine.end_distributed`)."""
     from training.trainer import mini_batch_rows
 
     with contextlib.ExitStack() as stack:
@@ -248,7 +250,14 @@ def train(
         trainer = build_trainer(cfg, run)
         if resume:
             trainer.resume(run)
-        return trainer, Path(trainer.train())
+        final = Path(trainer.train())
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # A launcher's rank trains once and exits; a single process keeps its group for the next
+        # training (the demo trains SFT then RL in one process).
+        from training.engine import end_distributed
+
+        end_distributed()
+    return trainer, final
 
 
 def next_step(cfg: TrainConfig, final: Path) -> str:

@@ -64,6 +64,20 @@ def rank_and_world() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def end_distributed() -> None:
+    """Tear down the process groups of a rank whose training ended well: a barrier (every rank is
+    past its last collective), then ``destroy_process_group``.
+
+    Without it gloo's worker threads are still running when the interpreter exits, and a rank that
+    finished can die of SIGABRT ("terminate called without an active exception",
+    pytorch/pytorch#190489), so the launcher reports a failed run. Call it last: DeepSpeed keeps
+    its groups cached, so the process cannot train again afterwards. Not on an error path: a rank
+    that failed must not wait in the barrier for the others (the launcher stops them)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> Any:
     """The policy LM: a tiny random Llama from a config (tests, offline) or weights (safetensors only)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM

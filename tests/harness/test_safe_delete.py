@@ -90,6 +90,23 @@ def test_overwrite_clears_a_harness_run_but_names_what_it_did_not_write(tmp_path
     assert check_removable(run, TRAIN_ENTRIES, kind="train") == []
 
 
+def test_a_fresh_run_folder_being_claimed_by_rank_0_is_still_empty_to_the_other_ranks(tmp_path):
+    """Rank 0 marks and locks the folder while the other ranks check it is empty: what it writes
+    meanwhile (the marker, its temporary, the lock) is not output (a two-rank launch failed on it)."""
+    from training.build import claim_run_folder
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / f".{MARKER}.tmp-12345").write_text("{}")  # rank 0's marker, half written
+    (run / ".harness.lock").write_text("")
+    claim_run_folder(run)
+    claim(run, "train")
+    claim_run_folder(run)
+    (run / ".config.json.tmp-1").write_text("{}")  # any other temporary is a run's output
+    with pytest.raises(ValueError, match=r"not empty \(\.config\.json\.tmp-1\)"):
+        claim_run_folder(run)
+
+
 def test_the_guard_needs_a_marker_the_right_kind_and_only_known_names(tmp_path):
     unmarked = tmp_path / "unmarked"
     unmarked.mkdir()

@@ -67,6 +67,7 @@ def _worker(out: str, url: str) -> None:
     from harness.tokenization import byte_tokenizer
     from training.build import build_trainer
     from training.config import TrainConfig
+    from training.engine import end_distributed
     from training.rewards import REWARDS
 
     class Length:
@@ -89,6 +90,7 @@ def _worker(out: str, url: str) -> None:
     for _ in range(2):
         trainer.step()
     (Path(out) / f"rank{rank}.json").write_text(json.dumps({k: sorted(set(v)) for k, v in seen.items()}))
+    end_distributed()  # as training.build.train does: a rank that exits with live gloo threads can abort
 
 
 if __name__ == "__main__":

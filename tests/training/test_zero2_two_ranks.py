@@ -68,6 +68,7 @@ def _worker(out: str) -> None:
     from harness.config import compose
     from training.build import build_trainer
     from training.config import TrainConfig
+    from training.engine import end_distributed
     from training.rewards import REWARDS
 
     class LetterA:  # random tiny models never answer; a reward that varies on their own turns' text
@@ -95,6 +96,7 @@ def _worker(out: str) -> None:
         "prompts": prompts,
     }
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(record))
+    end_distributed()  # as training.build.train does: a rank that exits with live gloo threads can abort
 
 
 if __name__ == "__main__":
