@@ -79,12 +79,18 @@ class _LogProbEntropy(torch.autograd.Function):
 
 
 def chunk_logprobs(
-    hidden: torch.Tensor, lm_head: Any, targets: torch.Tensor, chunk_tokens: int, with_entropy: bool
+    hidden: torch.Tensor,
+    lm_head: Any,
+    targets: torch.Tensor,
+    chunk_tokens: int,
+    with_entropy: bool,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of each target and (optionally) the entropy, ``chunk_tokens`` positions at a time.
 
     hidden [N, H] (the final hidden states that predict ``targets``), targets [N] → logp [N],
-    entropy [N] or None; both fp32. Gradients reach ``hidden`` and ``lm_head``'s parameters.
+    entropy [N] or None; both fp32, of the distribution softmax(logits / ``temperature``).
+    Gradients reach ``hidden`` and ``lm_head``'s parameters.
 
     Under autograd each chunk runs inside a NON-reentrant ``torch.utils.checkpoint``: only its
     hidden states are kept, its logits are recomputed in the backward, and the whole backward is
@@ -96,7 +102,10 @@ def chunk_logprobs(
     grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
 
     def one(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return _LogProbEntropy.apply(lm_head(h), t, with_entropy)  # [n, V] lives only in here
+        logits = lm_head(h)  # [n, V], lives only in here
+        if temperature != 1.0:
+            logits = logits.div_(temperature)  # in place: the head's backward needs h, not its output
+        return _LogProbEntropy.apply(logits, t, with_entropy)
 
     logps, ents = [], []
     for i in range(0, hidden.shape[0], chunk_tokens):
@@ -147,6 +156,7 @@ def window_token_stats(
     mask: torch.Tensor | None = None,
     chunk_tokens: int = 1024,
     entropy: bool = False,
+    temperature: float = 1.0,
 ) -> TokenStats:
     """Log-probs (and entropy) of the last ``w = targets.shape[1]`` targets of a forward.
 
@@ -154,7 +164,12 @@ def window_token_stats(
     predicted by the hidden states at L − w − 1 .. L − 2; mask [b, w] picks the positions to
     compute (default all). ``chunk_tokens`` ≤ 0 takes the full-logits path (the reference: one
     [b, w, V] tensor, fp32 in log_softmax), as does a model whose logits are not ``lm_head(h)``.
+    ``temperature`` divides the logits first: the policy that sampled at temperature T is
+    softmax(logits / T), and RL scores the samples under that policy (verl's actor divides its
+    logits by the rollout temperature for the old, reference and training log-probs alike).
     """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for log-probs, got {temperature}")
     b, w = targets.shape
     L = input_ids.shape[1]
     if chunk_tokens <= 0 or not supports_chunking(model):
@@ -162,6 +177,8 @@ def window_token_stats(
         from training.losses import entropy_from_logits
 
         logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=w + 1).logits[:, :-1]
+        if temperature != 1.0:
+            logits = logits / temperature  # [b, w, V]
         logp = token_logprobs(logits, targets)  # [b, w]
         ent = entropy_from_logits(logits) if entropy else None  # [b, w]
         if mask is not None:
@@ -194,7 +211,7 @@ def window_token_stats(
         return TokenStats(zero, zero if entropy else None)
     if idx is not None:
         flat_h, flat_t = flat_h.index_select(0, idx), flat_t.index_select(0, idx)  # [n, H], [n]
-    lp, en = chunk_logprobs(flat_h, inner.get_output_embeddings(), flat_t, chunk_tokens, entropy)
+    lp, en = chunk_logprobs(flat_h, inner.get_output_embeddings(), flat_t, chunk_tokens, entropy, temperature)
 
     def unflatten(x: torch.Tensor) -> torch.Tensor:
         if idx is None:

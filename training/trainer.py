@@ -356,7 +356,9 @@ class Trainer:
         scored (prompt positions never carry loss), and only at model tokens; and the vocabulary
         projection runs over chunks of ``model.logits_chunk_tokens`` tokens from the hidden
         states, so the [b, w, V] logits never exist (:mod:`training.logprobs`). Results are
-        zero-padded back to W (those positions are padding, mask 0).
+        zero-padded back to W (those positions are padding, mask 0). They are of the policy that
+        sampled: softmax(logits / ``rollout.temperature``), as verl scores them (greedy rollouts,
+        temperature 0, are scored at temperature 1).
         """
         L, W = batch.input_ids.shape[1], batch.targets.shape[1] - offset
         Lm = min(L, max(int(batch.attention_mask[rows].sum(1).max()), offset + 2))  # this micro-batch's length
@@ -368,6 +370,7 @@ class Trainer:
             batch.mask[rows, offset : Lm - 1],
             self.cfg.model.logits_chunk_tokens,
             entropy,
+            self.cfg.rollout.temperature or 1.0,
         )
 
         def pad(x: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,9 @@ batch and its cache. So a request never waits for a batch to drain before it sta
   completes a stop string is kept whole (so the text may run a few characters past the stop).
 - Greedy when ``temperature == 0``; else temperature / top-k / top-p sampling with a per-request
   seeded generator, so a sample is reproducible whatever it is batched with (up to float noise).
-- Logprobs are of the chosen token under the model's raw distribution (temperature 1, before
-  top-k/top-p), the quantity RL losses need.
+- Logprobs are of the chosen token under the distribution it was sampled at: softmax(logits / T)
+  for temperature T > 0, before top-k/top-p (SGLang's default, and what verl's trainer scores);
+  the raw distribution for greedy requests. RL's behaviour-policy logprobs.
 - Weights load from safetensors only; ``update_weights`` swaps in new weights for RL once the
   running rows have finished (admissions pause meanwhile), so a completion has one weight version;
   or, with ``WeightUpdate.in_flight == "pause"`` (asynchronous RL), at the next decode step: the
@@ -424,8 +425,11 @@ class _Running:
 
         Sampled on the CPU with each request's CPU generator: the same draws on any device."""
         logits = logits.float().cpu()  # [A, V]
+        logp = None
         # Evaluation does not ask for logprobs: skip the [A, V] log-softmax when no row wants one.
-        logp = self.torch.log_softmax(logits, dim=-1) if any(r.params.logprobs for r in rows) else None  # [A, V]
+        if any(r.params.logprobs for r in rows):
+            temps = self.torch.tensor([r.params.temperature if r.params.temperature > 0 else 1.0 for r in rows])  # [A]
+            logp = self.torch.log_softmax(logits / temps.unsqueeze(1), dim=-1)  # [A, V], at each row's temperature
         for j, r in enumerate(rows):
             if r.future.cancelled():  # its caller gave up (e.g. a timeout): stop spending on it
                 r.done = True

@@ -122,6 +122,28 @@ def check_logprobs(backend) -> None:
     assert max(c.logprobs) > math.log(0.05)
 
 
+def check_sampled_logprobs_temperature(backend, model_dir: Path, scaled: bool) -> None:
+    """Sampled at temperature 0.7, the server's logprob of each token is of softmax(logits / 0.7)
+    when ``scaled`` (SGLang's default, what the trainer scores), else of the raw logits (vLLM's
+    default ``raw_logprobs``). Either way one of the two, to 1e-2, and not the other."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ids = chat_ids(backend.tokenizer, "Tell me a random fact about the ocean.")
+    c = gen(backend, ids, max_new_tokens=16, temperature=0.7, seed=5, logprobs=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + c.token_ids])).logits[0, len(ids) - 1 : -1].float()  # [n, V]
+    picked = torch.tensor(c.token_ids)[:, None]
+
+    def gap(t: float) -> float:
+        ours = torch.log_softmax(logits / t, -1).gather(1, picked)[:, 0]
+        return (ours - torch.tensor(c.logprobs)).abs().max().item()
+
+    same, other = (gap(0.7), gap(1.0)) if scaled else (gap(1.0), gap(0.7))
+    assert same < 1e-2 < other, (same, other)
+
+
 def check_n_samples(backend) -> None:
     ids = chat_ids(backend.tokenizer, "Tell me a random fact about the ocean.")
     outs = run(backend.agenerate_n(ids, SamplingParams(max_new_tokens=24, temperature=1.0, logprobs=True), n=4))

@@ -49,6 +49,12 @@ def test_logprobs(backend):
     checks.check_logprobs(backend)
 
 
+def test_sampled_logprobs_and_the_temperature(backend, model_dir):
+    """SGLang reports logprobs at the sampling temperature (what the trainer scores, so the
+    decoupled loss works at any temperature); vLLM at temperature 1 (docs/training.md)."""
+    checks.check_sampled_logprobs_temperature(backend, model_dir, scaled=backend.name == "sglang")
+
+
 def test_n_samples_in_one_request(backend):
     checks.check_n_samples(backend)
 

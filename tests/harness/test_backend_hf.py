@@ -327,6 +327,31 @@ def test_embedded_smollm2_rows_joined_mid_decode_are_token_exact():
         backend.close()
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0, 1.4])
+def test_logprobs_are_of_the_distribution_each_token_was_sampled_from(tiny, temperature):
+    """log softmax(logits / T) of the chosen token (raw logits when greedy), before top-p: the
+    behaviour policy the trainer scores at the rollout temperature. Two rows at other temperatures
+    in one batch each get their own."""
+    backend, model, tok = tiny
+    p = ids(tok, "the quick brown fox")
+    params = SamplingParams(max_new_tokens=10, temperature=temperature, top_p=0.9, seed=3, logprobs=True)
+    other = params.with_(temperature=0.5 if temperature != 0.5 else 0.8, seed=4)
+    got, _ = gather_mixed(backend, [(p, params), (p, other)])
+    full = torch.tensor([p + got.token_ids])  # [1, L]
+    with torch.no_grad():
+        logits = model(full).logits[0, len(p) - 1 : -1].float()  # [10, V] the logits each token was picked from
+    scale = temperature if temperature > 0 else 1.0
+    expect = torch.log_softmax(logits / scale, dim=-1).gather(-1, torch.tensor(got.token_ids)[:, None])[:, 0]
+    assert got.logprobs == pytest.approx(expect.tolist(), abs=1e-4)
+
+
+def gather_mixed(backend, jobs):
+    async def main():
+        return await asyncio.gather(*(backend.agenerate(p, sp) for p, sp in jobs))
+
+    return asyncio.run(main())
+
+
 def test_no_logprobs_unless_asked_and_the_same_tokens(tiny):
     """Evaluation asks for no logprobs: none are computed or returned, and the tokens are the
     same as with them (a batch mixing both gets each row what it asked for)."""

@@ -43,10 +43,11 @@ def inputs(b: int = 3, L: int = 21, w: int = 14, seed: int = 1):
     return ids, attn, targets, mask
 
 
-def reference(model, ids, attn, targets, mask):
+def reference(model, ids, attn, targets, mask, temperature=1.0):
     """Today's path: full logits [b, w, V], fp32 log_softmax, entropy from the same logits."""
     w = targets.shape[1]
     logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=w + 1).logits[:, :-1]  # [b, w, V]
+    logits = logits / temperature  # the sampling policy at temperature T
     return token_logprobs(logits, targets), entropy_from_logits(logits)
 
 
@@ -87,6 +88,29 @@ def test_chunked_losses_and_gradients_equal_the_full_logits_path(tied, chunk, ag
         torch.testing.assert_close(p_new.grad, p_ref.grad, atol=1e-5, rtol=1e-4, msg=name)
         n += 1
     assert n >= 10  # embeddings, every layer and lm_head got gradients
+
+
+@pytest.mark.parametrize("chunk", [0, 4])
+@pytest.mark.parametrize("temperature", [0.6, 1.3])
+def test_log_probs_are_of_the_policy_at_the_rollout_temperature(chunk, temperature):
+    """softmax(logits / T), values and gradients, on both paths (verl divides its logits by the
+    rollout temperature); T = 1 would give other numbers."""
+    ids, attn, targets, mask = inputs(seed=11)
+    m_ref, m_new = tiny_llama(), tiny_llama()
+    lp_ref, ent_ref = reference(m_ref, ids, attn, targets, mask, temperature)
+    ((lp_ref + 0.1 * ent_ref) * mask).sum().backward()
+    st = window_token_stats(m_new, ids, attn, targets, mask, chunk, entropy=True, temperature=temperature)
+    keep = mask.bool()
+    torch.testing.assert_close(st.logp[keep], lp_ref[keep], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(st.entropy[keep], ent_ref[keep], atol=1e-5, rtol=1e-5)
+    ((st.logp + 0.1 * st.entropy) * mask).sum().backward()
+    for (name, p_ref), (_, p_new) in zip(m_ref.named_parameters(), m_new.named_parameters(), strict=True):
+        torch.testing.assert_close(p_new.grad, p_ref.grad, atol=1e-5, rtol=1e-4, msg=name)
+    with torch.no_grad():
+        at_one = window_token_stats(m_new, ids, attn, targets, mask, chunk)
+    assert not torch.allclose(at_one.logp[keep], st.logp[keep], atol=1e-3)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        window_token_stats(m_new, ids, attn, targets, mask, chunk, temperature=0.0)
 
 
 def test_entropy_is_skipped_when_not_asked_and_grads_still_match():

@@ -320,16 +320,25 @@ def test_cli_overwrite_resume_after_a_lost_checkpoint_and_a_damaged_one(tmp_path
 
 
 @pytest.mark.slow
-def test_decoupled_loss_trains_a_step_and_logs_the_behaviour_weight(tmp_path):
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_decoupled_loss_trains_a_step_and_logs_the_behaviour_weight(tmp_path, temperature):
     """algo.decoupled_loss: the backend's logprobs are the behaviour policy, the pre-update forward
     the proximal one. Rolled out synchronously by the synced hf backend, the two are the same
-    policy, so the weights are ≈ 1 and the cap drops nothing."""
-    trainer = make(tmp_path, "algo.decoupled_loss=true", "algo.behav_imp_weight_cap=5", "trainer.save_every=0")
+    policy, so the weights are ≈ 1 and the cap drops nothing. At another rollout temperature both
+    sides score softmax(logits / T) (scored at T = 1, the trainer's side would be another policy)."""
+    trainer = make(
+        tmp_path,
+        "algo.decoupled_loss=true",
+        "algo.behav_imp_weight_cap=5",
+        "trainer.save_every=0",
+        f"rollout.temperature={temperature}",
+    )
     assert trainer.loss_fn.decoupled and trainer.loss_fn.behav_imp_weight_cap == 5.0
     m = trainer.step()
     assert m["grad_norm"] > 0 and m["loss"] == m["loss"]
     assert m["behav_imp_weight"] == pytest.approx(1.0, abs=1e-2)
     assert abs(m["behav_kl"]) < 1e-2 and m["behav_drop_frac"] == 0.0
+    assert m["rollout_logprob_diff"] < 1e-3
     row = read_jsonl(tmp_path / "run" / "metrics.jsonl")[0]
     assert {"behav_imp_weight", "behav_kl", "behav_drop_frac"} <= row.keys()
 
