@@ -281,22 +281,39 @@ def save_and_prune(
     keep: int,
     critic: Any = None,
     tokenizer: Any = None,
+    interim: bool = False,
 ) -> Path:
     """The checkpoint policy of every trainer (RL, SFT, PRM): write ``out_dir/step-N`` (see
     :func:`save_checkpoint`), then keep the newest ``keep`` checkpoints of this run (the new one
     included; 0 keeps all). ``state["run_id"]`` names the run: another run's checkpoints in the
     same folder are never pruned. Deletes go through :mod:`harness.safe_delete` (a checkpoint
-    harness cannot prove it wrote is kept, with a warning)."""
+    harness cannot prove it wrote is kept, with a warning).
+
+    ``interim``: a checkpoint taken only to bound the work a kill loses (``save_every_minutes``
+    between two ``save_every`` steps). It is only for resuming, so the next checkpoint of any kind
+    replaces it, and it never counts towards ``keep``: the every-N-steps checkpoints a researcher
+    evaluates are not pushed out by the clock's."""
     from harness import safe_delete
 
-    path = save_checkpoint(out_dir, step, policy, state, critic, tokenizer)
+    path = save_checkpoint(out_dir, step, policy, {**state, "interim": interim}, critic, tokenizer)
     rank, _ = rank_and_world()
     if keep and rank == 0:
         run_id = state.get("run_id")
-        mine = [p for _, p in checkpoints(out_dir) if p != path and run_id_of(p) == run_id]
-        for old in mine[: max(0, len(mine) - (keep - 1))]:  # the new one counts towards keep
+        mine = [(s, p) for s, p in checkpoints(out_dir) if p != path and run_id_of(p) == run_id]
+        superseded = [p for s, p in mine if s < step and _is_interim(p)]
+        regular = [p for _, p in mine if p not in superseded and not _is_interim(p)]
+        room = keep - (0 if interim else 1)  # a regular new checkpoint counts towards keep
+        for old in superseded + regular[: max(0, len(regular) - room)]:
             try:
                 safe_delete.remove(old, kind="checkpoint", why="trainer.keep_checkpoints")
             except safe_delete.NotOursError as e:
                 logger.warning("%s; keeping it", e)
     return path
+
+
+def _is_interim(ckpt: Path) -> bool:
+    """Whether a checkpoint was an interim (time-based) one; unreadable or older ones count as regular."""
+    try:
+        return bool(json.loads((ckpt / STATE_FILE).read_text()).get("interim", False))
+    except (OSError, ValueError, AttributeError):
+        return False

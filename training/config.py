@@ -219,7 +219,9 @@ class TrainerConfig:
     eval_every: int = 0  # validation through the eval path every N steps (0: never)
     seed: int = 0
     out: str = "runs/train"
-    keep_checkpoints: int = 2  # newest complete checkpoints kept on disk (0: keep all)
+    # Newest complete checkpoints kept on disk (0: keep all). A time-based checkpoint between two
+    # save_every steps is interim: only the newest is kept, and it does not count here.
+    keep_checkpoints: int = 2
     tensorboard: bool = True
     wandb_project: str | None = None
     save_rollouts: bool = True  # every rollout trajectory with its reward → rollouts.jsonl

@@ -599,14 +599,25 @@ class Trainer:
         return due
 
     def save(self) -> Path:
-        """A checkpoint of this step (atomic); keeps this run's newest ``trainer.keep_checkpoints``."""
+        """A checkpoint of this step (atomic); keeps this run's newest ``trainer.keep_checkpoints``
+        (a time-based checkpoint between two ``save_every`` steps is interim: see
+        :func:`training.checkpoint.save_and_prune`)."""
         # Asynchronously the sampler's position is the producer's: prompts of groups in flight or
         # buffered at this checkpoint are not drawn again by a resumed run.
         with self._sampler_lock:
             state = {"sampler": self.sampler.state(), "policy_version": self.step_no, "run_id": self.run_id}
-        keep = self.cfg.trainer.keep_checkpoints
+        t = self.cfg.trainer
+        # Between two save_every steps (and before the last step), the clock took it: interim.
+        interim = self.step_no < t.max_steps and not (t.save_every and self.step_no % t.save_every == 0)
         path = save_and_prune(
-            self.out / "checkpoints", self.step_no, self.policy, state, keep, self.critic, self.tokenizer
+            self.out / "checkpoints",
+            self.step_no,
+            self.policy,
+            state,
+            t.keep_checkpoints,
+            self.critic,
+            self.tokenizer,
+            interim=interim,
         )
         self._saved_step, self._saved_at = self.step_no, time.monotonic()
         return path

@@ -149,7 +149,7 @@ def test_truncated_weights_fall_back_to_the_newest_intact_checkpoint(tmp_path, c
         load_checkpoint(tmp_path / "step-3", engine())
 
 
-def _stub_trainer(out, run_id, keep=2, save_every=0, minutes=0.0):
+def _stub_trainer(out, run_id, keep=2, save_every=0, minutes=0.0, max_steps=100):
     """A Trainer with only what save() and _save_due() read (the real methods run)."""
     import time
     from types import SimpleNamespace
@@ -161,23 +161,54 @@ def _stub_trainer(out, run_id, keep=2, save_every=0, minutes=0.0):
     t.policy = engine()
     t.sampler = SimpleNamespace(state=lambda: {"epoch": 0, "index": 0})
     t.cfg = SimpleNamespace(
-        trainer=SimpleNamespace(keep_checkpoints=keep, save_every=save_every, save_every_minutes=minutes)
+        trainer=SimpleNamespace(
+            keep_checkpoints=keep, save_every=save_every, save_every_minutes=minutes, max_steps=max_steps
+        )
     )
     t._saved_step, t._saved_at = -1, time.monotonic()
     return t
 
 
 def test_pruning_leaves_other_runs_checkpoints(tmp_path):
-    other = _stub_trainer(tmp_path, "other-run")
+    other = _stub_trainer(tmp_path, "other-run", save_every=1)
     for step in (5, 6):
         other.step_no = step
         other.save()
-    mine = _stub_trainer(tmp_path, "this-run", keep=2)
+    mine = _stub_trainer(tmp_path, "this-run", keep=2, save_every=1)
     for step in (1, 2, 3):
         mine.step_no = step
         mine.save()
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["step-2", "step-3", "step-5", "step-6"]  # only this run's step-1 was pruned
+
+
+def test_time_based_checkpoints_are_interim_and_never_push_out_the_every_n_steps_ones(tmp_path):
+    """save_every=6, keep 2, a clock checkpoint now and then: the clock's are for resuming only, so
+    the next checkpoint replaces each, and steps 6/12/18 are pruned by keep alone (issue 19 needed
+    a watcher copying them out when the clock's counted towards keep)."""
+    t = _stub_trainer(tmp_path, "r", keep=2, save_every=6, max_steps=20)
+    kept = []
+    for step in (2, 4, 6, 9, 12, 14, 16, 18, 19, 20):
+        t.step_no = step
+        t.save()
+        kept.append(sorted(int(p.name.split("-")[1]) for p in (tmp_path / "checkpoints").iterdir()))
+    assert kept == [
+        [2],
+        [4],  # an interim one replaces the previous interim one
+        [6],  # ... and a regular one replaces it too
+        [6, 9],
+        [6, 12],
+        [6, 12, 14],  # interim: keep counts 6 and 12 only
+        [6, 12, 16],
+        [12, 18],  # keep 2 of the every-6-steps ones; 16 superseded
+        [12, 18, 19],
+        [18, 20],  # the last step is regular (the run ends there): it counts towards keep
+    ]
+    t.cfg.trainer.keep_checkpoints = 0  # keep all: nothing is pruned, interim ones included
+    for step in (21, 24):
+        t.step_no = step
+        t.save()
+    assert sorted(int(p.name.split("-")[1]) for p in (tmp_path / "checkpoints").iterdir()) == [18, 20, 21, 24]
 
 
 def test_time_based_checkpoints(tmp_path):
