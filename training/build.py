@@ -224,9 +224,10 @@ def train(
     (:func:`training.engine.end_distributed`)."""
     from training.trainer import mini_batch_rows
 
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))  # as the launcher set
     with contextlib.ExitStack() as stack:
         stack.enter_context(sigterm_as_exit())
-        if int(os.environ.get("RANK", "0")) == 0:  # the ranks of one run share its folder: rank 0 owns it
+        if rank == 0:  # the ranks of one run share its folder: rank 0 owns it
             if not resume:
                 claim_run_folder(run, overwrite, check_only=True)  # a refusal leaves no lock file behind
             stack.enter_context(run_lock(run, "train"))
@@ -236,7 +237,6 @@ def train(
             claim_run_folder(run)  # every rank refuses a non-empty folder (none waits on a failed rank 0)
         b = cfg.rollout.backend
         if b.launch and TRAINERS.info(cfg.algo.kind).get("rollout_engine"):
-            world = int(os.environ.get("WORLD_SIZE", "1"))
             mini_batch_rows(cfg, world)  # the update schedule is checked before an engine takes a minute to start
             if world > 1:
                 # Every rank would start its own engine; one shared server is what RL needs.
@@ -251,7 +251,7 @@ def train(
         if resume:
             trainer.resume(run)
         final = Path(trainer.train())
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if world > 1:
         # A launcher's rank trains once and exits; a single process keeps its group for the next
         # training (the demo trains SFT then RL in one process).
         from training.engine import end_distributed

@@ -265,12 +265,14 @@ def resume_checkpoint(
     return ckpt, state
 
 
-def run_id_of(ckpt: Path) -> str | None:
-    """The id of the run that wrote a checkpoint (None: unreadable, or written before ids)."""
+def _state_of(ckpt: Path) -> dict[str, Any]:
+    """A checkpoint's trainer state as written ({} when unreadable). Checkpoints written before
+    run ids or interim flags lack those keys: no run id, and regular."""
     try:
-        return json.loads((ckpt / STATE_FILE).read_text()).get("run_id")
-    except (OSError, ValueError, AttributeError):
-        return None
+        state = json.loads((ckpt / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
 
 
 def save_and_prune(
@@ -299,9 +301,10 @@ def save_and_prune(
     rank, _ = rank_and_world()
     if keep and rank == 0:
         run_id = state.get("run_id")
-        mine = [(s, p) for s, p in checkpoints(out_dir) if p != path and run_id_of(p) == run_id]
-        superseded = [p for s, p in mine if s < step and _is_interim(p)]
-        regular = [p for _, p in mine if p not in superseded and not _is_interim(p)]
+        others = [(s, p, _state_of(p)) for s, p in checkpoints(out_dir) if p != path]  # each state read once
+        mine = [(s, p, st) for s, p, st in others if st.get("run_id") == run_id]
+        superseded = [p for s, p, st in mine if s < step and st.get("interim")]
+        regular = [p for _, p, st in mine if not st.get("interim")]
         room = keep - (0 if interim else 1)  # a regular new checkpoint counts towards keep
         for old in superseded + regular[: max(0, len(regular) - room)]:
             try:
@@ -309,11 +312,3 @@ def save_and_prune(
             except safe_delete.NotOursError as e:
                 logger.warning("%s; keeping it", e)
     return path
-
-
-def _is_interim(ckpt: Path) -> bool:
-    """Whether a checkpoint was an interim (time-based) one; unreadable or older ones count as regular."""
-    try:
-        return bool(json.loads((ckpt / STATE_FILE).read_text()).get("interim", False))
-    except (OSError, ValueError, AttributeError):
-        return False
