@@ -1,7 +1,7 @@
 """LoRA weight sync into real engines (CPU, float32), both ways ``model.lora.sync`` offers:
 ``adapter`` (the engine loads the peft adapter and rollouts name it) and ``merged`` (W + ΔW pushed as
-full weights). Both must serve the same model, so their greedy outputs must agree with each other and with hf+peft, and differ
-from the base model's.
+full weights). Both must serve the same model, so their greedy outputs must agree with each other
+and with hf+peft's, and differ from the base model's.
 
 - vLLM 0.32: runs (``--enable-lora``, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``, ``/v1/load_lora_adapter``;
   merged through ``/collective_rpc reload_weights`` in dev mode).
