@@ -23,6 +23,8 @@ from typing import Any
 from benchmarks.evaluate import evaluate
 from harness import safe_delete
 from harness.backends import build_backend
+from harness.backends.vllm_sync import RL_ARGS as VLLM_RL_ARGS
+from harness.backends.vllm_sync import RL_ENV as VLLM_RL_ENV
 from harness.config import compose, from_dict, pop_paths, to_dict
 from harness.engines import engine_for_backend, sigterm_as_exit, start_engine
 from harness.registry import Registry
@@ -309,25 +311,26 @@ def train_cached(cfg: TrainConfig, run: str | Path) -> tuple[Path, bool]:
 def rollout_engine(cfg: Any) -> tuple[str, Any]:
     """The engine ``rollout.backend.launch`` starts and its launch config, with what weight sync
     needs: ``sglang`` → SGLang as configured; ``openai`` → vLLM with its RL endpoints
-    (``VLLM_SERVER_DEV_MODE=1``). With ``model.lora.sync: adapter`` the engine also gets LoRA
-    enabled at the recipe's rank (vLLM: ``--enable-lora --max-lora-rank R`` and runtime adapter
-    loading; SGLang: ``--enable-lora --max-lora-rank R --lora-target-modules ...``, which its CPU
-    build cannot start with: see tests/engines/test_lora_sync.py). Flags given in
-    ``rollout.backend.engine.args`` win."""
+    (``VLLM_SERVER_DEV_MODE=1``) and log-probs of the distribution it samples from
+    (``--logprobs-mode processed_logprobs``: see ``harness.backends.vllm_sync``). With
+    ``model.lora.sync: adapter`` the engine also gets LoRA enabled at the recipe's rank (vLLM:
+    ``--enable-lora --max-lora-rank R`` and runtime adapter loading; SGLang: ``--enable-lora
+    --max-lora-rank R --lora-target-modules ...``, which its CPU build cannot start with: see
+    tests/engines/test_lora_sync.py). Flags given in ``rollout.backend.engine.args`` win."""
     b = cfg.rollout.backend
     engine = engine_for_backend(b.kind)  # EngineError (a RuntimeError) for kinds with no engine
+    given = {a.split("=", 1)[0] for a in b.engine.args}
     env: dict[str, str] = {}
     args: list[str] = []
     lora = cfg.model.lora
     adapter = lora is not None and lora.sync == "adapter"
+    lora_args = [] if "--enable-lora" in given else ["--enable-lora", "--max-lora-rank", str(lora.r)] if adapter else []
     if engine == "vllm":
-        env["VLLM_SERVER_DEV_MODE"] = "1"
+        env.update(VLLM_RL_ENV)
+        args += [] if VLLM_RL_ARGS[0] in given else VLLM_RL_ARGS
         if adapter:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
-            args += ["--enable-lora", "--max-lora-rank", str(lora.r)]
-    elif adapter:
-        args += ["--enable-lora", "--max-lora-rank", str(lora.r), "--lora-target-modules", *lora.target_modules]
-    given = set(b.engine.args)
-    if "--enable-lora" in given:
-        args = []  # the recipe configured LoRA on the engine itself
+            args += lora_args
+    elif lora_args:
+        args += [*lora_args, "--lora-target-modules", *lora.target_modules]
     return engine, replace(b.engine, env={**env, **b.engine.env}, args=[*args, *b.engine.args])

@@ -72,6 +72,21 @@ class Forward:
     old_logp: torch.Tensor | None  # [B, W] pre-update policy log-probs, when advantages need them
 
 
+def behaviour_logprobs_caveat(cfg: TrainConfig) -> str | None:
+    """What to warn of when the decoupled loss may get behaviour log-probs of another temperature:
+    a vLLM server harness did not launch may run with vLLM's default ``raw_logprobs`` (of the
+    logits at temperature 1); harness's own launch asks for ``processed_logprobs``
+    (``harness.backends.vllm_sync.RL_ARGS``). At temperature 1 (or greedy) both agree."""
+    rb, temperature = cfg.rollout.backend, cfg.rollout.temperature
+    if not cfg.algo.decoupled_loss or rb.kind != "openai" or rb.launch or temperature in (0, 1):
+        return None
+    return (
+        f"algo.decoupled_loss at rollout.temperature={temperature} on a vLLM server harness did not launch: "
+        "start it with --logprobs-mode processed_logprobs, or its behaviour log-probs are at temperature 1 "
+        "(rollout_logprob_diff in the step log shows the gap)"
+    )
+
+
 class Trainer:
     """Holds the collaborators (agent, engines, reward, sampler, log); see the module docstring."""
 
@@ -139,6 +154,8 @@ class Trainer:
                 f"{agent.dialect.name} dialect rewrites turns (re-encoded text has no backend logprobs); "
                 "set algo.decoupled_loss=false"
             )
+        if caveat := behaviour_logprobs_caveat(cfg):
+            logger.warning(caveat)
         if adv_info.get("needs_critic"):  # PPO: a critic on the same LM architecture
             critic = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))
             if lora is not None:

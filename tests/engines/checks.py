@@ -21,19 +21,21 @@ from pathlib import Path
 import pytest
 
 from harness.backends.base import Completion, SamplingParams
+from harness.backends.vllm_sync import RL_ARGS as VLLM_RL_ARGS
+from harness.backends.vllm_sync import RL_ENV as VLLM_RL_ENV
 from harness.engines import EngineConfig, EngineProcess, engine_dir, engine_ready, launched
 
 # float32 on both engines (their "auto" turns a float32 checkpoint into float16). SGLang on CPU
 # otherwise sizes its KV pool from free RAM (~15 GB here); 32k tokens (1.5 GB) is plenty. vLLM
 # reserves this share of RAM.
+# vLLM runs as a training launch starts it (harness.backends.vllm_sync.RL_ARGS/RL_ENV): its RL
+# endpoints (/collective_rpc, /pause, /reset_prefix_cache, /update_weight_version) exist only in
+# its development mode, and its log-probs are of the sampling distribution only when asked.
 ENGINE_ARGS = {
     "sglang": ["--dtype", "float32", "--max-total-tokens", "32768"],
-    "vllm": ["--dtype", "float32", "--gpu-memory-utilization", "0.3"],
+    "vllm": ["--dtype", "float32", "--gpu-memory-utilization", "0.3", *VLLM_RL_ARGS],
 }
-
-# vLLM's RL endpoints (/collective_rpc, /pause, /reset_prefix_cache, /update_weight_version) exist
-# only in its development mode; weight sync needs them (harness.backends.vllm_sync).
-ENGINE_ENV = {"sglang": {}, "vllm": {"VLLM_SERVER_DEV_MODE": "1"}}
+ENGINE_ENV = {"sglang": {}, "vllm": dict(VLLM_RL_ENV)}
 
 PARITY_PREFIX = 8
 PARITY_MIN_EXACT = 0.75
@@ -124,8 +126,9 @@ def check_logprobs(backend) -> None:
 
 def check_sampled_logprobs_temperature(backend, model_dir: Path, scaled: bool) -> None:
     """Sampled at temperature 0.7, the server's logprob of each token is of softmax(logits / 0.7)
-    when ``scaled`` (SGLang's default, what the trainer scores), else of the raw logits (vLLM's
-    default ``raw_logprobs``). Either way one of the two, to 1e-2, and not the other."""
+    when ``scaled`` (what the trainer scores: SGLang's default, vLLM's ``processed_logprobs``), else
+    of the raw logits (vLLM's default ``raw_logprobs``). Either way one of the two, to 1e-2, and not
+    the other."""
     import torch
     from transformers import AutoModelForCausalLM
 

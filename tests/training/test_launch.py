@@ -66,17 +66,20 @@ def _check_two_rank_run(run) -> None:
     assert (run / "final" / "model.safetensors").is_file()
 
 
+VLLM_LOGPROBS = ["--logprobs-mode", "processed_logprobs"]
+
+
 @pytest.mark.parametrize(
     ("kind", "lora", "engine", "env", "args"),
     [
         ("sglang", "", "sglang", {}, ["--x"]),
-        ("openai", "", "vllm", {"VLLM_SERVER_DEV_MODE": "1"}, ["--x"]),
+        ("openai", "", "vllm", {"VLLM_SERVER_DEV_MODE": "1"}, [*VLLM_LOGPROBS, "--x"]),
         (
             "openai",
             "  lora: {r: 4, sync: adapter}\n",
             "vllm",
             {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"},
-            ["--enable-lora", "--max-lora-rank", "4", "--x"],
+            [*VLLM_LOGPROBS, "--enable-lora", "--max-lora-rank", "4", "--x"],
         ),
         ("sglang", "  lora: {r: 4, sync: merged}\n", "sglang", {}, ["--x"]),
     ],
@@ -92,3 +95,22 @@ def test_launched_rollout_engine_gets_what_weight_sync_needs(tmp_path, kind, lor
     cfg = compose(TrainConfig, [tmp_path / "r.yaml"], overrides)
     got_engine, ecfg = rollout_engine(cfg)
     assert (got_engine, ecfg.env, ecfg.args) == (engine, env, args)
+
+
+@pytest.mark.parametrize(
+    ("given", "added"),
+    [
+        (["--logprobs-mode=raw_logprobs"], ["--enable-lora", "--max-lora-rank", "4"]),  # the recipe's mode wins
+        (["--enable-lora", "--max-lora-rank", "16"], VLLM_LOGPROBS),  # LoRA set up on the engine by hand
+    ],
+)
+def test_flags_the_recipe_gives_the_engine_are_not_added_twice(tmp_path, given, added):
+    from harness.config import compose
+    from training.build import rollout_engine
+    from training.config import TrainConfig
+
+    (tmp_path / "r.yaml").write_text(RECIPE.replace("model:\n", "model:\n  lora: {r: 4, sync: adapter}\n"))
+    overrides = ["rollout.backend.kind=openai", "rollout.backend.launch=true", f"rollout.backend.engine.args={given}"]
+    _, ecfg = rollout_engine(compose(TrainConfig, [tmp_path / "r.yaml"], overrides))
+    assert ecfg.args == [*added, *given]
+    assert ecfg.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"  # adapter sync still needs runtime loading

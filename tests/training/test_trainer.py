@@ -390,6 +390,25 @@ def test_decoupled_loss_is_refused_for_a_dialect_that_rewrites_turns(tmp_path):
         make(tmp_path, "rollout.method=r1_searcher", "algo.decoupled_loss=true", "trainer.tensorboard=false")
 
 
+@pytest.mark.parametrize(
+    ("overrides", "warned"),
+    [
+        (["rollout.backend.kind=openai", "rollout.temperature=0.7"], True),
+        (["rollout.backend.kind=openai", "rollout.temperature=0.7", "rollout.backend.launch=true"], False),
+        (["rollout.backend.kind=openai", "rollout.temperature=1.0"], False),
+        (["rollout.backend.kind=sglang", "rollout.temperature=0.7"], False),
+        (["rollout.backend.kind=openai", "rollout.temperature=0.7", "algo.decoupled_loss=false"], False),
+    ],
+)
+def test_a_vllm_server_harness_did_not_launch_is_warned_of_at_temperatures_other_than_1(tmp_path, overrides, warned):
+    from training.trainer import behaviour_logprobs_caveat
+
+    cfg = compose(TrainConfig, [recipe(tmp_path)], ["algo.decoupled_loss=true", *overrides])
+    caveat = behaviour_logprobs_caveat(cfg)
+    assert (caveat is not None) == warned
+    assert caveat is None or "--logprobs-mode processed_logprobs" in caveat
+
+
 @pytest.mark.slow
 def test_decoupled_loss_with_async_rollouts_weighs_the_stale_tokens(tmp_path):
     """trainer.async + algo.decoupled_loss: tokens written by an older policy version have a
