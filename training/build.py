@@ -324,7 +324,8 @@ def rollout_engine(cfg: Any) -> tuple[str, Any]:
     args: list[str] = []
     lora = cfg.model.lora
     adapter = lora is not None and lora.sync == "adapter"
-    lora_args = [] if "--enable-lora" in given else ["--enable-lora", "--max-lora-rank", str(lora.r)] if adapter else []
+    # a recipe that configures LoRA on the engine itself (--enable-lora given) keeps its own flags
+    lora_args = ["--enable-lora", "--max-lora-rank", str(lora.r)] if adapter and "--enable-lora" not in given else []
     if engine == "vllm":
         env.update(VLLM_RL_ENV)
         args += [] if VLLM_RL_ARGS[0] in given else VLLM_RL_ARGS
