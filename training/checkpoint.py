@@ -266,13 +266,12 @@ def resume_checkpoint(
 
 
 def _state_of(ckpt: Path) -> dict[str, Any]:
-    """A checkpoint's trainer state as written ({} when unreadable). Checkpoints written before
-    run ids or interim flags lack those keys: no run id, and regular."""
+    """:func:`read_state`, or {} when unreadable (pruning goes on). Checkpoints written before run
+    ids or interim flags lack those keys: no run id, and regular."""
     try:
-        state = json.loads((ckpt / STATE_FILE).read_text())
-    except (OSError, ValueError):
+        return read_state(ckpt)
+    except CheckpointError:
         return {}
-    return state if isinstance(state, dict) else {}
 
 
 def save_and_prune(

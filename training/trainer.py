@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from harness.backends.base import SamplingParams
+from harness.backends.vllm_sync import RL_ARGS as VLLM_RL_ARGS
 from training import losses
 from training.advantages import ADVANTAGES, AdvantageInputs, step_score_tensor
 from training.async_rollout import AsyncRollouts
@@ -82,7 +83,7 @@ def behaviour_logprobs_caveat(cfg: TrainConfig) -> str | None:
         return None
     return (
         f"algo.decoupled_loss at rollout.temperature={temperature} on a vLLM server harness did not launch: "
-        "start it with --logprobs-mode processed_logprobs, or its behaviour log-probs are at temperature 1 "
+        f"start it with {' '.join(VLLM_RL_ARGS)}, or its behaviour log-probs are at temperature 1 "
         "(rollout_logprob_diff in the step log shows the gap)"
     )
 
