@@ -10,7 +10,8 @@
   correlation is kept and the interval is much tighter than two independent intervals. The
   difference is significant when its 95% interval excludes 0; ``p`` is a p-value-like fraction:
   twice the smaller share of resampled differences on either side of 0 (``<= 0`` and ``>= 0``),
-  capped at 1.
+  capped at 1. ``p_greater`` is the one-sided fraction for "A is higher than B": the share of
+  resampled differences ``<= 0`` (what a claim that training improved a model is tested with).
 
 Empty inputs give NaN intervals (and ``n == 0``) rather than raising: a run with no finished
 items is shown as such in the report.
@@ -43,8 +44,9 @@ class PairedDiff:
     diff: float
     low: float
     high: float
-    p: float
+    p: float  # two-sided
     n: int  # shared items the difference is computed on
+    p_greater: float = 1.0  # one-sided, for mean(a) > mean(b)
 
     @property
     def significant(self) -> bool:
@@ -85,5 +87,6 @@ def paired_bootstrap(
     d = x - y  # [N]
     diffs = _resampled_means(d, b, seed)  # [B]
     lo, hi = np.percentile(diffs, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-    p = min(1.0, 2 * min(float((diffs <= 0).mean()), float((diffs >= 0).mean())))
-    return PairedDiff(float(d.mean()), float(lo), float(hi), p, int(d.size))
+    at_most_0, at_least_0 = float((diffs <= 0).mean()), float((diffs >= 0).mean())
+    p = min(1.0, 2 * min(at_most_0, at_least_0))
+    return PairedDiff(float(d.mean()), float(lo), float(hi), p, int(d.size), p_greater=at_most_0)

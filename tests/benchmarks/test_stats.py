@@ -65,6 +65,7 @@ def test_paired_bootstrap_matches_an_independent_loop():
     assert d.diff == pytest.approx((5 - 3) / 8) and d.n == 8
     assert d.low == pytest.approx(np.percentile(diffs, 2.5)) and d.high == pytest.approx(np.percentile(diffs, 97.5))
     assert d.p == pytest.approx(min(1.0, 2 * min(below, above)))
+    assert d.p_greater == pytest.approx(below)  # one-sided: a higher than b
     assert not d.significant  # 3 wins and 1 loss among 8 items: the interval still reaches 0
 
 
