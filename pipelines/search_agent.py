@@ -411,10 +411,23 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
 
     def _turns(self, traj: Trajectory) -> list[tuple[str | None, str | None]]:
         """HARR's history (``generator.py``): per earlier model turn, its last query block and its
-        last reasoning block (the sub-answer), unstripped; the current turn is not included."""
+        last reasoning block (the sub-answer), unstripped; the current turn is not included.
+
+        A turn's text is what the model wrote plus any prompt-role text fed just before it as part
+        of the response (``response_prefix``, e.g. the ``<think>`` that opens turn 1): HARR's
+        generator writes that tag itself, so without it turn 1's sub-answer would never parse."""
         d = self.dialect
-        turns = [s.text for s in traj.segments if s.role == "model"][:-1]
-        return [(_last(d.query_open, d.query_close, t), _last(d.think_open, d.think_close, t)) for t in turns]
+        turns: list[str] = []
+        pending = ""  # response-side prompt text (the response prefix) awaiting its model turn
+        for s in traj.segments[1:]:  # segment 0 is the prompt proper
+            if s.role == "prompt":
+                pending += s.text
+            elif s.role == "model":
+                turns.append(pending + s.text)
+                pending = ""
+            else:
+                pending = ""
+        return [(_last(d.query_open, d.query_close, t), _last(d.think_open, d.think_close, t)) for t in turns[:-1]]
 
     async def _search(self, queries: tuple[str, ...], turn: int, traj: Trajectory) -> str:
         if not queries:  # a search with nothing to look up: the dialect says what comes back

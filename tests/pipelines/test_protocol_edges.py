@@ -243,3 +243,31 @@ def test_r1_searcher_train_mode_is_its_training_rollout(byte_tok, toy_retriever)
     traj, _ = run("r1_searcher", turns, toy_retriever, mode="train", max_turns=2)
     assert [s.query for s in traj.searches] == ["Eddavik river", "x"]
     assert traj.n_turns == 3 and traj.prediction == "Lunne"
+
+
+# ---- HARR's history-aware state (generator.py): each earlier turn's sub-query and sub-answer
+class StateRecorder:
+    """A toy retriever that takes HARR's ``state`` and keeps each call's (query, state)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.calls = inner, []
+
+    def search(self, queries, k, state=None):
+        self.calls.append((list(queries), state))
+        return self.inner.search(queries, k)
+
+
+def test_harr_history_parses_turn_one_when_the_response_prefix_opens_its_think(toy_retriever):
+    # With response_prefix "<think>" the tag that opens turn 1's reasoning sits in a prompt
+    # segment; HARR's generator writes it itself, so its sub-answer must still parse.
+    rec = StateRecorder(toy_retriever)
+    turns = [
+        "Eddavik is a town.</think><search>Eddavik river</search>",
+        "<think>It is the Lunne.</think><search>Lunne river</search>",
+        "<answer>Lunne</answer>",
+    ]
+    traj, _ = run("search_r1", turns, rec, response_prefix="<think>", final_turn=False, max_turns=5)
+    assert traj.prediction == "Lunne" and len(rec.calls) == 2
+    first, second = rec.calls[0][1][0], rec.calls[1][1][0]
+    assert first.turns == ()  # nothing before the first call
+    assert [(s.query, s.answer) for s in second.turns] == [("Eddavik river", "Eddavik is a town.")]
