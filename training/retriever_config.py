@@ -62,9 +62,17 @@ class RetrieverRLConfig:
     weight_decay: float = 0.0
     clip_eps: float = 0.2
     kl_coef: float = 0.01
+    # ppo: fold −kl_coef·k1 of each call (rollout-time log-prob against the initial tower) into that
+    # call's reward before GAE, as HARR's PPO trainer (TRL 0.18.1 PPOTrainer, kl_estimator k1);
+    # false: a k3 KL loss term, as the GRPO path always has it.
+    kl_in_reward: bool = False
     reward: Literal["f1", "em"] = "f1"
     norm_by_std: bool = True
-    grad_clip: float = 1.0
+    # How the per-call policy loss is averaged (a training.losses.AGGREGATIONS name): token_mean
+    # is TRL 0.18.1's default ``bnpo`` (the sum over every call of the batch / the number of
+    # calls), what HARR's GRPO scripts run; seq_mean_token_mean is its ``grpo`` (per trajectory).
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "dapo", "dr_grpo"] = "token_mean"
+    grad_clip: float | None = 1.0  # None: no clipping (TRL's PPOTrainer clips nothing)
     seed: int = 0
     # ppo only
     gamma: float = 1.0

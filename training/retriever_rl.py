@@ -11,16 +11,17 @@ One step:
    question group (``training.advantages.grpo``).
 3. **Loss.** As HARR's ``_compute_loss``: each retrieval call's log-prob, recomputed from its
    record under the current tower, against the rollout-time one: PPO-clip per call (one "token"
-   per call, ``training.losses.policy_loss``) plus β·k3 per call to the initial tower, averaged
-   over a trajectory's calls, then over trajectories. Trajectories without a retrieval carry no
-   gradient.
+   per call, ``training.losses.policy_loss``) plus β·k3 per call to the initial tower, summed over
+   every call of the batch and divided by the number of calls (``rl.loss_agg: token_mean``, TRL
+   0.18.1's default ``bnpo``, which HARR's scripts leave on). Trajectories without a retrieval
+   carry no gradient.
 
 ``rl.algo: ppo`` instead treats each retrieval call as an action: a value head
 (:class:`~training.engine.ValueHead` without a body, on detached features) on the
 query embedding of the state gives V(s_t), the reward sits on the last call, GAE over the calls,
 whitened advantages, PPO-clip per call plus the clipped value loss (HARR's PPO trainer does the
-same with a separate critic model; the KL here stays a loss term, as in the GRPO path, not a
-per-call reward as HARR has it).
+same with a separate critic model). ``rl.kl_in_reward`` folds −β·k1 of each call into its reward
+before GAE, as HARR's PPO trainer does; otherwise the KL is a k3 loss term, as in the GRPO path.
 
 The trained tower saves as a plain HF model dir (:meth:`QueryTower.save`, LoRA merged) that a
 dense :class:`~harness.retrieval.encoders.Encoder` loads as the query encoder of the same index.
@@ -143,15 +144,17 @@ def per_call_loss(
     ref: torch.Tensor | None = None,
     clip_eps: float = 0.2,
     kl_coef: float = 0.0,
-    agg: str = "seq_mean_token_mean",
+    agg: str = "token_mean",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """HARR's ``RetrieverGRPOTrainer._compute_loss``: every retrieval call is one "token".
 
     ρ = exp(logπ − logπ_old) and PPO-clip per call with its trajectory's advantage, plus β·k3 per
-    call (unclamped, as HARR writes it) to the initial tower, averaged over each trajectory's
-    calls and then over trajectories (HARR's ``loss_type: grpo``; ``agg`` names another
-    ``training.losses.AGGREGATIONS`` entry). Clipping each call's ratio is not clipping the ratio
-    of the summed log-probs, which is the product of the calls' ratios.
+    call (unclamped, as HARR writes it) to the initial tower, aggregated by ``agg`` (a
+    ``training.losses.AGGREGATIONS`` name): ``token_mean`` is TRL 0.18.1's default ``bnpo``, the
+    sum over every call / the number of calls (``grpo_trainer.py`` 1281-1283), which HARR runs;
+    ``seq_mean_token_mean`` is its ``loss_type: grpo`` (per trajectory, then the mean). Clipping
+    each call's ratio is not clipping the ratio of the summed log-probs, which is the product of
+    the calls' ratios.
 
     new/old/ref/mask [B, T] (T: the most calls in a trajectory), adv [B] → scalar, stats.
     """
@@ -176,7 +179,7 @@ def retrieval_loss(
     ref = None
     if cfg.kl_coef > 0:
         ref = layout.grid(retriever.recompute_logprobs(layout.samples, reference=True)).detach()  # [B, T]
-    return per_call_loss(new, layout.old_logp, adv, layout.mask.float(), ref, cfg.clip_eps, cfg.kl_coef)
+    return per_call_loss(new, layout.old_logp, adv, layout.mask.float(), ref, cfg.clip_eps, cfg.kl_coef, cfg.loss_agg)
 
 
 # ---- PPO: one action per retrieval call, a value head on the query embedding -------------------
@@ -213,14 +216,24 @@ def step_layout(trajs: Sequence[Trajectory]) -> StepLayout:
 
 
 def ppo_advantages(
-    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float, whiten: bool
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+    whiten: bool,
+    call_rewards: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The answer's reward on each trajectory's last retrieval call, then GAE over the calls.
+    """The answer's reward on each trajectory's last retrieval call (plus ``call_rewards`` [B, T]
+    on every call: HARR's −β·k1), then GAE over the calls.
 
     rewards [B], values/mask [B, T] → (advantages, returns) [B, T]; whitened over the batch's
     calls when ``whiten`` (returns, the value targets, are not).
     """
-    return gae(outcome_to_tokens(rewards, mask), values, mask.float(), gamma, lam, whiten)
+    token_rewards = outcome_to_tokens(rewards, mask)  # [B, T]
+    if call_rewards is not None:
+        token_rewards = token_rewards + call_rewards * mask
+    return gae(token_rewards, values, mask.float(), gamma, lam, whiten)
 
 
 def ppo_loss(
@@ -236,11 +249,11 @@ def ppo_loss(
     lp, q = retriever.recompute(layout.samples)  # [S], [S, H]
     new = layout.grid(lp)  # [B, T]
     m = layout.mask.float()  # [B, T]
-    loss, stats = policy_loss(new, layout.old_logp, adv, m, cfg.clip_eps, cfg.clip_eps)
+    loss, stats = policy_loss(new, layout.old_logp, adv, m, cfg.clip_eps, cfg.clip_eps, cfg.loss_agg)
     vloss, vstats = value_loss(layout.grid(head(q)), old_values, returns, m, cfg.vf_clip)
     out = {**{k: float(v) for k, v in stats.items()}, **vstats, "value_loss": float(vloss.detach())}
     loss = loss + cfg.vf_coef * vloss
-    if cfg.kl_coef > 0:
+    if cfg.kl_coef > 0 and not cfg.kl_in_reward:
         ref = layout.grid(retriever.recompute(layout.samples, reference=True)[0])  # [B, T]
         kl = kl_loss(new, ref, m, "k3_unclamped")
         loss = loss + cfg.kl_coef * kl
@@ -293,9 +306,10 @@ class RetrieverRL:
             self.opt.zero_grad(set_to_none=True)
             loss, stats = loss_fn()
             loss.backward()
-            gnorm = torch.nn.utils.clip_grad_norm_(self._params, c.grad_clip)
+            clip = float("inf") if c.grad_clip is None else c.grad_clip  # inf: measure the norm, clip nothing
+            gnorm = torch.nn.utils.clip_grad_norm_(self._params, clip)
             if self.value_head is not None:
-                torch.nn.utils.clip_grad_norm_(self.value_head.parameters(), c.grad_clip)
+                torch.nn.utils.clip_grad_norm_(self.value_head.parameters(), clip)
             self.opt.step()
         self.step_no += 1
         if c.sync_url and self.step_no % c.sync_every == 0:
@@ -327,7 +341,13 @@ class RetrieverRL:
         with torch.no_grad():
             _, q = self.retriever.recompute(layout.samples)  # [S, H]
             old_values = layout.grid(self.value_head(q))  # [B, T]
-        adv, returns = ppo_advantages(rewards, old_values, layout.mask, c.gamma, c.lam, c.whiten_advantages)
+            call_rewards = None
+            if c.kl_in_reward and c.kl_coef > 0:  # HARR: −β·k1 of the rollout-time log-prob per call
+                ref = layout.grid(self.retriever.recompute(layout.samples, reference=True)[0])  # [B, T]
+                call_rewards = -c.kl_coef * (layout.old_logp - ref)  # [B, T]
+        adv, returns = ppo_advantages(
+            rewards, old_values, layout.mask, c.gamma, c.lam, c.whiten_advantages, call_rewards
+        )
         return lambda: ppo_loss(self.retriever, self.value_head, layout, adv, returns, old_values, c)
 
     def sync_served(self) -> dict[str, Any]:

@@ -95,16 +95,35 @@ def test_per_call_ratio_clip_and_k3_by_hand():
     old, ref = torch.zeros(2, 2), torch.zeros(2, 2)
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     adv = torch.tensor([1.0, -1.0])
-    loss, stats = per_call_loss(new, old, adv, mask, ref, clip_eps=0.2, kl_coef=0.1)
+    loss, stats = per_call_loss(new, old, adv, mask, ref, clip_eps=0.2, kl_coef=0.1, agg="seq_mean_token_mean")
     assert loss.item() == pytest.approx(0.594132, abs=1e-5)
     assert stats["clip_frac"] == pytest.approx(1 / 3)  # A's first call only
     assert stats["kl"] == pytest.approx((0.072132 + 0.306853 + 0.193147) / 3, abs=1e-5)  # mean over calls
-    policy, _ = per_call_loss(new, old, adv, mask, clip_eps=0.2)
+    policy, _ = per_call_loss(new, old, adv, mask, clip_eps=0.2, agg="seq_mean_token_mean")
     assert policy.item() == pytest.approx(0.575, abs=1e-6)
     # Gradient of the policy term: 0 on the clipped call; −ρA × ½ (A's 2 calls) × ½ (2 trajectories)
     # = −0.5/4 = −0.125 on A's second; −ρA × 1 × ½ = 2/2 = 1 on B's call; 0 on the padding.
     policy.backward()
     assert new.grad.tolist() == [pytest.approx([0.0, -0.125]), pytest.approx([1.0, 0.0])]
+
+
+def test_per_call_loss_default_is_trl_bnpo_by_hand():
+    """TRL 0.18.1's default loss_type bnpo (grpo_trainer.py 1281-1283), HARR's: the sum over every
+    call of the batch / the number of calls. The calls of the test above: (−1.2 − 0.5 + 2) / 3 = 0.1;
+    k3 (.072132 + .306853 + .193147) / 3 = .190711, β = 0.1: 0.1 + .0190711 = .1190711. Gradient:
+    each call weighs 1/3: −0.5/3 on A's second call, +2/3 on B's."""
+    import math
+
+    new = torch.tensor([[math.log(1.5), math.log(0.5)], [math.log(2.0), 0.0]], requires_grad=True)  # [B, T]
+    old, ref = torch.zeros(2, 2), torch.zeros(2, 2)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    adv = torch.tensor([1.0, -1.0])
+    loss, _ = per_call_loss(new, old, adv, mask, ref, clip_eps=0.2, kl_coef=0.1)
+    assert loss.item() == pytest.approx(0.1190711, abs=1e-5)
+    policy, _ = per_call_loss(new, old, adv, mask, clip_eps=0.2)
+    assert policy.item() == pytest.approx(0.1, abs=1e-6)
+    policy.backward()
+    assert new.grad.tolist() == [pytest.approx([0.0, -0.5 / 3]), pytest.approx([2 / 3, 0.0])]
 
 
 def test_samples_do_not_depend_on_concurrency(tmp_path):
@@ -276,6 +295,13 @@ def test_ppo_advantages_by_hand():
     adv, _ = ppo_advantages(rewards, values, layout.mask, 1.0, 1.0, whiten=True)
     want = torch.tensor([0.5, 0.2, -0.7]) / 0.39**0.5
     assert torch.allclose(adv[layout.mask], want, atol=1e-4) and adv[2].abs().sum() == 0
+    # HARR's PPO folds −β·k1 per call into that call's reward: A's calls get −0.1 and −0.2, so its
+    # token rewards are (−0.1, 1 − 0.2): A_1 = 0.8 − 0.5 = 0.3, A_0 = (−0.1 + 0.5 − 0.2) + 0.3 = 0.5;
+    # B: −0.05 − 0.4 = −0.45; C has no call, so its penalty is masked out.
+    call_rewards = torch.tensor([[-0.1, -0.2], [-0.05, -9.0], [-9.0, -9.0]])
+    adv, ret = ppo_advantages(rewards, values, layout.mask, 1.0, 1.0, False, call_rewards)
+    assert torch.allclose(adv, torch.tensor([[0.5, 0.3], [-0.45, 0.0], [0.0, 0.0]]))
+    assert torch.allclose(ret, torch.tensor([[0.7, 0.8], [-0.05, 0.0], [0.0, 0.0]]))
 
 
 def test_ppo_loss_ratio_one_and_value_head_only_from_value_loss(tmp_path):
