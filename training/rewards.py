@@ -12,7 +12,8 @@ Search-R1's ``is_valid_sequence``, ReSearch's ``validate_format`` (think/search/
 
 Definitions (and where they come from):
 
-- ``em`` (Search-R1 ``qa_em.py``): exact match of the last answer of the response.
+- ``em`` (Search-R1 ``qa_em.py``): exact match of the last answer of the response
+  (``answer_from: prompt_response``: of prompt + response, as the original reads it).
 - ``research_f1_format`` (ReSearch, REFERENCE §1): token F1 when the format is valid and the model
   ended with an answer (``finish_reason == "answer"``, i.e. not cut off before EOS); ``floor``
   (0.1) when that holds but F1 is 0; 0 otherwise.
@@ -89,12 +90,28 @@ def retrieval_hit(traj: Trajectory) -> bool:
 @dataclass(frozen=True)
 class EM:
     """Search-R1: 1 when the response's last answer exactly matches a gold answer (SQuAD
-    normalisation), else 0."""
+    normalisation), else 0.
+
+    ``answer_from``: ``response`` (the default, harness's fix) reads the response only;
+    ``prompt_response`` is Search-R1's and RAG-R1's training reward itself (``qa_em.py``
+    ``extract_solution`` on the decoded prompt + response, observations included: the last of at
+    least two ``<answer>`` blocks, so a response without one is scored on the prompt's example
+    answer), as evaluation's metric profile ``search_r1`` reads it."""
 
     validator: Any = None
+    answer_from: str = "response"
+
+    def __post_init__(self) -> None:
+        if self.answer_from not in ("response", "prompt_response"):
+            raise ValueError(f"em: answer_from must be 'response' or 'prompt_response', got {self.answer_from!r}")
 
     def __call__(self, traj: Trajectory) -> RewardOut:
-        answer = extract_answer(traj, self.validator)
+        if self.answer_from == "prompt_response":
+            from pipelines.dialects.protocols import qa_em_answer  # lazy, as _dialect
+
+            answer = qa_em_answer("".join(s.text for s in traj.segments))
+        else:
+            answer = extract_answer(traj, self.validator)
         em = exact_match(answer, traj.answers) if answer else 0.0
         return em, {"em": em}
 

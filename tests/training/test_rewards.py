@@ -66,6 +66,23 @@ def test_em_scores_the_response_answer_not_the_prediction_field():
     assert em(traj("", prediction="Paris"))[0] == 1.0  # no response text (baselines): the prediction
 
 
+def test_em_answer_from_prompt_response_is_search_r1_qa_em():
+    """Search-R1's / RAG-R1's qa_em.extract_solution on prompt + response: the last of at least
+    two <answer> blocks. The prompt holds two (the instruction's tags and the example Beijing)."""
+
+    prompt = Segment("prompt", [1], "Answer in <answer> and </answer>, e.g. <answer> Beijing </answer>. Q")
+    answered = [prompt, Segment("model", [2], "<search>x</search>"), Segment("observation", [3], "<information>d")]
+    answered.append(Segment("model", [4], "</information><answer> Paris </answer>"))
+    em = build_reward({"name": "em", "answer_from": "prompt_response"})
+    assert em(traj("", segs=answered))[0] == 1.0
+    silent = [prompt, Segment("model", [2], "I do not know")]
+    # No answer in the response: the prompt's example is scored (Beijing), not Paris.
+    assert em(traj("I do not know", answers=("Beijing",), segs=silent))[0] == 1.0
+    assert build_reward("em")(traj("I do not know", answers=("Beijing",), segs=silent))[0] == 0.0
+    with pytest.raises(ValueError, match="answer_from"):
+        build_reward({"name": "em", "answer_from": "prompt"})
+
+
 def test_research_f1_format_table():
     r = ResearchF1Format(validator=FAKE)
     # "Paris city" vs "Paris": precision 1/2, recall 1/1 -> F1 = 2 * .5 * 1 / 1.5 = 2/3.
