@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from benchmarks.fmt import p_value, pct
+from benchmarks.metrics import normalize_answer
 from benchmarks.report import RunSummary, load_run
 from benchmarks.stats import bootstrap_ci, paired_bootstrap
 from harness.runlog import RunDir
@@ -64,6 +65,64 @@ def behaviour(run_dir: str | Path) -> dict[str, float]:
 def _templates(run: RunSummary) -> dict[str, str]:
     """Example id → template, from the run's own trajectories."""
     return {t.example_id: question_template(t.question) for t in RunDir(run.path).trajectories()}
+
+
+_OPTIONS = re.compile(r",\s*(?P<first>[^,?]+?)\s+or\s+(?P<second>[^,?]+?)\s*\?\s*$")
+_YES_NO = ("yes", "no")
+
+
+def answer_choice(question: str, golds: list[str], prediction: str) -> str | None:
+    """Which option an answer to a choice question names: ``yes``/``no`` for a question whose gold
+    is yes or no, ``1st``/``2nd`` for "..., X or Y?" (the entity named first or second), ``other``
+    for anything else; None for a question that offers no choice. Compared after the metric's
+    normalisation, so "the Mirren." names "Mirren"."""
+    pred = normalize_answer(prediction)
+    if golds and all(normalize_answer(g) in _YES_NO for g in golds):
+        return pred if pred in _YES_NO else "other"
+    m = _OPTIONS.search(question)
+    if not m:
+        return None
+    first, second = normalize_answer(m["first"]), normalize_answer(m["second"])
+    return "1st" if pred == first else "2nd" if pred == second else "other"
+
+
+def _choices(run: RunSummary, of_gold: bool = False) -> dict[str, dict[str, int]]:
+    """Per template, how often the run's answers (or, ``of_gold``, the first gold answers of its
+    questions) name each option (see :func:`answer_choice`)."""
+    out: dict[str, dict[str, int]] = {}
+    for t in RunDir(run.path).trajectories():
+        answer = (t.answers[0] if t.answers else "") if of_gold else t.prediction
+        choice = answer_choice(t.question, list(t.answers), answer)
+        if choice is not None:
+            counts = out.setdefault(question_template(t.question), {})
+            counts[choice] = counts.get(choice, 0) + 1
+    return out
+
+
+def _choice_table(runs: list[RunSummary]) -> list[str]:
+    """Per choice template and run, the answers naming each option next to the gold's share, so a
+    policy that drifts to one position (or to always "no") is visible beside its accuracy."""
+    per_run = [_choices(r) for r in runs]
+    gold = _choices(runs[0], of_gold=True)
+    names = [n for n in [*(n for n, _ in TEMPLATES), "other"] if any(n in c for c in per_run)]
+    if not names:
+        return []
+    lines = [
+        "Answers to the choice templates, by the option they name (yes/no, or the entity named 1st/2nd in "
+        "the question; `other`: neither):",
+        "",
+        f"| template | gold | {' | '.join(r.method for r in runs)} |",
+        "|---|---|" + "---|" * len(runs),
+    ]
+    for name in names:
+        cells = [_counts(c.get(name, {})) for c in per_run]
+        lines.append(f"| {name} | {_counts(gold.get(name, {}))} | {' | '.join(cells)} |")
+    return lines
+
+
+def _counts(counts: dict[str, int]) -> str:
+    order = ["yes", "no", "1st", "2nd", "other"]
+    return ", ".join(f"{k} {counts[k]}" for k in order if counts.get(k)) or "–"
 
 
 def _paired_lines(later: RunSummary, earlier: RunSummary) -> list[str]:
@@ -143,6 +202,9 @@ def summarize(*stages: str | Path, curves: list[tuple[str, str]] | None = None) 
     for earlier, later in zip(runs, runs[1:], strict=False):
         paired = _paired_lines(later, earlier)
         lines += ["", f"## {later.method} against {earlier.method}", "", *paired, "", *_template_table(later, earlier)]
+    choices = _choice_table(runs[1:])
+    if choices:
+        lines += ["", "## Position and yes/no drift", "", *choices]
     if curves:
         lines += ["", "## Training curves", ""]
         lines += [f"- [{title}]({path})" for title, path in curves]
