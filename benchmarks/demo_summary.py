@@ -23,11 +23,14 @@ from pipelines.dialects import resolve_dialect
 
 METRICS = ("em", "f1")
 
-# The demo's five question templates (benchmarks/demo_data/build_demo.py), by their wording.
+# The demo's question templates (benchmarks/demo_data/build_demo.py: v1's five, and v2's two
+# year templates), by their wording.
 TEMPLATES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("inventor's town", re.compile(r"^In which town was the inventor of ")),
     ("river of a town", re.compile(r"^On which river lies ")),
     ("company founder", re.compile(r"^Who founded the company ")),
+    ("inventor's birth year", re.compile(r"^In which year was the inventor of ")),
+    ("company's founding year", re.compile(r"^In which year was the company ")),
     ("born earlier", re.compile(r"^Who was born earlier, ")),
     ("same province", re.compile(r"^Are \S+ and \S+ in the same province")),
 )
@@ -139,6 +142,10 @@ def _paired_lines(later: RunSummary, earlier: RunSummary) -> list[str]:
         )
         em = d if m == "em" else em
     p = p_value(em.p)
+    lines.append(
+        f"- One-sided, {later.method} higher than {earlier.method} on EM: {p_value(em.p_greater)} "
+        f"({'below' if em.p_greater < 0.05 else 'not below'} 0.05)"
+    )
     lines.append("")
     if em.significant and em.diff > 0:
         lines.append(f"{later.method} beats {earlier.method} on EM (95% interval above 0, {p}).")
@@ -159,7 +166,7 @@ def _template_table(later: RunSummary, earlier: RunSummary) -> list[str]:
     lines = [
         f"Per question template (EM), {later.method} against {earlier.method}:",
         "",
-        f"| template | n | {earlier.method} | {later.method} | difference | p |",
+        f"| template | n | {earlier.method} | {later.method} | difference | p (two-sided) |",
         "|---|---|---|---|---|---|",
     ]
     for name in [n for n, _ in TEMPLATES] + ["other"]:
