@@ -61,7 +61,11 @@ class AgentConfig:
     max_context: int | None = None  # defaults to the backend's
     min_room: int = 8  # fewer free context tokens than this ends the item (context_overflow)
     topk: int = 3
-    max_doc_tokens: int = 128  # cap on each inserted document's text
+    max_doc_tokens: int | None = 128  # cap on each inserted document's text (None: whole, as R1-Searcher)
+    # Cap on each query's document list, in tokens of the documents' texts in rank order: the
+    # document that crosses it is cut there, later ones are dropped (None: no cap). RAG-R1 cuts
+    # each query's "Doc i: ..." block at data.max_obs_length (generation_mq.py _process_documents).
+    max_query_doc_tokens: int | None = None
     chat: bool = True  # use the tokenizer's chat template when it has one
     few_shot: bool = False  # put the dialect's one-shot demonstration in the prompt
     response_prefix: str = ""  # text the response starts with (e.g. "<think>"), fed as prompt (mask 0)
@@ -78,6 +82,7 @@ class AgentConfig:
     def __post_init__(self) -> None:
         require_at_least(self, 0, "max_turns", "temperature")
         require_at_least(self, 1, "max_new_tokens", "max_total_tokens", "min_room", "topk", "max_doc_tokens")
+        require_at_least(self, 1, "max_query_doc_tokens")
         require_at_least(self, 1, "max_concurrency", "max_context")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -448,7 +453,12 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
         samples = getattr(results, "samples", None) or [None] * len(queries)  # stochastic retrievers' records
         latency = time.perf_counter() - t0
         traj.retrieval_time_s += latency
-        capped = [[cap_doc(self.tokenizer, doc, self.config.max_doc_tokens) for doc in docs] for docs in results]
+        c = self.config
+        capped = [list(docs) for docs in results]
+        if c.max_doc_tokens is not None:
+            capped = [[cap_doc(self.tokenizer, doc, c.max_doc_tokens) for doc in docs] for docs in capped]
+        if c.max_query_doc_tokens is not None:
+            capped = [cap_doc_list(self.tokenizer, docs, c.max_query_doc_tokens) for docs in capped]
         for q, docs, sample in zip(queries, capped, samples, strict=True):
             traj.searches.append(
                 SearchRecord(
@@ -489,6 +499,25 @@ def cap_doc(tokenizer: Any, doc: Doc, max_tokens: int) -> Doc:
         cache[key] = None if len(ids) <= max_tokens else tokenizer.decode(ids[:max_tokens]) + " ..."
     text = cache[key]
     return doc if text is None else Doc(id=doc.id, title=doc.title, text=text, score=doc.score)
+
+
+def cap_doc_list(tokenizer: Any, docs: Sequence[Doc], max_tokens: int) -> list[Doc]:
+    """One query's documents within ``max_tokens`` tokens of their texts, in rank order: whole
+    while they fit, the one that crosses the cap cut to what is left (its first tokens, decoded
+    without special tokens, as RAG-R1 truncates), the rest dropped."""
+    out: list[Doc] = []
+    left = max_tokens
+    for doc in docs:
+        ids = tokenizer.encode(doc.text, add_special_tokens=False)
+        if len(ids) <= left:
+            out.append(doc)
+            left -= len(ids)
+            continue
+        if left > 0:
+            text = tokenizer.decode(ids[:left], skip_special_tokens=True)
+            out.append(Doc(id=doc.id, title=doc.title, text=text, score=doc.score))
+        break
+    return out
 
 
 def _version(weight_version: str | None) -> int | None:

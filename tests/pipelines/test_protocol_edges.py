@@ -271,3 +271,32 @@ def test_harr_history_parses_turn_one_when_the_response_prefix_opens_its_think(t
     first, second = rec.calls[0][1][0], rec.calls[1][1][0]
     assert first.turns == ()  # nothing before the first call
     assert [(s.query, s.answer) for s in second.turns] == [("Eddavik river", "Eddavik is a town.")]
+
+
+# ---- document caps: per document (max_doc_tokens) and per query's list (max_query_doc_tokens)
+def test_a_query_document_list_is_cut_at_its_token_cap():
+    from harness.tokenization import byte_tokenizer
+    from pipelines.search_agent import cap_doc_list
+    from tests.pipelines.conftest import TOY_DOCS
+
+    tok = byte_tokenizer()  # one token per byte: lengths 58, 53, 32
+    docs = TOY_DOCS[:3]
+    assert [len(d.text) for d in docs] == [58, 53, 32]
+    # 58 fits whole, 100 - 58 = 42 bytes of the second, the third is dropped (RAG-R1's cut).
+    out = cap_doc_list(tok, docs, 100)
+    assert [d.id for d in out] == ["d1", "d2"] and out[0].text == docs[0].text
+    assert out[1].text == docs[1].text[:42]
+    assert cap_doc_list(tok, docs, 58) == [docs[0]]  # exactly full: the next one gets nothing
+    assert cap_doc_list(tok, docs, 1000) == docs
+
+
+def test_documents_go_in_whole_without_a_per_document_cap(toy_retriever):
+    turns = ["<search>Mira Solberg glass harp-clock</search>", "<answer>Lunne</answer>"]
+    whole, _ = run("search_r1", turns, toy_retriever, max_doc_tokens=None, topk=2)
+    capped, _ = run("search_r1", turns, toy_retriever, max_doc_tokens=10, topk=2)
+    listed, _ = run("search_r1", turns, toy_retriever, max_doc_tokens=None, max_query_doc_tokens=70, topk=2)
+    full = [d.text for d in whole.searches[0].docs]
+    assert full == [d.text for d in toy_retriever.search(["Mira Solberg glass harp-clock"], 2)[0]]
+    assert all(d.text.endswith(" ...") for d in capped.searches[0].docs)
+    got = [d.text for d in listed.searches[0].docs]
+    assert got[0] == full[0] and got[1] == full[1][: 70 - len(full[0])] and sum(map(len, got)) == 70
