@@ -244,6 +244,9 @@ class SFTConfig:
     sources: list[dict[str, Any]] = field(default_factory=list)
     batch_size: int = 8  # trajectories per optimizer step
     shuffle: bool = True
+    # Cross-entropy weight of each tag's tokens (training.sft_weights), others 1; the loss is then
+    # Σ w·nll / Σ w, as ProRAG's SFT ({"<answer>": 5, "<subquery>": 3, "</step>": 2, ...}). {}: plain mean.
+    tag_weights: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from training.engine import build_model, initialize, optimizer_step, rank_and_wo
 from training.logging_utils import MetricsLog, ProgressBar
 from training.logprobs import window_token_stats
 from training.sft_data import load_sources
+from training.sft_weights import tag_id_weights, token_weights, weighted_token_mean
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class SFTTrainer:
         model = build_model(cfg.model, vocab_size=len(self.tokenizer))
         self.policy = initialize(model, cfg.optim, cfg.optim.lr, bs)
         self.sampler = EpochSampler(len(self.data), cfg.trainer.seed, cfg.sft.shuffle)
+        self.tags = tag_id_weights(self.tokenizer, cfg.sft.tag_weights)  # [] unless sft.tag_weights
         self.step_no = 0
         self.run_id = uuid.uuid4().hex  # this run's checkpoints carry it: pruning never touches another run's
         self.log = None
@@ -167,7 +169,8 @@ class SFTTrainer:
         micro-batch contributes sum(nll·mask) / (the step's model tokens), times the
         accumulation steps because DeepSpeed divides each backward by them."""
         B, mb = batch.input_ids.shape[0], self.cfg.optim.micro_batch_size
-        total_tokens = max(1.0, float(batch.mask.sum()))
+        weights = token_weights(batch.targets, self.tags)  # [B, T] 1 everywhere without sft.tag_weights
+        total_tokens = max(1.0, float((batch.mask * weights).sum()))  # weighted: ProRAG's Σ w
         gas = self.policy.gradient_accumulation_steps()
         slices = [slice(i, min(i + mb, B)) for i in range(0, B, mb)]
         # ds_config sized the accumulation for exactly these slices: the last one steps the optimizer.
@@ -176,7 +179,7 @@ class SFTTrainer:
         loss_sum, grad_norm = 0.0, None
         for s in slices:
             nll, m = self.nll(batch, s)
-            part = (nll * m).sum() / total_tokens
+            part = weighted_token_mean(nll, m, weights[s, : m.shape[1]], total_tokens)
             loss_sum += float(part.detach())
             self.policy.backward(part * gas)
             gn = optimizer_step(self.policy)
