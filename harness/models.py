@@ -21,9 +21,23 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from harness import safe_delete
 from harness.fsutil import atomic_dir
 
 logger = logging.getLogger(__name__)
+
+# The files a model folder written by ``save_pretrained`` (model, config, tokenizer, a peft
+# adapter) holds, with the sidecars harness adds (a PRM's head and prm.json, a trained encoder's
+# harr_encoder.json): what harness.safe_delete may remove from a model folder that carries no
+# marker of its own (a PRM's final/, a trained retriever's encoder/, a synced adapter).
+MODEL_FILES: safe_delete.Layout = {
+    pat: safe_delete.FILE
+    for pat in (
+        "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
+        "tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt",
+        "chat_template.*", "adapter_config.json", "README.md", "prm.json", "harr_encoder.json",
+    )
+}  # fmt: skip
 
 EMBEDDED = "smollm2-135m-instruct"
 EMBEDDED_ALIASES = (EMBEDDED, "default", "SmolLM2-135M-Instruct")

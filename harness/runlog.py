@@ -48,8 +48,16 @@ MANIFEST = "manifest.json"
 TRAJECTORIES = "trajectories.jsonl"
 SCORES = "scores.jsonl"
 RESULTS = "results.json"
-# Every name harness writes into a run directory (glob patterns): what may ever be deleted there.
-RUN_ENTRIES = (MANIFEST, TRAJECTORIES, SCORES, RESULTS, "engines", ".*.tmp-*")
+# Everything harness writes into a run directory (glob patterns, see harness.safe_delete.Folder):
+# all that may ever be deleted there. ``engines/``: the logs of engines launched for the run.
+RUN_ENTRIES: safe_delete.Layout = {
+    MANIFEST: safe_delete.FILE,
+    TRAJECTORIES: safe_delete.FILE,
+    SCORES: safe_delete.FILE,
+    RESULTS: safe_delete.FILE,
+    "engines": safe_delete.Folder({"*.log": safe_delete.FILE}),
+    ".*.tmp-*": safe_delete.OPAQUE,
+}
 
 _VERSIONED_PACKAGES = ("harness", "flashrag-dev", "torch", "transformers", "bm25s", "faiss-cpu", "deepspeed")
 

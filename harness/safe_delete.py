@@ -2,15 +2,20 @@
 
 A folder harness creates for its output (a training run, an eval run, an index, an RFT filter
 output, a model export, a checkpoint) carries a marker file, :data:`MARKER`, written when the
-folder is created (:func:`claim`) or committed (:func:`mark`, which also lists the entries the
-folder was committed with). Before anything is removed, :func:`check_removable` proves it:
+folder is created (:func:`claim`) or committed (:func:`mark`, which also lists every file and
+folder, at every depth, the folder was committed with). Before anything is removed,
+:func:`check_removable` proves it, down the whole tree:
 
 - the folder holds the marker (else harness did not create it: refused);
 - the marker's kind is the one the caller expects, when it says one (an index is never cleared
   as a training run);
-- every entry is a name harness writes there: the caller's ``known`` names (glob patterns), the
-  names the marker lists, and the marker and lock files themselves. Anything else (``src/``,
-  a user's notes) is named in the refusal and NOTHING is removed.
+- every entry, at every depth, is harness's: a path the marker of its folder (or of a folder above
+  it) recorded, or a name the caller's layout (a :data:`Layout`: glob pattern -> :data:`FILE`,
+  :data:`OPAQUE` or a :class:`Folder`) allows there: a file where a file is written, a folder
+  whose own entries are checked the same way (a checkpoint folder needs its own marker), and the
+  marker and lock files themselves. Anything else (``src/``, a user's notes, a user's file
+  inside ``checkpoints/`` or inside the final model) is named by its path in the refusal and
+  NOTHING is removed.
 
 :class:`NotOursError` (a ``ValueError``) carries a message that names the folder, what was found
 and what to do. Folders written before markers existed are refused too: remove them by hand.
@@ -24,7 +29,8 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -32,6 +38,26 @@ logger = logging.getLogger(__name__)
 MARKER = ".harness-owned.json"
 LOCK = ".harness.lock"  # harness.runlock's lock file: never removed (another process may hold it)
 _ALWAYS = (MARKER, LOCK)
+
+FILE = "file"  # a regular file harness writes (a folder or a link of that name is not harness's)
+# What a library harness calls writes, with names harness does not choose (W&B's run folders),
+# and harness's own temporaries (``.name.tmp``, a write cut short): removed whole, unlisted.
+OPAQUE = "opaque"
+
+
+@dataclass(frozen=True)
+class Folder:
+    """A folder harness writes: ``entries`` maps glob patterns of the names it may hold to what
+    each is (:data:`FILE`, :data:`OPAQUE` or another :class:`Folder`). ``kind``: the kind of the
+    marker it carries when harness committed it whole (a checkpoint, a model export); what that
+    marker recorded is allowed in it beside ``entries``, and a marker of another kind is not."""
+
+    entries: Mapping[str, Spec] = field(default_factory=dict)
+    kind: str | None = None
+
+
+Spec = str | Folder
+Layout = Mapping[str, Spec]  # the entries of a folder: glob pattern -> what is there
 
 
 def bookkeeping(name: str) -> bool:
@@ -54,15 +80,33 @@ def read_marker(folder: str | Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def _tree(folder: Path, names: Iterable[str]) -> list[str]:
+    """``names`` (entries of ``folder``) and, under each that is a folder, every path below it,
+    relative to ``folder`` with ``/`` separators; bookkeeping files are left out."""
+    out = []
+    for name in names:
+        if bookkeeping(name):
+            continue
+        out.append(name)
+        p = folder / name
+        if p.is_dir() and not p.is_symlink():
+            for root, dirs, files in os.walk(p):
+                rel = Path(root).relative_to(folder).as_posix()
+                out += [f"{rel}/{n}" for n in (*dirs, *files) if not bookkeeping(n)]
+    return out
+
+
 def mark(folder: str | Path, kind: str, entries: Iterable[str] | None = None) -> None:
     """Write ``folder``'s marker: harness made it, as a ``kind`` output; ``entries``: the names
-    it holds now (a folder committed whole, such as an index), which may all be replaced later."""
+    it holds now (a folder committed whole, such as an index), which may all be replaced later.
+    The marker records every path below those names too, so a file added later, at any depth,
+    is not taken for harness's."""
     folder = Path(folder)
     record = {
         "kind": kind,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "pid": os.getpid(),
-        "entries": sorted(entries) if entries is not None else None,
+        "entries": sorted(_tree(folder, entries)) if entries is not None else None,
     }
     tmp = folder / f".{MARKER}.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
@@ -71,34 +115,83 @@ def mark(folder: str | Path, kind: str, entries: Iterable[str] | None = None) ->
 
 def claim(folder: str | Path, kind: str) -> bool:
     """Create ``folder`` (or take an empty one) as a ``kind`` output and mark it; returns whether
-    it is marked now. A non-empty unmarked folder is left unmarked (a run written before markers,
-    being resumed): it can be continued but never cleared."""
+    it is marked as a ``kind`` output now. A non-empty unmarked folder is left unmarked (a run
+    written before markers, being resumed): it can be continued but never cleared."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    if read_marker(folder) is not None:
-        return True
-    if any(p.name not in _ALWAYS for p in folder.iterdir()):
+    marker = read_marker(folder)
+    if marker is not None:
+        return marker.get("kind") == kind
+    if not all(bookkeeping(p.name) for p in folder.iterdir()):
         return False
     mark(folder, kind)
     return True
 
 
 def _describe(names: list[str], folder: Path, limit: int = 8) -> str:
-    shown = [n + ("/" if (folder / n).is_dir() else "") for n in names[:limit]]
+    shown = [n + ("/" if (folder / n).is_dir() and not n.endswith("/") else "") for n in names[:limit]]
     return ", ".join(shown) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
 
+def _everything(path: Path, rel: str) -> list[str]:
+    """Every file below ``path`` (named ``rel``), or ``rel`` itself for a file, a link or an empty
+    folder: what a refusal names when a whole entry is not harness's."""
+    if path.is_symlink() or not path.is_dir():
+        return [rel]
+    found = [
+        f"{Path(root).relative_to(path).as_posix()}/{n}".removeprefix("./")
+        for root, dirs, files in os.walk(path)
+        for n in (*files, *(d for d in dirs if os.path.islink(os.path.join(root, d))))
+    ]
+    return [f"{rel}/{x}" for x in sorted(found)] or [f"{rel}/"]
+
+
+def _spec_of(name: str, layout: Layout) -> Spec | None:
+    return next((spec for pat, spec in layout.items() if fnmatch.fnmatchcase(name, pat)), None)
+
+
+def _foreign(folder: Path, layout: Layout, recorded: set[str], at: str = "", shown: str = "") -> list[str]:
+    """The paths below ``folder`` that neither ``recorded`` (the paths the marker of the marked
+    folder ``folder`` is in recorded; ``at``: ``folder``'s path relative to that one) nor
+    ``layout`` prove harness's, each named as ``shown`` + its path below ``folder``."""
+    found: list[str] = []
+    for p in sorted(folder.iterdir()):
+        if bookkeeping(p.name):
+            continue
+        name = f"{shown}{p.name}"
+        real_dir = p.is_dir() and not p.is_symlink()
+        if f"{at}{p.name}" in recorded:
+            if real_dir:
+                found += _foreign(p, {}, recorded, f"{at}{p.name}/", f"{name}/")
+            continue
+        spec = _spec_of(p.name, layout)
+        if spec == OPAQUE or (spec == FILE and p.is_file() and not p.is_symlink()):
+            continue
+        if isinstance(spec, Folder) and real_dir:
+            marker = read_marker(p)
+            if marker is not None and spec.kind is not None and marker.get("kind") != spec.kind:
+                found.append(f"{name}/ (a harness {marker.get('kind')!r} output where a {spec.kind!r} one belongs)")
+            else:  # a folder committed whole (a checkpoint) is proven by what its own marker recorded
+                inner = set(marker.get("entries") or []) if marker is not None else set()
+                found += _foreign(p, spec.entries, inner, "", f"{name}/")
+            continue
+        found += _everything(p, name)
+    return found
+
+
 def check_removable(
-    folder: str | Path, known: Iterable[str] = (), kind: str | None = None, why: str = ""
+    folder: str | Path, known: Layout | Folder = Folder(), kind: str | None = None, why: str = ""
 ) -> list[Path]:
     """The entries of ``folder`` that may be removed (every one but the marker and lock files),
-    after proving harness wrote them all; raises :class:`NotOursError` naming what is not.
+    after proving harness wrote them all, at every depth; raises :class:`NotOursError` naming, by
+    path, everything it cannot prove (before anything is removed).
 
-    ``known``: glob patterns of the names a ``kind`` output holds; ``why``: the command that
-    wants to delete (for the message). A missing folder yields nothing.
+    ``known``: the layout of a ``kind`` output (the entries it may hold, see :class:`Folder`);
+    ``why``: the command that wants to delete (for the message). A missing folder yields nothing.
     """
     folder = Path(folder)
     what = f"{why}: " if why else ""
+    layout = known.entries if isinstance(known, Folder) else known
     if not folder.exists() and not folder.is_symlink():
         return []
     if folder.is_symlink() or not folder.is_dir():
@@ -116,8 +209,7 @@ def check_removable(
         raise NotOursError(
             f"{what}{folder} is a harness {marker.get('kind')!r} output, not a {kind!r} one; nothing was deleted"
         )
-    allowed = [*known, *(marker.get("entries") or []), *_ALWAYS]
-    foreign = [n for n in names if not any(fnmatch.fnmatchcase(n, pat) for pat in allowed)]
+    foreign = _foreign(folder, layout, set(marker.get("entries") or []))
     if foreign:
         raise NotOursError(
             f"{what}{folder} holds {_describe(foreign, folder)}, which harness did not write there; nothing was "
@@ -126,7 +218,7 @@ def check_removable(
     return [folder / n for n in names if n not in _ALWAYS]
 
 
-def clear(folder: str | Path, known: Iterable[str] = (), kind: str | None = None, why: str = "") -> list[str]:
+def clear(folder: str | Path, known: Layout | Folder = Folder(), kind: str | None = None, why: str = "") -> list[str]:
     """Empty ``folder`` of what harness wrote (see :func:`check_removable`; the marker and the lock
     stay); returns the names removed. Everything is checked before the first removal."""
     doomed = check_removable(folder, known, kind, why)
@@ -140,7 +232,7 @@ def clear(folder: str | Path, known: Iterable[str] = (), kind: str | None = None
     return [p.name for p in doomed]
 
 
-def remove(folder: str | Path, known: Iterable[str] = (), kind: str | None = None, why: str = "") -> bool:
+def remove(folder: str | Path, known: Layout | Folder = Folder(), kind: str | None = None, why: str = "") -> bool:
     """Remove ``folder`` itself once every entry is proven ours (see :func:`check_removable`); an
     empty folder goes without a marker. Returns whether there was something to remove."""
     folder = Path(folder)

@@ -27,9 +27,12 @@ from harness.backends.vllm_sync import RL_ARGS as VLLM_RL_ARGS
 from harness.backends.vllm_sync import RL_ENV as VLLM_RL_ENV
 from harness.config import compose, from_dict, pop_paths, to_dict
 from harness.engines import engine_for_backend, sigterm_as_exit, start_engine
+from harness.models import MODEL_FILES
 from harness.registry import Registry
 from harness.run_records import RunManifest, RunResults
 from harness.runlock import run_lock
+from harness.runlog import RUN_ENTRIES
+from harness.safe_delete import FILE, OPAQUE, Folder, Layout
 from training.config import TrainConfig
 from training.examples import first_dataset, merged_corpus_dataset, train_examples
 
@@ -178,11 +181,25 @@ def run_folder(cfg: TrainConfig, out: str | None = None, resume: str | None = No
     return Path(resume or out or Path(cfg.trainer.out) / cfg.name)
 
 
-# Every name a trainer writes into its run folder (glob patterns): all ``--overwrite`` may delete.
-TRAIN_ENTRIES = (
-    "config.json", "metrics.jsonl", "rollouts.jsonl", "checkpoints", "final", "validation", "sync",
-    "tensorboard", "wandb", "engines", "encoder", "value_head.safetensors", "*.log", ".*.tmp*",
-)  # fmt: skip
+# Everything a trainer writes into its run folder, at every depth (glob patterns, see
+# harness.safe_delete.Folder): all ``--overwrite`` may delete. Checkpoints and exported models are
+# committed with a marker listing their files; a PRM's final/ and a retriever's encoder/ are model
+# folders by name; validation/step-N/NAME is an eval run.
+_MODEL = Folder(MODEL_FILES, kind="model")
+_ENCODER = Folder({**MODEL_FILES, "adapter": Folder(MODEL_FILES)}, kind="encoder")
+_TEMP = {".*.tmp*": OPAQUE}  # a write cut short (harness.fsutil's temporaries)
+TRAIN_ENTRIES: Layout = {
+    **dict.fromkeys(("config.json", "metrics.jsonl", "rollouts.jsonl", "value_head.safetensors", "*.log"), FILE),
+    "checkpoints": Folder({"step-*": Folder(kind="checkpoint"), **_TEMP}),
+    "final": _MODEL,
+    "encoder": _ENCODER,
+    "validation": Folder({"step-*": Folder({"*": Folder(RUN_ENTRIES, kind="eval")})}),
+    "sync": Folder({"weights-v*": _MODEL, "adapter-v*": _MODEL, "step-*": _ENCODER, **_TEMP}),
+    "tensorboard": Folder({"events.out.tfevents.*": FILE}),
+    "wandb": Folder(dict.fromkeys(("run-*", "offline-run-*", "latest-run", "debug*.log"), OPAQUE)),  # W&B's names
+    "engines": RUN_ENTRIES["engines"],
+    **_TEMP,
+}
 
 
 def claim_run_folder(run: Path, overwrite: bool = False, check_only: bool = False) -> None:

@@ -6,6 +6,7 @@ and ``src/main.py`` given to ``harness train --out P --overwrite``) leaves the f
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,109 @@ def test_eval_run_dirs_are_marked_and_demo_refuses_a_foreign_one(tmp_path):
     with pytest.raises(NotOursError):
         remove(p, RUN_ENTRIES, kind="eval", why="harness demo")
     assert (p / "src" / "main.py").exists()
+
+
+TINY_SFT = """
+name: sft-nested
+model:
+  tiny: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
+algo: {kind: sft}
+sft: {batch_size: 2, sources: [{kind: chat, path: DATA}]}
+optim: {lr: 1.0e-3, micro_batch_size: 2, threads: 1}
+trainer: {max_steps: 2, save_every: 1, keep_checkpoints: 2, tensorboard: false, progress: false}
+"""
+
+
+def tiny_sft_run(tmp_path: Path) -> tuple[Path, Path]:
+    """A training run made by ``harness train`` (a tiny SFT, two checkpoints and ``final/``)."""
+    chat = [
+        {"messages": [{"role": "user", "content": f"Q{i}?"}, {"role": "assistant", "content": f"A{i}"}]}
+        for i in range(2)
+    ]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chat))
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text(TINY_SFT.replace("DATA", str(tmp_path / "chat.jsonl")))
+    run = tmp_path / "run"
+    res = runner.invoke(app, ["train", "-c", str(recipe), "--out", str(run)])
+    assert res.exit_code == 0, res.output
+    assert (run / "final").is_dir() and (run / "checkpoints" / "step-2").is_dir()
+    return recipe, run
+
+
+def test_overwrite_refuses_user_files_inside_harness_named_subfolders(tmp_path):
+    """Issue 31 defect 2: a file the user put inside ``checkpoints/`` and one inside a folder of
+    their own in ``final/`` are named by path, and nothing at all is deleted."""
+    recipe, run = tiny_sft_run(tmp_path)
+    (run / "checkpoints" / "my_analysis.md").write_text("my notes")
+    (run / "final" / "exported_by_me").mkdir()
+    (run / "final" / "exported_by_me" / "model.gguf").write_bytes(b"GGUF")
+    before = snapshot(run)
+    res = runner.invoke(app, ["train", "-c", str(recipe), "--out", str(run), "--overwrite"])
+    out = " ".join(res.output.split())
+    assert res.exit_code != 0
+    assert "checkpoints/my_analysis.md" in out and "final/exported_by_me/model.gguf" in out, out
+    assert "nothing was deleted" in out
+    assert snapshot(run) == before
+    # without them, the same --overwrite clears the run and trains again
+    (run / "checkpoints" / "my_analysis.md").unlink()
+    shutil.rmtree(run / "final" / "exported_by_me")
+    res = runner.invoke(app, ["train", "-c", str(recipe), "--out", str(run), "--overwrite"])
+    assert res.exit_code == 0, res.output
+
+
+def test_the_guard_proves_every_depth(tmp_path):
+    """Files added to a committed folder, a checkpoint folder without its marker, a file where a
+    folder belongs and a marker of another kind are each refused by path."""
+    from training.build import TRAIN_ENTRIES
+
+    run = tmp_path / "run"
+    claim(run, "train")
+    with atomic_dir(run / "checkpoints" / "step-1", kind="checkpoint") as tmp:
+        (tmp / "model.safetensors").write_text("w")
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "part.bin").write_text("w")
+    assert safe_delete.read_marker(run / "checkpoints" / "step-1")["entries"] == [
+        "model.safetensors",
+        "sub",
+        "sub/part.bin",
+    ]
+    assert check_removable(run, TRAIN_ENTRIES, kind="train") == [run / "checkpoints"]
+    cases = {
+        "checkpoints/step-1/extra.txt": lambda: (run / "checkpoints" / "step-1" / "extra.txt").write_text("x"),
+        "checkpoints/step-1/sub/mine.txt": lambda: (run / "checkpoints" / "step-1" / "sub" / "mine.txt").write_text(
+            "x"
+        ),
+        "checkpoints/step-2/model.safetensors": lambda: (
+            (run / "checkpoints" / "step-2").mkdir(),
+            (run / "checkpoints" / "step-2" / "model.safetensors").write_text("w"),
+        ),
+        "tensorboard/notes.txt": lambda: (
+            (run / "tensorboard").mkdir(),
+            (run / "tensorboard" / "notes.txt").write_text("x"),
+        ),
+        "metrics.jsonl/": lambda: (run / "metrics.jsonl").mkdir(),
+        "validation/step-1/x/ (a harness 'train' output where a 'eval' one belongs)": lambda: (
+            (run / "validation" / "step-1" / "x").mkdir(parents=True),
+            claim(run / "validation" / "step-1" / "x", "train"),
+            (run / "validation" / "step-1" / "x" / "manifest.json").write_text("{}"),
+        ),
+    }
+    for path, add in cases.items():
+        add()
+        with pytest.raises(NotOursError) as e:
+            check_removable(run, TRAIN_ENTRIES, kind="train")
+        assert path in str(e.value), (path, str(e.value))
+    before = snapshot(run)
+    with pytest.raises(NotOursError):
+        clear(run, TRAIN_ENTRIES, kind="train")
+    assert snapshot(run) == before
+
+
+def test_claim_takes_a_folder_holding_only_bookkeeping_and_names_another_kind(tmp_path):
+    """``claim`` counted a leftover marker temporary as output (it used the two fixed names, not
+    :func:`safe_delete.bookkeeping`), leaving a fresh folder unmarked: never clearable."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / f".{MARKER}.tmp-999").write_text("{")
+    assert claim(run, "eval") and safe_delete.read_marker(run)["kind"] == "eval"
+    assert not claim(run, "train")  # marked, but as another kind of output
