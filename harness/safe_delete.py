@@ -17,6 +17,10 @@ folder, at every depth, the folder was committed with). Before anything is remov
   inside ``checkpoints/`` or inside the final model) is named by its path in the refusal and
   NOTHING is removed.
 
+Replacing a file is deleting it: a writer that replaces files by name in a folder it shares
+with the user (``harness report --out``) proves each with :func:`check_replaceable` against the
+files its marker recorded (:func:`record_written`).
+
 :class:`NotOursError` (a ``ValueError``) carries a message that names the folder, what was found
 and what to do. Folders written before markers existed are refused too: remove them by hand.
 """
@@ -102,12 +106,11 @@ def mark(folder: str | Path, kind: str, entries: Iterable[str] | None = None) ->
     The marker records every path below those names too, so a file added later, at any depth,
     is not taken for harness's."""
     folder = Path(folder)
-    record = {
-        "kind": kind,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "pid": os.getpid(),
-        "entries": sorted(_tree(folder, entries)) if entries is not None else None,
-    }
+    _write_marker(folder, kind, sorted(_tree(folder, entries)) if entries is not None else None)
+
+
+def _write_marker(folder: Path, kind: str, entries: list[str] | None) -> None:
+    record = {"kind": kind, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(), "entries": entries}
     tmp = folder / f".{MARKER}.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, folder / MARKER)
@@ -241,6 +244,42 @@ def remove(folder: str | Path, known: Layout | Folder = Folder(), kind: str | No
     check_removable(folder, known, kind, why)
     shutil.rmtree(folder)
     return True
+
+
+def check_replaceable(folder: str | Path, names: Iterable[str], kind: str, why: str = "") -> None:
+    """Writing the files ``names`` (paths relative to ``folder``) replaces those that exist, which
+    is deleting them: each that exists must be one harness wrote there, as a ``kind`` output
+    (recorded in ``folder``'s marker by :func:`record_written`). Raises :class:`NotOursError`
+    naming every other one (a hand-written ``leaderboard.md``), before anything is written. Files
+    of ``folder`` that ``names`` does not name are never touched, so need no proof."""
+    folder = Path(folder)
+    what = f"{why}: " if why else ""
+    marker = read_marker(folder) if folder.is_dir() else None
+    if marker is not None and marker.get("kind") != kind:
+        raise NotOursError(
+            f"{what}{folder} is a harness {marker.get('kind')!r} output, not a {kind!r} one; nothing was written. "
+            "Pick another output folder"
+        )
+    recorded = set(marker.get("entries") or []) if marker is not None else set()
+    taken = [n for n in names if ((folder / n).exists() or (folder / n).is_symlink()) and n not in recorded]
+    if taken:
+        raise NotOursError(
+            f"{what}{folder} holds {_describe(taken, folder)}, which harness did not write there; nothing was "
+            "written. Move those elsewhere (or pick another output folder) and run again"
+        )
+
+
+def record_written(folder: str | Path, kind: str, names: Iterable[str]) -> None:
+    """Add the files ``names`` (paths relative to ``folder``, with the folders they are in) to the
+    entries of ``folder``'s marker, as a ``kind`` output (a marker is written when there is none):
+    a later :func:`check_replaceable` may replace them, and nothing else there."""
+    folder = Path(folder)
+    marker = read_marker(folder)
+    entries = set(marker.get("entries") or []) if marker is not None else set()
+    for name in names:
+        parts = Path(name).parts
+        entries.update("/".join(parts[: i + 1]) for i in range(len(parts)))
+    _write_marker(folder, kind, sorted(e for e in entries if (folder / e).exists()))
 
 
 def move_aside(path: str | Path, dest: str | Path) -> Path:

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from benchmarks.report import build_leaderboard, load_reference, load_runs
 from harness.cli.main import app
+from harness.safe_delete import MARKER
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 RUNS = str(FIX / "runs" / "*")
@@ -62,7 +63,7 @@ def test_terminal_output(tmp_path):
     result = runner.invoke(app, ["report", RUNS, "--out", str(tmp_path), "--format", "md,tex"])
     assert result.exit_code == 0, result.output
     assert "research" in result.stdout and "80.0 [40.0, 100.0]" in result.stdout
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["leaderboard.md", "leaderboard.tex"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != MARKER) == ["leaderboard.md", "leaderboard.tex"]
 
 
 def test_partial_and_failed_runs_are_shown_not_averaged():

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli.main import app
+from harness.safe_delete import MARKER
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 runner = CliRunner()
@@ -102,7 +103,7 @@ def test_a_corrupt_trajectories_file_is_named_by_file_and_line(tmp_path, line, w
     assert result.exit_code == 0, result.output
     assert result.exception is None and "Traceback" not in result.output
     assert "skipped" in result.output and where in _text(result)
-    assert sorted(p.name for p in out.iterdir()) == [
+    assert sorted(p.name for p in out.iterdir() if p.name != MARKER) == [
         "leaderboard.csv",
         "leaderboard.md",
         "leaderboard.tex",
@@ -121,8 +122,9 @@ def test_report_files_are_written_all_or_none(tmp_path, monkeypatch):
     import benchmarks.report_html as report_html
 
     out = tmp_path / "report"
-    out.mkdir()
-    (out / "leaderboard.md").write_text("the previous report\n")
+    result = runner.invoke(app, ["report", str(FIX / "runs" / "*"), "--out", str(out), "--format", "md"])
+    assert result.exit_code == 0, result.output
+    previous = (out / "leaderboard.md").read_text()  # the previous report, harness's own
     (out / "demo.md").write_text("not the report's\n")
 
     def broken(*a, **k):
@@ -131,16 +133,43 @@ def test_report_files_are_written_all_or_none(tmp_path, monkeypatch):
     monkeypatch.setattr(report_html, "to_html", broken)  # md renders first, then html fails
     result = runner.invoke(app, ["report", str(FIX / "runs" / "*"), "--out", str(out), "--format", "md,html"])
     assert result.exit_code == 2 and "disk full" in result.output
-    assert (out / "leaderboard.md").read_text() == "the previous report\n"  # not half replaced
+    assert (out / "leaderboard.md").read_text() == previous  # not half replaced
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]  # no temporary folder left
     monkeypatch.undo()
     (out / "report.html").mkdir()  # a file that cannot be written: nothing is replaced
     result = runner.invoke(app, ["report", str(FIX / "runs" / "*"), "--out", str(out), "--format", "md,html"])
     assert result.exit_code == 2 and "cannot write the report" in _text(result)
-    assert (out / "leaderboard.md").read_text() == "the previous report\n"
+    assert (out / "leaderboard.md").read_text() == previous
     (out / "report.html").rmdir()
     result = runner.invoke(app, ["report", str(FIX / "runs" / "*"), "--out", str(out), "--format", "md,html"])
     assert result.exit_code == 0, result.output
     assert "## Leaderboard" in (out / "leaderboard.md").read_text() and (out / "report.html").is_file()
     assert (out / "demo.md").read_text() == "not the report's\n"  # files the report does not write stay
     assert json.loads((out / "report.html").read_text().split('id="data">')[1].split("</script>")[0])["rows"]
+
+
+def test_report_never_replaces_a_file_it_did_not_write(tmp_path):
+    """Issue 31 defect 9: a hand-written ``leaderboard.md`` in ``--out`` was overwritten. A file
+    the report would replace must be one harness wrote there (the marker records them); anything
+    else is refused by name and nothing is written. Its own files are replaced on the next run."""
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "leaderboard.md").write_text("my own leaderboard\n")
+    result = runner.invoke(app, ["report", str(FIX / "runs" / "*"), "--out", str(out), "--format", "md,html"])
+    assert result.exit_code == 2, result.output
+    assert "leaderboard.md, which harness did not write there; nothing was written" in _text(result)
+    assert (out / "leaderboard.md").read_text() == "my own leaderboard\n"
+    assert sorted(p.name for p in out.iterdir()) == ["leaderboard.md"]  # not even report.html
+    (out / "leaderboard.md").rename(out / "mine.md")
+    for _ in range(2):  # written, then replaced: its own files
+        result = runner.invoke(app, ["report", str(FIX / "runs" / "*"), "--out", str(out), "--format", "md,html"])
+        assert result.exit_code == 0, result.output
+    assert (out / "mine.md").read_text() == "my own leaderboard\n"
+    # a report folder is not another harness output: an eval run folder is refused
+    result = runner.invoke(app, ["report", str(FIX / "runs" / "*"), "--out", str(tmp_path / "runs"), "--format", "md"])
+    assert result.exit_code == 0, result.output
+    from harness.safe_delete import claim
+
+    claim(tmp_path / "evalrun", "eval")
+    result = runner.invoke(app, ["report", str(FIX / "runs" / "*"), "--out", str(tmp_path / "evalrun")])
+    assert result.exit_code == 2 and "is a harness 'eval' output, not a 'report' one" in _text(result)
