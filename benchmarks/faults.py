@@ -1,7 +1,7 @@
 """The fault battery (issue 23): put ``harness`` through the faults a new user met, against the
 real CLI (``python -m harness.cli.main`` in child processes), on tiny local data (the packaged
 demo, the scripted backend, the in-memory retriever or a loopback Search-R1 ``/retrieve``
-server run here), and print one table: fault, expected, observed, pass/fail.
+server run here), and print one line per fault: pass/FAIL, seconds, fault, expected, observed.
 
     python -m benchmarks.faults [--only NAME ...] [--workers 2] [--keep DIR]
 
@@ -382,8 +382,8 @@ trainer: {max_steps: 4, save_every: 1, keep_checkpoints: 2, tensorboard: false, 
 """
 
 
-@fault("SFT: keep_checkpoints=2, newest checkpoint damaged, --resume", "2 kept; falls back; metrics 1,2,3,4 once")
-def sft_checkpoints(tmp: Path) -> tuple[bool, str]:
+def sft_recipe(tmp: Path) -> Path:
+    """:data:`SFT_RECIPE` on four chat records, written under ``tmp``."""
     chat = [
         {
             "messages": [
@@ -395,6 +395,12 @@ def sft_checkpoints(tmp: Path) -> tuple[bool, str]:
     ]
     (tmp / "chat.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chat))
     (tmp / "sft.yaml").write_text(SFT_RECIPE.replace("DATA", str(tmp / "chat.jsonl")))
+    return tmp / "sft.yaml"
+
+
+@fault("SFT: keep_checkpoints=2, newest checkpoint damaged, --resume", "2 kept; falls back; metrics 1,2,3,4 once")
+def sft_checkpoints(tmp: Path) -> tuple[bool, str]:
+    sft_recipe(tmp)
     run = tmp / "run"
     first = harness("train", "-c", str(tmp / "sft.yaml"), "--out", str(run), cwd=tmp)
     kept = sorted(p.name for p in (run / "checkpoints").iterdir()) if (run / "checkpoints").is_dir() else []
@@ -406,6 +412,45 @@ def sft_checkpoints(tmp: Path) -> tuple[bool, str]:
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
     ok = kept == ["step-3", "step-4"] and again.returncode == 0 and steps == [1, 2, 3, 4]
     return ok, f"kept {kept}; resume exit {again.returncode}; logged steps {steps}"
+
+
+@fault(
+    "train --overwrite: user files in checkpoints/ and final/ of a harness run (issue 31)",
+    "refused naming both paths, nothing deleted",
+)
+def overwrite_nested(tmp: Path) -> tuple[bool, str]:
+    recipe, run = sft_recipe(tmp), tmp / "run"
+    first = harness("train", "-c", str(recipe), "--out", str(run), "trainer.max_steps=2", cwd=tmp)
+    if first.returncode != 0:
+        return False, f"train exit {first.returncode}: {flat(first.stderr)[-90:]}"
+    (run / "checkpoints" / "my_analysis.md").write_text("notes\n")
+    (run / "final" / "exported_by_me").mkdir()
+    (run / "final" / "exported_by_me" / "model.gguf").write_bytes(b"GGUF")
+    before = snapshot(run)
+    r = harness("train", "-c", str(recipe), "--out", str(run), "--overwrite", "trainer.max_steps=2", cwd=tmp)
+    out = flat(r.stdout + r.stderr)
+    named = "checkpoints/my_analysis.md" in out and "final/exported_by_me/model.gguf" in out
+    untouched = snapshot(run) == before
+    ok = r.returncode != 0 and named and untouched
+    return ok, f"exit {r.returncode}; {'both named' if named else out[-90:]}; {'untouched' if untouched else 'CHANGED'}"
+
+
+@fault("report --out over a hand-written leaderboard.md (issue 31)", "refused by name, nothing written")
+def report_foreign_file(tmp: Path) -> tuple[bool, str]:
+    ev = harness(*eval_args(tmp, tmp / "runs", "--retriever", "memory", "--limit", "2"), cwd=tmp)
+    out = tmp / "report"
+    out.mkdir()
+    (out / "leaderboard.md").write_text("my own\n")
+    r = harness("report", str(tmp / "runs" / RUN), "--out", str(out), cwd=tmp)
+    said = flat(r.stdout + r.stderr)
+    kept = (out / "leaderboard.md").read_text() == "my own\n" and sorted(p.name for p in out.iterdir()) == [
+        "leaderboard.md"
+    ]
+    ok = ev.returncode == 0 and r.returncode == 2 and "leaderboard.md, which harness did not write" in said and kept
+    return (
+        ok,
+        f"eval exit {ev.returncode}; report exit {r.returncode}; {'kept, nothing written' if kept else 'CHANGED'}",
+    )
 
 
 # ---- running ----------------------------------------------------------------------------------
@@ -430,18 +475,11 @@ def run_battery(only: list[str] | None = None, workers: int = 2, keep: Path | No
 
 
 def print_table(outcomes: list[Outcome]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="harness fault battery (issue 23)")
-    for col in ("fault", "expected", "observed", "result", "s"):
-        table.add_column(col, overflow="fold", justify="right" if col == "s" else "left")
+    """One line per fault: pass/FAIL, seconds, the fault, what was expected and what was observed."""
     for o in outcomes:
-        table.add_row(o.fault, o.expected, o.observed, "pass" if o.ok else "FAIL", f"{o.seconds:.0f}")
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=max(160, console.width))
-    console.print(table)
+        print(
+            f"{'pass' if o.ok else 'FAIL'} {o.seconds:4.0f} s  {o.fault}: expected {o.expected}; observed {o.observed}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,7 @@ def registry_in(module: str, kind_word: str) -> Registry | None:
 
 def cases():
     from harness.eval_config import BackendConfig, RetrieverConfig
-    from training.config import AlgoConfig, PRMConfig
+    from training.config import AlgoConfig, OptimConfig, PRMConfig, RolloutCorrectionConfig
 
     yield "backend.kind", literal(BackendConfig, "kind"), "harness.backends", "backend"
     yield "retriever.kind", literal(RetrieverConfig, "kind"), "harness.retrieval.factory", "retriever"
@@ -40,6 +40,9 @@ def cases():
     yield "algo.loss_agg", literal(AlgoConfig, "loss_agg"), "training.losses", "aggregation"
     yield "algo.kl_estimator", literal(AlgoConfig, "kl_estimator"), "training.losses", "KL"
     yield "prm.loss", literal(PRMConfig, "loss"), "training.prm", "PRM loss"
+    rc_kind = literal(RolloutCorrectionConfig, "kind")
+    yield "algo.rollout_correction.kind", rc_kind, "training.losses", "rollout correction"
+    yield "optim.schedule", literal(OptimConfig, "schedule"), "training.engine", "LR schedule"
 
 
 @pytest.mark.parametrize(
@@ -53,11 +56,13 @@ def test_literal_is_the_registry(path, names, module, kind):
 
 def test_defaults_are_registered():
     from training.advantages import ADVANTAGES
-    from training.config import AlgoConfig
-    from training.losses import AGGREGATIONS, KL_ESTIMATORS
+    from training.config import AlgoConfig, OptimConfig
+    from training.engine import LR_SCHEDULES
+    from training.losses import AGGREGATIONS, KL_ESTIMATORS, ROLLOUT_CORRECTIONS
 
     algo = AlgoConfig()
     assert algo.advantage in ADVANTAGES and algo.loss_agg in AGGREGATIONS and algo.kl_estimator in KL_ESTIMATORS
+    assert algo.rollout_correction.kind in ROLLOUT_CORRECTIONS and OptimConfig().schedule in LR_SCHEDULES
 
 
 def test_retriever_rl_reward_is_a_metric():

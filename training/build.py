@@ -101,6 +101,13 @@ def build_validation(cfg: TrainConfig, backend: Any, out: Path) -> Validation | 
     return Validation(run.method, run.examples, run.manifest, tuple(ecfg.metrics), out / "validation")
 
 
+def rollout_agent_options(cfg: TrainConfig) -> dict[str, Any]:
+    """The options RL rollouts build the agent with: ``rollout.agent`` in the dialect's training
+    mode, where a dialect's training code differs from its evaluation (RAG-R1). The recipe test
+    resolves the effective agent from it."""
+    return {"mode": "train", **cfg.rollout.agent}
+
+
 def _rl_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
     """``algo.kind: rl``: the search agent's rollouts (through ``build_method``) on the policy."""
     from benchmarks.build import dataset_retriever
@@ -110,12 +117,11 @@ def _rl_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
     d = cfg.data
     if method_kind(cfg.rollout.method) != "agent":
         raise ValueError(f"rollout.method {cfg.rollout.method!r} is a baseline; RL rolls out an agent dialect")
-    validate_options(cfg.rollout.method, dict(cfg.rollout.agent), where="rollout.agent")  # errors name the key
+    validate_options(cfg.rollout.method, rollout_agent_options(cfg), where="rollout.agent")  # errors name the key
     examples = train_examples(cfg)
     retriever = dataset_retriever(cfg.retriever, merged_corpus_dataset(cfg), d.split, d.data_dir)
     backend = backend or rollout_backend(cfg)
-    # Rollouts follow a dialect's training code where it differs from its evaluation (RAG-R1).
-    agent = build_method(cfg.rollout.method, backend, retriever, {"mode": "train", **cfg.rollout.agent})
+    agent = build_method(cfg.rollout.method, backend, retriever, rollout_agent_options(cfg))
     validation = build_validation(cfg, backend, Path(out))
     return Trainer(cfg, agent, examples, out, validate=validation)
 

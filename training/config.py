@@ -87,6 +87,33 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
+class RolloutCorrectionConfig:
+    """``algo.rollout_correction``: the importance ratio ρ = π_old / π_behav of every model token
+    (``level: token``) or of its whole row (``level: sequence``: exp Σ over the row's model tokens),
+    from the trainer's pre-update log-probs and the backend's, and what the policy loss does with
+    it (see :mod:`training.losses`). ``none``: nothing (the mismatch is still logged); ``tis``: each
+    token's loss term × min(ρ, ``cap``) (``cap: null``: × ρ); ``mask``: × ρ inside [``lo``, ``hi``],
+    0 outside (``hi: null``: no upper bound). A dropped token still counts in the loss's denominator,
+    as in TRL's ``*_mask`` modes and AReaL. TRL 0.26's ``vllm_importance_sampling_mode`` maps as
+    token_truncate → {tis, token}, sequence_mask → {mask, sequence, hi: cap}, and so on."""
+
+    kind: Literal["none", "tis", "mask"] = "none"
+    level: Literal["token", "sequence"] = "token"
+    cap: float | None = 2.0  # tis (verl's rollout_is_threshold default 2.0; TRL's cap is 3.0)
+    lo: float = 0.0  # mask: the band [lo, hi] of kept ratios
+    hi: float | None = 2.0
+
+    def __post_init__(self) -> None:
+        if self.cap is not None and not self.cap > 0:
+            raise ValueError(f"algo.rollout_correction.cap must be > 0 (or null), got {self.cap}")
+        # The band keeps ratio 1 (engine and trainer agree) and is not empty.
+        if not (0 <= self.lo <= 1 and (self.hi is None or (self.hi >= 1 and self.hi > self.lo))):
+            raise ValueError(
+                f"algo.rollout_correction band [lo, hi] = [{self.lo}, {self.hi}] must hold 1, with 0 <= lo < hi"
+            )
+
+
+@dataclass(frozen=True)
 class AlgoConfig:
     # The trainer (training.build.TRAINERS): rl; sft: supervised fine-tuning on ``sft.sources``
     # (training.sft); prm: a process reward model on MCTS records ``prm.data`` (training.prm);
@@ -130,25 +157,14 @@ class AlgoConfig:
     # reward (no group-relative signal) are left out of the step's update (logged groups/kept_frac).
     filter_groups: bool = False
     max_len: int | None = None  # truncate collated sequences (Dr. GRPO's constant denominator too)
-    # AReaL's decoupled PPO, for asynchronous rollouts (training.losses.policy_loss): the ratio and
-    # the clip are taken against the PROXIMAL policy, the policy before this step's update
-    # (recomputed by the trainer), and each token's term is weighted by exp(proximal − behaviour),
-    # the BEHAVIOUR policy being the one that generated that token (the backend's logprobs,
-    # recorded at generation). Needs every model token's backend logprob.
-    decoupled_loss: bool = False
-    # AReaL's name: with decoupled_loss, tokens whose behaviour importance weight exceeds the cap
-    # are dropped from the loss (still counted in its denominator). AReaL requires > 1.0.
-    behav_imp_weight_cap: float | None = None
+    # Rollout correction (training.losses.ROLLOUT_CORRECTIONS): weigh or drop tokens by how far the
+    # backend's sampling log-probs (the BEHAVIOUR policy, recorded at generation) are from the
+    # trainer's pre-update ones, in synchronous and asynchronous runs alike. AReaL's decoupled PPO
+    # is {kind: mask, level: token, hi: CAP} (its behav_imp_weight_cap), or {kind: tis, cap: null}
+    # without a cap: the trainer's old log-probs are always recomputed, so they are its proximal policy.
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=lambda: RolloutCorrectionConfig())
 
     def __post_init__(self) -> None:
-        if self.behav_imp_weight_cap is not None:
-            if not self.decoupled_loss:
-                raise ValueError(
-                    "algo.behav_imp_weight_cap applies to the decoupled loss only; set algo.decoupled_loss=true "
-                    "or algo.behav_imp_weight_cap=null"
-                )
-            if not self.behav_imp_weight_cap > 1.0:  # AReaL: "must be > 1.0"; on-policy tokens have w ≈ 1
-                raise ValueError(f"algo.behav_imp_weight_cap must be > 1.0, got {self.behav_imp_weight_cap}")
         if self.ppo_epochs < 1:
             raise ValueError(f"algo.ppo_epochs must be >= 1, got {self.ppo_epochs}")
         if self.ppo_mini_batch_size is not None and self.ppo_mini_batch_size < 1:
@@ -165,10 +181,23 @@ class OptimConfig:
     # critic use 1e-2 (fsdp_workers.py), so the recipes that follow verl set 0.01.
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW's (verl, HF); OpenRLHF's --adam_betas is (0.9, 0.95)
-    # Linear warmup over this many TRAINING steps (one rollout batch each, however many optimizer
-    # steps its mini-batches and epochs make), as verl's lr_warmup_steps = int(lr_warmup_steps_ratio
-    # × total_training_steps): step t (0-based) runs at lr · t / warmup_steps. SFT and PRM make one
-    # optimizer step per training step. 0: no warmup.
+    # The LR schedule (training.engine.LR_SCHEDULES), after a linear warmup from 0 over
+    # ``warmup_steps``: constant; linear decay to ``min_lr_ratio`` × lr (HF's "linear": to 0);
+    # cosine decay to ``min_lr_ratio`` × lr (verl's min_lr_ratio, HF's cosine_with_min_lr).
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    min_lr_ratio: float = 0.0
+    # What the warmup and the decay count: ``training_step`` (one rollout batch, however many
+    # optimizer steps its mini-batches and epochs make: verl steps its scheduler once per
+    # training step) or ``optimizer_step`` (HF's Trainer, TRL, OpenRLHF). SFT and PRM make one
+    # optimizer step per training step, so both read the same there.
+    schedule_unit: Literal["training_step", "optimizer_step"] = "training_step"
+    # The steps (in ``schedule_unit``) the decay spans, warmup included, as HF's
+    # num_training_steps; None: the run's (trainer.max_steps, × the optimizer steps per training
+    # step when counting optimizer steps). Past it the LR stays at its floor.
+    schedule_steps: int | None = None
+    # Linear warmup over this many steps of ``schedule_unit``: step t (0-based) runs at
+    # lr · t / warmup_steps (verl's lr_warmup_steps = int(lr_warmup_steps_ratio × total steps);
+    # HF's warmup_steps). 0: no warmup.
     warmup_steps: int = 0
     critic_warmup_steps: int = 0  # the critic's own warmup (verl's critic.optim.lr_warmup_steps_ratio)
     grad_clip: float = 1.0
@@ -182,6 +211,9 @@ class OptimConfig:
             raise ValueError(f"optim.betas must be two numbers, got {list(self.betas)}")
         if self.warmup_steps < 0 or self.critic_warmup_steps < 0:
             raise ValueError("optim.warmup_steps and optim.critic_warmup_steps must be >= 0")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        require_at_least(self, 1, "schedule_steps")
 
 
 @dataclass(frozen=True)

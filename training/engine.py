@@ -9,7 +9,8 @@ also compiles). No optimizer offload (another 5-minute compile). REFERENCE §6.
 
 What the engine owns: ZeRO stage 0–3, bf16 or fp32, gradient accumulation (DeepSpeed counts
 micro-batches and steps the optimizer on the boundary), gradient clipping, AdamW (``optim.betas``,
-``optim.weight_decay``) and verl's linear-warmup learning-rate schedule over training steps.
+``optim.weight_decay``) and the learning-rate schedule (``optim.schedule``, :data:`LR_SCHEDULES`)
+after a linear warmup, counted in training or optimizer steps (``optim.schedule_unit``).
 Helpers gather full weights under ZeRO-3 (for weight sync and export) and load them back (resume).
 """
 
@@ -20,13 +21,16 @@ import copy
 import importlib
 import importlib.util
 import logging
+import math
 import os
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from harness.registry import Registry
 from training.config import ModelConfig, OptimConfig
 
 logger = logging.getLogger(__name__)
@@ -195,12 +199,13 @@ def initialize(
     batch_size: int,
     warmup_steps: int | None = None,
     updates_per_step: int = 1,
+    max_steps: int | None = None,
 ) -> Any:
     """Wrap ``model`` in a DeepSpeed engine with our own AdamW (see the module docstring).
 
-    ``warmup_steps`` (default ``cfg.warmup_steps``) counts TRAINING steps, each of which makes
-    ``updates_per_step`` optimizer steps (RL: ppo_epochs × mini-batches; SFT, PRM: 1); see
-    :func:`warmup_schedule`."""
+    The LR follows ``cfg.schedule`` after ``warmup_steps`` (default ``cfg.warmup_steps``) over a
+    run of ``max_steps`` training steps, each of which makes ``updates_per_step`` optimizer steps
+    (RL: ppo_epochs × mini-batches; SFT, PRM: 1); see :func:`lr_schedule`."""
     import deepspeed
 
     setup_distributed_env()
@@ -210,33 +215,79 @@ def initialize(
         model=model,
         optimizer=opt,
         config=ds_config(cfg, batch_size, lr),
-        lr_scheduler=warmup_schedule(cfg.warmup_steps if warmup_steps is None else warmup_steps, updates_per_step),
+        lr_scheduler=lr_schedule(cfg, warmup_steps, updates_per_step, max_steps),
     )
     return engine
 
 
-def warmup_factor(step: int, warmup_steps: int) -> float:
-    """verl's ``get_constant_schedule_with_warmup``: training step ``step`` (0-based) runs at
-    ``lr · step / warmup_steps`` until ``warmup_steps``, then at ``lr``. The first step of a warmup
-    thus runs at LR 0, as in verl (and HF's schedules)."""
-    return step / warmup_steps if step < warmup_steps else 1.0
+# ---- LR schedules -----------------------------------------------------------------------------
+# Every schedule is ``fn(progress, min_ratio) -> factor``: the LR multiplier after the warmup, at
+# ``progress`` = (step − warmup) / (total − warmup) in [0, 1], ``min_ratio`` its floor.
+ScheduleFn = Callable[[float, float], float]
+LR_SCHEDULES: Registry[ScheduleFn] = Registry("LR schedule")
 
 
-def warmup_schedule(warmup_steps: int, updates_per_step: int = 1) -> Any:
-    """Linear warmup to the full LR over ``warmup_steps`` TRAINING steps, then constant; None
-    without warmup. verl steps its scheduler once per training step (after ``update_actor``),
-    however many mini-batch optimizer steps that made; DeepSpeed steps ours at every optimizer
-    step, so the factor reads the training step as ``optimizer steps // updates_per_step`` and moves
-    once per training step exactly as verl's. Checkpoints carry its state."""
-    if warmup_steps <= 0:
-        return None
+@LR_SCHEDULES.register("constant")
+def constant_lr(progress: float, min_ratio: float) -> float:
+    """1: the full LR (verl's ``get_constant_schedule_with_warmup``, HF's ``constant_with_warmup``)."""
+    return 1.0
+
+
+@LR_SCHEDULES.register("linear")
+def linear_lr(progress: float, min_ratio: float) -> float:
+    """A straight line from 1 to ``min_ratio``; with 0 it is HF's ``get_linear_schedule_with_warmup``
+    (the ``linear`` default of TrainingArguments): (total − step) / (total − warmup)."""
+    return min_ratio + (1.0 - min_ratio) * (1.0 - progress)
+
+
+@LR_SCHEDULES.register("cosine")
+def cosine_lr(progress: float, min_ratio: float) -> float:
+    """Half a cosine from 1 to ``min_ratio``: verl's ``get_cosine_schedule_with_warmup(min_lr_ratio)``
+    and HF's ``cosine_with_min_lr`` (``min_lr_rate``; OpenRLHF passes min_lr = 0.1 × lr)."""
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def lr_factor(schedule: str, step: int, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> float:
+    """The LR multiplier at ``step`` (0-based): ``step / warmup_steps`` during the warmup (the first
+    step runs at LR 0, as in verl and HF), then the registered ``schedule`` at progress
+    (step − warmup) / max(1, total − warmup), held at its end value past ``total_steps``."""
+    if step < warmup_steps:
+        return step / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return LR_SCHEDULES.get(schedule)(progress, min_ratio)
+
+
+def lr_schedule(
+    cfg: OptimConfig, warmup_steps: int | None = None, updates_per_step: int = 1, max_steps: int | None = None
+) -> Any:
+    """DeepSpeed's ``lr_scheduler`` factory for ``cfg.schedule`` after ``warmup_steps`` (default
+    ``cfg.warmup_steps``), or None when the LR never moves (constant, no warmup).
+
+    DeepSpeed steps it after every optimizer step, and one training step makes ``updates_per_step``
+    of them (RL: ppo_epochs × mini-batches; SFT, PRM: 1). In ``schedule_unit: training_step`` the
+    factor reads the training step as ``optimizer steps // updates_per_step``, so it moves once
+    per training step as verl's does; in ``optimizer_step`` it reads every optimizer step, as HF's
+    Trainer and OpenRLHF do. The decay spans ``cfg.schedule_steps``, else the run: ``max_steps``
+    training steps (× ``updates_per_step`` in optimizer steps). Checkpoints carry its state."""
+    warmup = cfg.warmup_steps if warmup_steps is None else warmup_steps
     if updates_per_step < 1:
         raise ValueError(f"updates_per_step must be >= 1, got {updates_per_step}")
+    if cfg.schedule == "constant" and warmup <= 0:
+        return None
+    by_training_step = cfg.schedule_unit == "training_step"
+    total = cfg.schedule_steps
+    if total is None:
+        if max_steps is None and cfg.schedule != "constant":
+            raise ValueError(
+                f"optim.schedule={cfg.schedule} decays over the run: give its max_steps or optim.schedule_steps"
+            )
+        total = (max_steps or 1) * (1 if by_training_step else updates_per_step)
+    per = updates_per_step if by_training_step else 1
+    name, floor = cfg.schedule, cfg.min_lr_ratio
+    LR_SCHEDULES.get(name)  # an unknown name fails here, not at the first optimizer step
 
     def factory(optimizer: Any) -> Any:
-        return torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: warmup_factor(s // updates_per_step, warmup_steps)
-        )
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(name, s // per, warmup, total, floor))
 
     return factory
 

@@ -21,6 +21,16 @@ KL estimators (``KL_ESTIMATORS``, per token, from log π and log π_ref), as ver
 ``k1``, ``k2``, ``k3`` (verl's ``low_var_kl``, clamped as verl clamps it) and ``k3_unclamped``
 (TRL's and HARR's k3, no clamp).
 
+Rollout corrections (``ROLLOUT_CORRECTIONS``, ``algo.rollout_correction``): the backend that
+sampled the tokens (the BEHAVIOUR policy, its log-probs recorded at generation) and the trainer's
+policy before the update (the OLD log-probs, recomputed) disagree a little even on the same
+weights (other kernels, dtypes; in an asynchronous run, older weights). Each model token gets the
+importance ratio ρ = exp(old − behaviour), or each row one ratio exp Σ(old − behaviour) at
+``level: sequence``, and the policy loss's term is multiplied by a weight made from it:
+``none`` 1, ``tis`` min(ρ, cap), ``mask`` ρ inside [lo, hi] and 0 outside. As in verl's
+``rollout_corr_helper.py`` and TRL's ``vllm_importance_sampling_correction``; AReaL's decoupled
+PPO is the token-level ``mask`` with its cap. :func:`mismatch_stats` measures the gap.
+
 :class:`RLLoss` composes them into the trainer's one configured objective; every term of it (policy,
 KL, entropy) is aggregated the same way, as verl's actor does.
 """
@@ -28,12 +38,13 @@ KL, entropy) is aggregated the same way, as verl's actor does.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from harness.registry import Registry
+from training.config import RolloutCorrectionConfig
 
 # ---- aggregations ------------------------------------------------------------------------------
 # Every aggregation is ``fn(loss [B, T] (0 where masked), mask [B, T] float, global_tokens, max_len) -> scalar``.
@@ -94,30 +105,20 @@ def policy_loss(
     agg: str = "token_mean",
     global_tokens: float | None = None,
     max_len: int | None = None,
-    behav_logp: torch.Tensor | None = None,
-    behav_imp_weight_cap: float | None = None,
+    is_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """PPO-clip per token: −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)·A), ρ = exp(logp − old_logp),
     aggregated with ``agg``. ``clip_high`` > ``clip_low`` is DAPO's clip-higher.
 
+    ``is_weight`` [B, T] (from :func:`rollout_weights`): each token's clipped term is multiplied
+    by it, a constant (no gradient); a token with weight 0 gives 0 yet still counts in the
+    aggregation's denominators (the valid-token ``mask``), as in TRL's ``*_mask`` modes and in
+    AReaL's ``ppo_actor_loss_fn`` (inclusionAI/AReaL ``areal/utils/functional.py``, whose
+    denominator is ``loss_mask.count_nonzero()``, not the kept-token count).
+
     Returns (loss, stats): ``clip_frac`` = share of valid tokens where the clipped term is the
     active one; ``approx_kl`` = mean over valid tokens of ½(logp − old_logp)², the k2 estimator
     (verl logs the k1 mean instead, which can go negative).
-
-    Decoupled PPO (AReaL, for asynchronous rollouts), when ``behav_logp`` [B, T] is given: the
-    log-probs of the BEHAVIOUR policy, the one that generated each token (the backend's, recorded
-    at generation; tokens of one row may come from several policy versions). ``old_logp`` is then
-    the PROXIMAL policy, the policy before this update, and ρ and the clip are taken against it
-    as above; each token's clipped term is multiplied by the behaviour importance weight
-    w = exp(old_logp − behav_logp), a constant (no gradient). With ``behav_imp_weight_cap``,
-    tokens with w > cap are dropped: their term is 0, yet they still count in the aggregation's
-    denominators (the valid-token ``mask``). This follows ``ppo_actor_loss_fn`` in
-    inclusionAI/AReaL ``areal/utils/functional.py``, whose denominator is
-    ``loss_mask.count_nonzero()``, not the kept-token count. Extra stats, as AReaL logs them
-    (``behave_imp_weight``, ``behave_approx_kl`` over the kept tokens): ``behav_imp_weight`` =
-    mean w and ``behav_kl`` = mean (old_logp − behav_logp), both over kept valid tokens;
-    ``behav_drop_frac`` = share of valid tokens dropped by the cap. Without ``behav_logp`` the
-    function is the plain PPO-clip loss, unchanged.
     """
     m = mask.bool()  # [B, T]
     # Masked positions get log-ratio 0 (ρ = 1) so padding/observation garbage can never make inf·0 = nan.
@@ -126,10 +127,8 @@ def policy_loss(
     unclipped = -adv * ratio  # [B, T]
     clipped = -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)  # [B, T]
     per_token = torch.maximum(unclipped, clipped)  # [B, T]
-    behav_stats: dict[str, float] = {}
-    if behav_logp is not None:
-        w, behav_stats = behaviour_weights(old_logp, behav_logp, m, behav_imp_weight_cap)  # [B, T]
-        per_token = per_token * w  # [B, T]: dropped tokens give 0, and still count in ``mask``
+    if is_weight is not None:
+        per_token = per_token * is_weight  # [B, T]: weight 0 gives 0, and the token still counts in ``mask``
     loss = aggregate(per_token, mask, agg, global_tokens, max_len)
     with torch.no_grad():
         n = m.sum().clamp(min=1)
@@ -137,32 +136,106 @@ def policy_loss(
             "clip_frac": float(((clipped > unclipped) & m).sum() / n),
             "approx_kl": float((0.5 * log_ratio**2 * m).sum() / n),
             "ratio_mean": float((ratio * m).sum() / n),
-            **behav_stats,
         }
     return loss, stats
 
 
+# ---- rollout corrections -----------------------------------------------------------------------
+# Every correction is ``fn(ratio [B, T] or [B, 1], rc) -> (weight, corrected)``, both shaped as
+# ``ratio`` (corrected: bool, the ratios capped or masked), ``rc`` the ``algo.rollout_correction``
+# config (``cap``, ``lo``, ``hi``).
+CorrectionFn = Callable[[torch.Tensor, Any], "tuple[torch.Tensor, torch.Tensor]"]
+ROLLOUT_CORRECTIONS: Registry[CorrectionFn] = Registry("rollout correction")
+# verl's SAFETY_BOUND: log-ratios are clamped to ±20 before exp, so a sequence's summed ratio stays
+# finite (e^20 ≈ 4.9e8, past any cap); inside the bound the ratio is exact.
+LOG_RATIO_BOUND = 20.0
+
+
+@ROLLOUT_CORRECTIONS.register("none")
+def no_correction(ratio: torch.Tensor, rc: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weight 1: the loss ignores the mismatch (which is still measured and logged)."""
+    return torch.ones_like(ratio), torch.zeros_like(ratio, dtype=torch.bool)
+
+
+@ROLLOUT_CORRECTIONS.register("tis")
+def truncated_is(ratio: torch.Tensor, rc: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Truncated importance sampling: min(ρ, ``cap``) (TRL's ``*_truncate``, verl's ``rollout_is``);
+    ``cap`` None: ρ itself (AReaL's decoupled loss without ``behav_imp_weight_cap``)."""
+    if rc.cap is None:
+        return ratio, torch.zeros_like(ratio, dtype=torch.bool)
+    return ratio.clamp(max=rc.cap), ratio > rc.cap
+
+
+@ROLLOUT_CORRECTIONS.register("mask")
+def masked_is(ratio: torch.Tensor, rc: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked importance sampling: ρ inside [``lo``, ``hi``], 0 outside (TRL's ``*_mask``:
+    ``masked_fill(ρ > cap, 0)``; AReaL keeps ``behav_imp_weight <= cap``)."""
+    out = ratio < rc.lo
+    if rc.hi is not None:
+        out = out | (ratio > rc.hi)
+    return torch.where(out, torch.zeros_like(ratio), ratio), out
+
+
 @torch.no_grad()
-def behaviour_weights(
-    old_logp: torch.Tensor, behav_logp: torch.Tensor, m: torch.Tensor, cap: float | None
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Decoupled PPO's behaviour importance weight w = exp(proximal − behaviour) per token, set to
-    0 off the kept tokens (valid and, with ``cap``, w ≤ cap: AReaL keeps ``behav_imp_weight <= cap``),
-    and the stats. No gradient: both log-probs are data. Zeroing w itself (not the weighted term
-    afterwards) keeps an infinite weight of a dropped token out of the backward (0·inf = nan).
-    [B, T] ×2, bool [B, T] → w [B, T]
-    """
-    behav_kl = torch.where(m, old_logp - behav_logp, torch.zeros_like(old_logp))  # [B, T], 0 off the mask
-    w = torch.exp(behav_kl)  # [B, T]
-    keep = m & (w <= cap) if cap is not None else m  # [B, T]
-    n_keep = keep.sum().clamp(min=1)
-    zero = torch.zeros_like(w)
-    stats = {
-        "behav_imp_weight": float(torch.where(keep, w, zero).sum() / n_keep),
-        "behav_kl": float(torch.where(keep, behav_kl, zero).sum() / n_keep),
-        "behav_drop_frac": float((m & ~keep).sum() / m.sum().clamp(min=1)),
+def correction_ratio(old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """ρ = π_old / π_behav per valid token (1 elsewhere), or per row at ``level: sequence``:
+    exp Σ over the row's valid tokens (TRL: ``per_token_logps_diff.sum(-1)``).
+    [B, T] ×3 → [B, T] (token) or [B, 1] (sequence)"""
+    log_ratio = torch.where(mask.bool(), old_logp - behav_logp, torch.zeros_like(old_logp))  # [B, T]
+    if level == "sequence":
+        log_ratio = log_ratio.sum(1, keepdim=True)  # [B, 1]
+    elif level != "token":
+        raise ValueError(f"rollout correction level must be token or sequence, got {level!r}")
+    return torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+
+
+@torch.no_grad()
+def rollout_weights(
+    old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, rc: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The correction ``rc.kind`` at ``rc.level`` as per-token weights for :func:`policy_loss`: the
+    weight [B, T] (0 off the mask; a row's ratio spread over its tokens at sequence level) and
+    which valid tokens were corrected [B, T] bool. No gradient: both log-probs are data."""
+    m = mask.bool()  # [B, T]
+    ratio = correction_ratio(old_logp, behav_logp, mask, rc.level)  # [B, T] or [B, 1]
+    w, corrected = ROLLOUT_CORRECTIONS.get(rc.kind)(ratio, rc)
+    w = torch.where(m, w.expand_as(old_logp), torch.zeros_like(old_logp))  # [B, T]
+    return w, corrected.expand_as(m) & m
+
+
+@torch.no_grad()
+def mismatch_stats(old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, rc: Any) -> dict[str, float]:
+    """How far the backend's log-probs are from the trainer's, and what ``rc`` did about it:
+
+    - ``mismatch/abs_log_ratio``: mean |old − behaviour| over valid tokens;
+    - ``mismatch/kl_k3``: mean k3 estimate of KL(π_behav ‖ π_old), ρ − log ρ − 1 per token
+      (the registered ``k3``: verl's low_var_kl, clamped at 10 a token);
+    - ``mismatch/ratio_p5``, ``_p50``, ``_p95``: quantiles of ρ at ``rc.level`` (over valid tokens,
+      or over the rows that have any), linearly interpolated;
+    - ``mismatch/corrected_frac``: the share of those tokens or rows capped (tis) or masked (mask);
+    - ``mismatch/weight_mean``: the mean weight of the valid tokens left in the loss (weight > 0).
+
+    [B, T] ×3 → scalars; empty when no token is valid."""
+    m = mask.bool()  # [B, T]
+    if not m.any():
+        return {}
+    d = (old_logp - behav_logp)[m]  # [N] log ρ per valid token
+    kl = kl_penalty(behav_logp, old_logp, "k3")[m]  # [N]
+    ratio = correction_ratio(old_logp, behav_logp, mask, rc.level)  # [B, T] or [B, 1]
+    units = m if rc.level == "token" else m.any(1, keepdim=True)  # [B, T] or [B, 1]
+    _, corrected = ROLLOUT_CORRECTIONS.get(rc.kind)(ratio, rc)
+    w, _ = rollout_weights(old_logp, behav_logp, mask, rc)  # [B, T]
+    q = torch.quantile(ratio[units].double(), torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64, device=d.device))
+    kept = m & (w > 0)  # [B, T]
+    return {
+        "mismatch/abs_log_ratio": float(d.abs().mean()),
+        "mismatch/kl_k3": float(kl.mean()),
+        "mismatch/ratio_p5": float(q[0]),
+        "mismatch/ratio_p50": float(q[1]),
+        "mismatch/ratio_p95": float(q[2]),
+        "mismatch/corrected_frac": float(corrected[units].float().mean()),
+        "mismatch/weight_mean": float(w[kept].mean()) if kept.any() else 0.0,
     }
-    return torch.where(keep, w, zero), stats
 
 
 # ---- KL estimators -----------------------------------------------------------------------------
@@ -267,8 +340,10 @@ class RLLoss:
     (``clip_frac``, ``kl``, ``entropy``, ...); ``kl`` and ``entropy`` are token means of the
     micro-batch whatever ``agg`` is, so they read the same under every aggregation.
 
-    ``decoupled``: AReaL's decoupled PPO (see :func:`policy_loss`); every call must then bring the
-    behaviour policy's log-probs ``behav_logp``, and ``old_logp`` is the proximal policy's.
+    ``correction``: the ``algo.rollout_correction`` (:data:`ROLLOUT_CORRECTIONS`); unless its kind is
+    ``none`` every call must bring the backend's log-probs ``behav_logp``, and each token's policy
+    term is weighted by :func:`rollout_weights` of them and ``old_logp``. With it AReaL's decoupled
+    PPO is this objective: ``old_logp`` is then the proximal policy's.
     """
 
     clip_low: float = 0.2
@@ -279,8 +354,7 @@ class RLLoss:
     kl_in_reward: bool = False
     entropy_coef: float = 0.0
     max_len: int | None = None
-    decoupled: bool = False
-    behav_imp_weight_cap: float | None = None
+    correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
     @classmethod
     def from_config(cls, algo: Any) -> RLLoss:
@@ -294,9 +368,13 @@ class RLLoss:
             algo.kl_in_reward,
             algo.entropy_coef,
             algo.max_len,
-            algo.decoupled_loss,
-            algo.behav_imp_weight_cap,
+            algo.rollout_correction,
         )
+
+    @property
+    def corrects(self) -> bool:
+        """Whether the loss weighs tokens by the rollout correction (it then needs ``behav_logp``)."""
+        return self.correction.kind != "none"
 
     @property
     def needs_entropy(self) -> bool:
@@ -319,15 +397,17 @@ class RLLoss:
 
         ``entropy`` (per token, e.g. from :func:`training.logprobs.window_token_stats`) is needed
         when ``entropy_coef`` ≠ 0; otherwise, when given, it is only logged. ``behav_logp`` (the
-        behaviour policy's per-token log-probs) is required when ``decoupled`` and refused
-        otherwise, so the objective is always the configured one."""
-        if self.decoupled and behav_logp is None:
+        backend's per-token log-probs, recorded at generation) is required when the loss
+        :attr:`corrects` and refused otherwise, so the objective is always the configured one."""
+        kind = self.correction.kind
+        if self.corrects and behav_logp is None:
             raise ValueError(
-                "RLLoss(decoupled=True) (algo.decoupled_loss) needs behav_logp, the behaviour policy's "
-                "per-token log-probs recorded at generation; none were given"
+                f"algo.rollout_correction.kind={kind} needs behav_logp, the backend's per-token log-probs "
+                "recorded at generation; none were given"
             )
-        if not self.decoupled and behav_logp is not None:
-            raise ValueError("behav_logp given to RLLoss(decoupled=False); set algo.decoupled_loss=true to use it")
+        if not self.corrects and behav_logp is not None:
+            raise ValueError("behav_logp given with algo.rollout_correction.kind=none; set a kind to use it")
+        w = rollout_weights(old_logp, behav_logp, mask, self.correction)[0] if self.corrects else None  # [b, W]
         # One denominator for every term: the step's tokens (dapo), the window W (dr_grpo's default).
         agg_kw = {
             "global_tokens": global_tokens,
@@ -342,8 +422,7 @@ class RLLoss:
             self.clip_high,
             self.agg,
             **agg_kw,
-            behav_logp=behav_logp,
-            behav_imp_weight_cap=self.behav_imp_weight_cap,
+            is_weight=w,
         )
         if ref_logp is not None and not self.kl_in_reward:
             kl_tok = kl_penalty(logp, ref_logp, self.kl_estimator)  # [b, W]

@@ -209,7 +209,7 @@ class PRMTrainer:
             from training.lora import lora_critic
 
             model = lora_critic(model, cfg.model.lora)
-        self.engine = initialize(model, cfg.optim, cfg.optim.lr, p.batch_size)
+        self.engine = initialize(model, cfg.optim, cfg.optim.lr, p.batch_size, max_steps=cfg.trainer.max_steps)
         from training.sft import EpochSampler
 
         self.sampler = EpochSampler(len(items), cfg.trainer.seed, True)

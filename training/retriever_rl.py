@@ -423,6 +423,15 @@ def filter_examples(
 
 
 # ---- wiring from a config ----------------------------------------------------------------------
+def rollout_options(cfg: TrainConfig) -> dict[str, Any]:
+    """The options the frozen generator's pipeline is built with: ``retriever_rl.agent`` (or
+    ``baseline``) over the sampled top-k (the recipe test resolves the effective agent from it)."""
+    from pipelines.methods import method_kind
+
+    r = cfg.retriever_rl
+    return {"topk": r.sampling.topk, **(r.agent if method_kind(r.method) == "agent" else r.baseline)}
+
+
 def build_from_config(cfg: TrainConfig, backend: Any = None) -> tuple[StochasticDenseRetriever, Any]:
     """The stochastic retriever (tower + fixed index) and the rollout runner of an
     ``algo.kind: retriever`` recipe (its ``retriever_rl`` section; the corpus of ``data``)."""
@@ -435,7 +444,7 @@ def build_from_config(cfg: TrainConfig, backend: Any = None) -> tuple[Stochastic
     r = cfg.retriever_rl
     e, s = r.encoder, r.sampling
     agent = method_kind(r.method) == "agent"
-    options = {"topk": s.topk, **(r.agent if agent else r.baseline)}
+    options = rollout_options(cfg)
     # before anything slow is built: errors name the recipe key
     validate_options(r.method, options, where=f"retriever_rl.{'agent' if agent else 'baseline'}")
     tower = QueryTower(

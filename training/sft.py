@@ -93,7 +93,7 @@ class SFTTrainer:
         if bs % self.world:
             raise ValueError(f"sft.batch_size={bs} must divide by {self.world} ranks")
         model = build_model(cfg.model, vocab_size=len(self.tokenizer))
-        self.policy = initialize(model, cfg.optim, cfg.optim.lr, bs)
+        self.policy = initialize(model, cfg.optim, cfg.optim.lr, bs, max_steps=cfg.trainer.max_steps)
         self.sampler = EpochSampler(len(self.data), cfg.trainer.seed, cfg.sft.shuffle)
         self.tags = tag_id_weights(self.tokenizer, cfg.sft.tag_weights)  # [] unless sft.tag_weights
         self.step_no = 0

@@ -74,17 +74,17 @@ class Forward:
 
 
 def behaviour_logprobs_caveat(cfg: TrainConfig) -> str | None:
-    """What to warn of when the decoupled loss may get behaviour log-probs of another temperature:
+    """What to warn of when the rollout correction may get behaviour log-probs of another temperature:
     a vLLM server harness did not launch may run with vLLM's default ``raw_logprobs`` (of the
     logits at temperature 1); harness's own launch asks for ``processed_logprobs``
     (``harness.backends.vllm_sync.RL_ARGS``). At temperature 1 (or greedy) both agree."""
     rb, temperature = cfg.rollout.backend, cfg.rollout.temperature
-    if not cfg.algo.decoupled_loss or rb.kind != "openai" or rb.launch or temperature in (0, 1):
+    if cfg.algo.rollout_correction.kind == "none" or rb.kind != "openai" or rb.launch or temperature in (0, 1):
         return None
     return (
-        f"algo.decoupled_loss at rollout.temperature={temperature} on a vLLM server harness did not launch: "
+        f"algo.rollout_correction at rollout.temperature={temperature} on a vLLM server harness did not launch: "
         f"start it with {' '.join(VLLM_RL_ARGS)}, or its behaviour log-probs are at temperature 1 "
-        "(rollout_logprob_diff in the step log shows the gap)"
+        "(mismatch/abs_log_ratio in the step log shows the gap)"
     )
 
 
@@ -135,7 +135,8 @@ class Trainer:
         # with its adapters disabled (the base; no second copy).
         self.ref = frozen_copy(model) if a.kl_coef > 0 and lora is None else None
         self.ref_is_base = a.kl_coef > 0 and lora is not None
-        self.policy = initialize(model, o, o.lr, mini_all_ranks, o.warmup_steps, self.updates_per_step)
+        steps = cfg.trainer.max_steps  # the LR schedule decays over the run
+        self.policy = initialize(model, o, o.lr, mini_all_ranks, o.warmup_steps, self.updates_per_step, steps)
         self.dist_sync = None  # rollout.weight_sync: distributed (one SGLang server, by broadcast)
         if cfg.rollout.weight_sync == "distributed":
             if not hasattr(self.backend, "update_weights_from_distributed"):
@@ -149,11 +150,11 @@ class Trainer:
         self.step_scorer = algo_step_scorer(a, self.device) if adv_info.get("needs_step_scores") else None
         self.loss_fn = losses.RLLoss.from_config(a)
         rewrite = getattr(getattr(agent, "dialect", None), "rewrite", None)
-        if a.decoupled_loss and rewrite is not None:
+        if self.loss_fn.corrects and rewrite is not None:
             raise ValueError(
-                f"algo.decoupled_loss=true needs the backend's logprob of every model token, but the "
-                f"{agent.dialect.name} dialect rewrites turns (re-encoded text has no backend logprobs); "
-                "set algo.decoupled_loss=false"
+                f"algo.rollout_correction.kind={a.rollout_correction.kind} needs the backend's logprob of every "
+                f"model token, but the {agent.dialect.name} dialect rewrites turns (re-encoded text has no "
+                "backend logprobs); set algo.rollout_correction.kind=none"
             )
         if caveat := behaviour_logprobs_caveat(cfg):
             logger.warning(caveat)
@@ -162,7 +163,7 @@ class Trainer:
             if lora is not None:
                 critic = lora_critic(critic, lora)
             self.critic = initialize(
-                critic, o, o.critic_lr, mini_all_ranks, o.critic_warmup_steps, self.updates_per_step
+                critic, o, o.critic_lr, mini_all_ranks, o.critic_warmup_steps, self.updates_per_step, steps
             )
         elif a.critic_warmup:
             raise ValueError(f"algo.critic_warmup={a.critic_warmup} needs a critic (algo.advantage: gae)")
@@ -404,11 +405,11 @@ class Trainer:
     def forward(self, batch: Batch) -> Forward:
         """Everything the advantages and losses need from models other than the training forward."""
         a = self.cfg.algo
-        if a.decoupled_loss and not batch.has_rollout_logprobs:
+        if self.loss_fn.corrects and not batch.has_rollout_logprobs:
             raise ValueError(
-                "algo.decoupled_loss=true needs the behaviour policy's logprob of every model token, but this "
-                "batch has model tokens without backend logprobs (a backend that returns none, or a dialect "
-                "that rewrites a turn and re-encodes it); set algo.decoupled_loss=false"
+                f"algo.rollout_correction.kind={a.rollout_correction.kind} needs the backend's logprob of every "
+                "model token, but this batch has model tokens without backend logprobs (a backend that returns "
+                "none, or a dialect that rewrites a turn and re-encodes it); set algo.rollout_correction.kind=none"
             )
         offset = max(0, int(batch.response_start.min()) - 1)
         slices = self._slices(batch)
@@ -429,8 +430,8 @@ class Trainer:
         # Old log-probs are computed ONCE, before any update. With one epoch and one mini-batch the
         # training forward runs before the only optimizer step, so it yields them for free; with
         # several updates per batch (or advantages that read them) a separate pass is needed.
-        # Either way they are the policy before this step's update: exactly the proximal policy of
-        # the decoupled loss (algo.decoupled_loss), so it needs no pass of its own.
+        # Either way they are the policy before this step's update: what the rollout correction
+        # compares the backend's log-probs with (AReaL's proximal policy), so it needs no pass of its own.
         old = None
         if self.updates_per_step > 1 or (ref is not None and a.kl_in_reward):
             old = cat(lambda s: self._logprobs(self.policy, batch, s, offset)[0])
@@ -498,6 +499,10 @@ class Trainer:
             )
         out = {k: float(np.mean(v)) for k, v in acc.items()}
         out["policy_updates"] = float(policy_steps)  # optimizer steps this batch (0 in critic warm-up)
+        if batch.has_rollout_logprobs and (train_policy or fwd.old_logp is not None):
+            # The backend's log-probs vs the pre-update policy's over the whole batch: sync health,
+            # and what the rollout correction acted on (algo.rollout_correction).
+            out.update(losses.mismatch_stats(old, batch.rollout_logprobs[:, o:], mask, self.loss_fn.correction))
         return {**out, **lrs}
 
     def _policy_micro_step(
@@ -518,13 +523,9 @@ class Trainer:
         if not have_old:
             old[s] = logp.detach()  # one update per batch: this forward precedes the only optimizer step
         ref = fwd.ref_logp[s] if fwd.ref_logp is not None else None
-        # Decoupled PPO: old = proximal policy, the backend's logprobs = behaviour policy (per token).
-        behav = batch.rollout_logprobs[s, o:] if self.loss_fn.decoupled else None  # [b, W]
+        # Rollout correction: the backend's log-probs are the behaviour policy's (per token), old the proximal.
+        behav = batch.rollout_logprobs[s, o:] if self.loss_fn.corrects else None  # [b, W]
         loss, st = self.loss_fn(logp, old[s], adv[s], mask[s], ent, ref, mini_tokens, gas, behav)
-        with torch.no_grad():
-            if batch.has_rollout_logprobs:  # the backend's logprobs vs the pre-update policy's: sync health
-                diff = (old[s] - batch.rollout_logprobs[s, o:]).abs()  # [b, W]
-                st["rollout_logprob_diff"] = float(losses.aggregate(diff, mask[s]))
         self.policy.backward(loss)
         gn = optimizer_step(self.policy)
         if gn is not None:

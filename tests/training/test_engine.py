@@ -1,7 +1,9 @@
-"""The DeepSpeed engine on CPU with a tiny Llama: ZeRO 0–3, bf16, accumulation, clipping, warmup,
-full-weight gathering, the frozen reference and the critic."""
+"""The DeepSpeed engine on CPU with a tiny Llama: ZeRO 0–3, bf16, accumulation, clipping, the LR
+schedules after their warmup, full-weight gathering, the frozen reference and the critic."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -15,8 +17,8 @@ from training.engine import (
     full_state_dict,
     initialize,
     load_full_state_dict,
+    lr_schedule,
     optimizer_step,
-    warmup_schedule,
 )
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
@@ -45,12 +47,15 @@ def test_ds_config_accumulates_to_one_step_per_batch_and_warms_up():
     assert c["gradient_accumulation_steps"] == 4  # 16 rows in micro-batches of 4, one process
     assert c["gradient_clipping"] == 0.5 and c["zero_optimization"]["stage"] == 2 and c["bf16"]["enabled"]
     assert ds_config(OptimConfig(micro_batch_size=4), batch_size=6, lr=1.0)["gradient_accumulation_steps"] == 2
-    assert warmup_schedule(0) is None
+    assert lr_schedule(OptimConfig()) is None  # constant, no warmup: DeepSpeed keeps the LR as it is
 
 
-def lrs_at_each_optimizer_step(warmup_steps: int, updates_per_step: int, n: int) -> list[float]:
-    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
-    sched = warmup_schedule(warmup_steps, updates_per_step)(opt)
+def lrs_at_each_optimizer_step(
+    warmup_steps: int, updates_per_step: int, n: int, max_steps: int | None = None, lr: float = 2.0, **optim
+) -> list[float]:
+    """The LR of each of ``n`` optimizer steps, ``optim`` being OptimConfig fields (schedule, ...)."""
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    sched = lr_schedule(OptimConfig(warmup_steps=warmup_steps, **optim), None, updates_per_step, max_steps)(opt)
     lrs = []
     for _ in range(n):  # DeepSpeed steps the scheduler after every optimizer step
         lrs.append(opt.param_groups[0]["lr"])
@@ -72,7 +77,53 @@ def test_warmup_counts_training_steps_as_verl():
     lrs = lrs_at_each_optimizer_step(286, 2, 2 * 287)
     assert lrs[2 * 143] == lrs[2 * 143 + 1] == pytest.approx(1.0) and lrs[2 * 286] == 2.0
     with pytest.raises(ValueError, match="updates_per_step"):
-        warmup_schedule(3, 0)
+        lr_schedule(OptimConfig(warmup_steps=3), None, 0)
+
+
+def test_linear_decay_is_hfs_default_schedule():
+    # HF's get_linear_schedule_with_warmup, warmup 2, 10 optimizer steps, lr 2: step s runs at
+    # 2 · s/2 in the warmup, then 2 · (10 − s)/8: 0, 1, 2, 1.75, 1.5, 1.25, 1, .75, .5, .25, then 0.
+    lrs = lrs_at_each_optimizer_step(2, 1, 11, max_steps=10, schedule="linear", schedule_unit="optimizer_step")
+    assert lrs == pytest.approx([0, 1, 2, 1.75, 1.5, 1.25, 1, 0.75, 0.5, 0.25, 0])
+    # To a floor of .1 · lr, no warmup, 5 steps: 2 · (.1 + .9 · (1 − s/5)) = 2, 1.64, 1.28, .92, .56, .2, held.
+    lrs = lrs_at_each_optimizer_step(0, 1, 7, max_steps=5, schedule="linear", min_lr_ratio=0.1)
+    assert lrs == pytest.approx([2, 1.64, 1.28, 0.92, 0.56, 0.2, 0.2])
+    # ProRAG's RL (TRL 0.26 on HF's Trainer): lr 1e-5 over one epoch of 1,237 optimizer steps, no warmup:
+    # step 618 at 1e-5 · 619/1237 = 5.004042e-6, the last (1236) at 1e-5/1237 = 8.084074e-9.
+    lrs = lrs_at_each_optimizer_step(0, 1, 1237, max_steps=1237, lr=1e-5, schedule="linear")
+    assert lrs[0] == 1e-5 and lrs[618] == pytest.approx(5.004042e-6, rel=1e-6)
+    assert lrs[1236] == pytest.approx(8.084074e-9, rel=1e-6)
+
+
+def test_cosine_decay_to_a_minimum_ratio():
+    # OpenRLHF's cosine_with_min_lr (min_lr = .1 · lr), no warmup, 4 optimizer steps, lr 2:
+    # 2 · (.1 + .9 · ½(1 + cos(π s/4))) = 2, 1.736396 (s 1: ½(1 + .707107) = .853553), 1.1,
+    # .463604, then .2 at the end and held there.
+    lrs = lrs_at_each_optimizer_step(0, 1, 6, max_steps=4, schedule="cosine", min_lr_ratio=0.1)
+    assert lrs == pytest.approx([2, 1.736396, 1.1, 0.463604, 0.2, 0.2], abs=1e-6)
+    # verl's cosine (min_lr_ratio 0) counts training steps: 2 optimizer steps each, warmup 1, 3
+    # training steps: t = 0 at 0, t = 1 at progress 0 (the full LR), t = 2 at progress ½ (half).
+    lrs = lrs_at_each_optimizer_step(1, 2, 6, max_steps=3, schedule="cosine")
+    assert lrs == pytest.approx([0, 0, 2, 2, 1, 1])
+    # The same run counted in optimizer steps (HF's Trainer): 6 steps, warmup 1; s = 2..5 at progress
+    # (s − 1)/5: 2 · ½(1 + cos(π/5)) = 1.809017, cos(2π/5): 1.309017, .690983, .190983.
+    lrs = lrs_at_each_optimizer_step(1, 2, 6, max_steps=3, schedule="cosine", schedule_unit="optimizer_step")
+    assert lrs == pytest.approx([0, 2, 1.809017, 1.309017, 0.690983, 0.190983], abs=1e-6)
+    # optim.schedule_steps sets the horizon instead of the run: R1-Searcher stage 1 decays over
+    # 930,000 optimizer steps (10,000 episodes), so 400 steps in, the LR has not moved by 1e-6.
+    lrs = lrs_at_each_optimizer_step(
+        0, 4, 401, lr=2e-6, schedule="cosine", min_lr_ratio=0.1, schedule_unit="optimizer_step", schedule_steps=930_000
+    )
+    assert lrs[400] == pytest.approx(2e-6 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 400 / 930_000))), rel=1e-12)
+    assert lrs[400] > 2e-6 * (1 - 1e-6)
+
+
+def test_schedule_options_are_checked():
+    with pytest.raises(ValueError, match="decays over the run"):
+        lr_schedule(OptimConfig(schedule="linear"))  # no run length and no schedule_steps
+    for bad in ({"min_lr_ratio": 1.5}, {"min_lr_ratio": -0.1}, {"schedule_steps": 0}):
+        with pytest.raises(ValueError, match="min_lr_ratio|schedule_steps"):
+            OptimConfig(**bad)
 
 
 @pytest.mark.slow

@@ -10,14 +10,18 @@ import torch
 from harness.registry import RegistryError
 from harness.types import Segment, Trajectory
 from training.batch import collate, shift_for_next_token, token_logprobs
+from training.config import RolloutCorrectionConfig
 from training.losses import (
+    RLLoss,
     aggregate,
     entropy_bonus,
     entropy_from_logits,
     kl_loss,
     kl_penalty,
     kl_reward,
+    mismatch_stats,
     policy_loss,
+    rollout_weights,
     value_loss,
 )
 
@@ -178,8 +182,7 @@ def test_rl_loss_composes_policy_kl_and_entropy_by_hand():
         kl_in_reward=False,
         entropy_coef=0.01,
         max_len=None,
-        decoupled_loss=False,
-        behav_imp_weight_cap=None,
+        rollout_correction=RolloutCorrectionConfig(),
     )
     loss, st = RLLoss.from_config(algo)(logp, old, adv, mask, entropy_from_logits(logits), ref)
     policy = (-1.2 + 0.8 - 2.0) / 3  # the clipped policy loss of test_policy_loss_clips_both_sides_by_hand
@@ -236,31 +239,44 @@ def test_rl_loss_entropy_only_when_given_and_required_by_its_coefficient():
         RLLoss(entropy_coef=0.01)(logp, logp, torch.ones(1, 3), mask)
 
 
-# ---- decoupled PPO (AReaL's ppo_actor_loss_fn, inclusionAI/AReaL areal/utils/functional.py) ----------
-# old_logp = the proximal policy (before this update), behav_logp = the policy that generated each token.
+# ---- rollout correction (algo.rollout_correction) -------------------------------------------------
+# old_logp = the trainer's pre-update policy (AReaL's proximal), behav_logp = the backend's log-probs
+# of the tokens it sampled (the behaviour policy); ρ = exp(old − behav), per token or per row.
+RC = RolloutCorrectionConfig
+AREAL_NO_CAP = RC("tis", "token", cap=None)  # AReaL's decoupled loss without behav_imp_weight_cap
 
 
-def test_decoupled_with_behaviour_equal_to_proximal_is_the_plain_loss():
-    # The clipping example above: w = exp(old − behav) = e⁰ = 1 on every token, so every term is
-    # unchanged: .160548, gradient [0, 0, −.151633, .412180], clip_frac 2/4.
+def corrected_loss(logp, old, adv, mask, behav, rc, **kw):
+    """The policy loss with the correction's weights, as RLLoss applies them."""
+    return policy_loss(logp, old, adv, mask, is_weight=rollout_weights(old, behav, mask, rc)[0], **kw)
+
+
+@pytest.mark.parametrize(
+    "rc", [RC("tis"), RC("tis", "sequence", cap=3.0), RC("mask", hi=2.0), RC("mask", "sequence", hi=3.0), AREAL_NO_CAP]
+)
+def test_a_correction_with_behaviour_equal_to_old_is_the_plain_loss(rc):
+    # The clipping example above: ρ = e⁰ = 1 on every token (and row), so every term is unchanged:
+    # .160548, gradient [0, 0, −.151633, .412180], clip_frac 2/4; nothing capped or masked.
     logp = torch.tensor([[0.5, -0.5, -0.5, 0.5]], requires_grad=True)
     old, adv, mask = torch.zeros(1, 4), torch.tensor([[1.0, -1.0, 1.0, -1.0]]), torch.ones(1, 4)
     plain, plain_st = policy_loss(logp, old, adv, mask)
-    dec, st = policy_loss(logp, old, adv, mask, behav_logp=old.clone(), behav_imp_weight_cap=2.0)
-    assert torch.equal(dec, plain) and dec.item() == pytest.approx(0.160548, abs=1e-6)
+    fixed, st = RLLoss(correction=rc)(logp, old, adv, mask, behav_logp=old.clone())
+    assert torch.equal(fixed, plain) and fixed.item() == pytest.approx(0.160548, abs=1e-6)
     (g_plain,) = torch.autograd.grad(plain, logp)
-    (g_dec,) = torch.autograd.grad(dec, logp)
-    assert torch.equal(g_dec, g_plain)
-    assert g_dec[0].tolist() == pytest.approx([0.0, 0.0, -0.151633, 0.412180], abs=1e-6)
-    assert st["behav_imp_weight"] == 1.0 and st["behav_kl"] == 0.0 and st["behav_drop_frac"] == 0.0
-    assert {k: st[k] for k in plain_st} == plain_st  # clip_frac, approx_kl, ratio_mean: against the proximal
-    assert "behav_imp_weight" not in plain_st
+    (g_fixed,) = torch.autograd.grad(fixed, logp)
+    assert torch.equal(g_fixed, g_plain)
+    assert g_fixed[0].tolist() == pytest.approx([0.0, 0.0, -0.151633, 0.412180], abs=1e-6)
+    assert st == plain_st  # clip_frac, approx_kl, ratio_mean: against the old (proximal) policy
+    m = mismatch_stats(old, old.clone(), mask, rc)
+    assert m["mismatch/abs_log_ratio"] == m["mismatch/kl_k3"] == m["mismatch/corrected_frac"] == 0.0
+    assert m["mismatch/ratio_p5"] == m["mismatch/ratio_p50"] == m["mismatch/ratio_p95"] == 1.0
+    assert m["mismatch/weight_mean"] == 1.0
 
 
-def test_decoupled_mixed_versions_by_hand():
+def test_untruncated_token_weights_are_arealss_decoupled_loss_by_hand():
     """Row 0 on-policy (behav = old), row 1 stale: behav below old by ln 2 on t1 and .5 on t2.
 
-    old (proximal) = 0, so ρ = e^logp.  mask all 1, N = 6 tokens, token_mean, clip .2.
+    old (proximal) = 0, so the PPO ratio is e^logp.  mask all 1, N = 6 tokens, token_mean, clip .2.
     row 0: logp 0, .1, −.1; A 1, 1, −1; w 1, 1, 1.
       t0: ρ 1                -> −1
       t1: ρ 1.105171 (inside) -> −1.105171
@@ -275,101 +291,166 @@ def test_decoupled_mixed_versions_by_hand():
     Gradient w.r.t. logp: −A·ρ·w / 6 where the unclipped term is active, 0 where clipped:
       row 0: −1/6 = −.166667, −1.105171/6 = −.184195, .904837/6 = .150806
       row 1: −1/6 = −.166667, 1.349859 × 2 / 6 = .449953, 0
-    Stats: w mean (1 + 1 + 1 + 1 + 2 + 1.648721) / 6 = 1.274787; behav_kl (ln 2 + .5) / 6 = .198858.
+    Mismatch: |log ρ| mean (ln 2 + .5) / 6 = .198858; weight mean (1 × 4 + 2 + 1.648721) / 6 = 1.274787.
     """
     logp = torch.tensor([[0.0, 0.1, -0.1], [0.0, 0.3, 0.3]], requires_grad=True)
     old = torch.zeros(2, 3)
     adv = torch.tensor([[1.0, 1.0, -1.0], [1.0, -1.0, 1.0]])
     behav = torch.tensor([[0.0, 0.0, 0.0], [0.0, -math.log(2), -0.5]])
     mask = torch.ones(2, 3)
-    loss, st = policy_loss(logp, old, adv, mask, behav_logp=behav)
+    loss, st = corrected_loss(logp, old, adv, mask, behav, AREAL_NO_CAP)
     assert loss.item() == pytest.approx(-0.246514, abs=1e-6)
     assert policy_loss(logp, old, adv, mask)[0].item() == pytest.approx(-0.341746, abs=1e-6)
     loss.backward()
     assert logp.grad[0].tolist() == pytest.approx([-0.166667, -0.184195, 0.150806], abs=1e-6)
     assert logp.grad[1].tolist() == pytest.approx([-0.166667, 0.449953, 0.0], abs=1e-6)
-    assert st["behav_imp_weight"] == pytest.approx(1.274787, abs=1e-6)
-    assert st["behav_kl"] == pytest.approx(0.198858, abs=1e-6)
-    assert st["behav_drop_frac"] == 0.0 and st["clip_frac"] == pytest.approx(1 / 6)
+    assert st["clip_frac"] == pytest.approx(1 / 6)
+    m = mismatch_stats(old, behav, mask, AREAL_NO_CAP)
+    assert m["mismatch/abs_log_ratio"] == pytest.approx(0.198858, abs=1e-6)
+    assert m["mismatch/weight_mean"] == pytest.approx(1.274787, abs=1e-6)
+    assert m["mismatch/corrected_frac"] == 0.0  # no cap: nothing truncated
 
 
-def test_decoupled_cap_drops_heavy_tokens_but_keeps_them_in_the_denominator():
-    """cap 2: w = 1, 1.648721, 3, inf are kept, kept, dropped, dropped; t4 is masked (w = e^50 there
-    must not count as a drop). logp = old = 0 (ρ = 1), A = 1, 2, 3, 4: terms −A·w.
-      kept: −1 × 1 = −1, −2 × 1.648721 = −3.297443; dropped: 0, 0.
-    AReaL divides by loss_mask.count_nonzero() = 4 valid tokens, dropped ones included:
+# Four valid tokens whose ratios are 1, e^.5 = 1.648721, 3 and e^1e4 (bounded to e^20 ≈ 4.9e8, as
+# verl bounds it: exp would overflow to inf); t4 is masked (ρ = e^50 there must count nowhere).
+# logp = old = 0 (the PPO ratio is 1), A = 1, 2, 3, 4: each term is −A·w.
+HEAVY_BEHAV = torch.tensor([[0.0, -0.5, -math.log(3), -1e4, -50.0]])
+HEAVY_MASK = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])
+HEAVY_ADV = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0]])
+
+
+def test_mask_drops_heavy_tokens_but_keeps_them_in_the_denominator():
+    """band [0, 2] (AReaL's behav_imp_weight_cap 2, TRL's token_mask with cap 2): w = 1, 1.648721
+    kept; 3 and e^20 masked to 0.  kept terms −1 × 1 = −1, −2 × 1.648721 = −3.297443.
+    AReaL and TRL divide by the 4 valid tokens, masked ones included:
       (−1 − 3.297443) / 4 = −1.074361   (not / 2 kept = −2.148721).
-    Gradient: −A·w / 4 = −.25, −.824361, then 0, 0 (finite although w = inf on t3), 0 on t4.
-    Stats: w mean over kept (1 + 1.648721) / 2 = 1.324361; behav_kl (0 + .5) / 2 = .25; drops 2/4."""
+    Gradient: −A·w / 4 = −.25, −.824361, then 0, 0 (finite although ρ is huge on t3), 0 on t4.
+    Mismatch: masked 2 of 4; weight mean over the kept (1 + 1.648721) / 2 = 1.324361."""
     logp = torch.zeros(1, 5, requires_grad=True)
     old = torch.zeros(1, 5)
-    adv = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0]])
-    behav = torch.tensor([[0.0, -0.5, -math.log(3), -1e4, -50.0]])  # e^1e4 overflows float32 to inf
-    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])
-    loss, st = policy_loss(logp, old, adv, mask, behav_logp=behav, behav_imp_weight_cap=2.0)
+    rc = RC("mask", hi=2.0)
+    loss, _ = corrected_loss(logp, old, HEAVY_ADV, HEAVY_MASK, HEAVY_BEHAV, rc)
     assert loss.item() == pytest.approx(-1.074361, abs=1e-6)
     loss.backward()
     assert logp.grad[0].tolist() == pytest.approx([-0.25, -0.824361, 0.0, 0.0, 0.0], abs=1e-6)
-    assert st["behav_imp_weight"] == pytest.approx(1.324361, abs=1e-6)
-    assert st["behav_kl"] == pytest.approx(0.25) and st["behav_drop_frac"] == pytest.approx(0.5)
-    # A higher cap (3.5) keeps t2 (w = 3): (−1 − 3.297443 − 9) / 4 = −3.324361; t3 (inf) still dropped.
-    loss, st = policy_loss(logp.detach(), old, adv, mask, behav_logp=behav, behav_imp_weight_cap=3.5)
-    assert loss.item() == pytest.approx(-3.324361, abs=1e-5) and st["behav_drop_frac"] == pytest.approx(0.25)
+    m = mismatch_stats(old, HEAVY_BEHAV, HEAVY_MASK, rc)
+    assert m["mismatch/corrected_frac"] == pytest.approx(0.5)
+    assert m["mismatch/weight_mean"] == pytest.approx(1.324361, abs=1e-6)
+    # A wider band (hi 3.5) keeps t2 (w = 3): (−1 − 3.297443 − 9) / 4 = −3.324361; t3 still masked.
+    loss, _ = corrected_loss(logp.detach(), old, HEAVY_ADV, HEAVY_MASK, HEAVY_BEHAV, RC("mask", hi=3.5))
+    assert loss.item() == pytest.approx(-3.324361, abs=1e-5)
+    # A lower bound: lo .5 masks a token whose ratio is 1/e = .367879 (behav above old by 1).
+    w, corrected = rollout_weights(torch.zeros(1, 2), torch.tensor([[1.0, 0.0]]), torch.ones(1, 2), RC("mask", lo=0.5))
+    assert w.tolist() == [[0.0, 1.0]] and corrected.tolist() == [[True, False]]
 
 
-def test_decoupled_under_every_aggregation_by_hand():
-    """logp = old = 0 (ρ = 1); A = 1 on row 0, 2 on row 1; row 1's t2 is masked.
+def test_tis_truncates_heavy_tokens_at_the_cap():
+    """cap 2 (verl's rollout_is token level, TRL's token_truncate): w = min(ρ, 2) = 1, 1.648721, 2, 2.
+    terms −1, −3.297443, −3 × 2 = −6, −4 × 2 = −8: Σ −18.297443 / 4 = −4.574361; 2 of 4 capped."""
+    logp, old = torch.zeros(1, 5), torch.zeros(1, 5)
+    rc = RC("tis", cap=2.0)
+    w, corrected = rollout_weights(old, HEAVY_BEHAV, HEAVY_MASK, rc)
+    assert w[0].tolist() == pytest.approx([1.0, 1.648721, 2.0, 2.0, 0.0], abs=1e-6)
+    assert corrected[0].tolist() == [False, False, True, True, False]
+    loss, _ = corrected_loss(logp, old, HEAVY_ADV, HEAVY_MASK, HEAVY_BEHAV, rc)
+    assert loss.item() == pytest.approx(-4.574361, abs=1e-5)
+    m = mismatch_stats(old, HEAVY_BEHAV, HEAVY_MASK, rc)
+    assert m["mismatch/corrected_frac"] == pytest.approx(0.5)
+    assert m["mismatch/weight_mean"] == pytest.approx((1 + 1.648721 + 2 + 2) / 4, abs=1e-6)
+
+
+def test_sequence_level_weighs_each_row_by_its_summed_ratio():
+    """TRL 0.26's sequence modes (ProRAG: sequence_mask, cap 3): one ratio per row,
+    exp Σ(old − behav) over its model tokens, on every token of the row.
+    row 0: log ρ .1, .2 (t2 masked) -> Σ .3, ρ = 1.349859; row 1: .5, .7, .4 -> Σ 1.6, ρ = 4.953032.
+    logp = old (PPO ratio 1), A = 1 on row 0, 2 on row 1; token_mean over the 5 valid tokens.
+      mask, band [0, 3]: row 0 w 1.349859, row 1 masked: (−1.349859 × 2 + 0) / 5 = −.539944
+      tis, cap 3:        row 1 w 3: (−2.699718 − 2 × 3 × 3) / 5 = −4.139944
+    Mismatch (token level where it is per token): |log ρ| mean 1.9 / 5 = .38; k3 mean
+    Σ (e^d − d − 1) / 5 = (.005171 + .021403 + .148721 + .313753 + .091825) / 5 = .116174.
+    Quantiles of the 2 row ratios (linear between them): p5 1.349859 + .05 × 3.603173 = 1.530017,
+    p50 3.151446, p95 4.772874; 1 of 2 rows masked; kept weight mean 1.349859."""
+    old = torch.zeros(2, 3)
+    behav = -torch.tensor([[0.1, 0.2, 9.0], [0.5, 0.7, 0.4]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    adv = torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]])
+    trl_mask = RC("mask", "sequence", hi=3.0)
+    w, corrected = rollout_weights(old, behav, mask, trl_mask)
+    assert w.flatten().tolist() == pytest.approx([1.349859, 1.349859, 0.0, 0.0, 0.0, 0.0], abs=1e-6)
+    assert corrected.tolist() == [[False, False, False], [True, True, True]]
+    assert corrected_loss(old, old, adv, mask, behav, trl_mask)[0].item() == pytest.approx(-0.539944, abs=1e-6)
+    trl_truncate = RC("tis", "sequence", cap=3.0)
+    assert corrected_loss(old, old, adv, mask, behav, trl_truncate)[0].item() == pytest.approx(-4.139944, abs=1e-6)
+    m = mismatch_stats(old, behav, mask, trl_mask)
+    assert m["mismatch/abs_log_ratio"] == pytest.approx(0.38, abs=1e-6)
+    assert m["mismatch/kl_k3"] == pytest.approx(0.116174, abs=1e-6)
+    assert m["mismatch/ratio_p5"] == pytest.approx(1.530017, abs=1e-5)
+    assert m["mismatch/ratio_p50"] == pytest.approx(3.151446, abs=1e-5)
+    assert m["mismatch/ratio_p95"] == pytest.approx(4.772874, abs=1e-5)
+    assert m["mismatch/corrected_frac"] == 0.5 and m["mismatch/weight_mean"] == pytest.approx(1.349859, abs=1e-6)
+
+
+def test_token_ratio_quantiles_by_hand():
+    """ρ = .5, 1, 1.5, 2, 4 (sorted; positions 0..4): p5 at 0.2 -> .5 + .2 × .5 = .6, p50 1.5,
+    p95 at 3.8 -> 2 + .8 × 2 = 3.6 (numpy's linear interpolation)."""
+    behav = -torch.log(torch.tensor([[2.0, 0.5, 1.0, 4.0, 1.5]]))  # ρ = e^(0 − behav), in another order
+    m = mismatch_stats(torch.zeros(1, 5), behav, torch.ones(1, 5), RC())
+    assert [m[f"mismatch/ratio_p{q}"] for q in (5, 50, 95)] == pytest.approx([0.6, 1.5, 3.6], abs=1e-6)
+    assert mismatch_stats(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), RC()) == {}  # no valid token
+
+
+def test_a_correction_under_every_aggregation_by_hand():
+    """logp = old = 0 (ρ_ppo = 1); A = 1 on row 0, 2 on row 1; row 1's t2 is masked.
     row 0: w 1, 1, 1 -> terms −1, −1, −1 (Σ −3, 3 tokens).
-    row 1: w 1.5, 4 with cap 2.5 -> −2 × 1.5 = −3, t1 dropped (0) but counted (Σ −3, 2 tokens).
+    row 1: ρ 1.5, 4 with band [0, 2.5] -> −2 × 1.5 = −3, t1 masked (0) but counted (Σ −3, 2 tokens).
       token_mean:          (−3 − 3) / 5 = −1.2
-      seq_mean_token_mean: (−3/3 + −3/2) / 2 = −1.25   (row 1's own denominator keeps the drop)
+      seq_mean_token_mean: (−3/3 + −3/2) / 2 = −1.25   (row 1's own denominator keeps the masked token)
       dapo, 10 step tokens: −6 / 10 = −.6; through RLLoss with 2 accumulation steps: × 2 = −1.2
       dr_grpo:             −6 / (2 × 3) = −1.0
     """
-    from training.losses import RLLoss
-
     logp, old = torch.zeros(2, 3), torch.zeros(2, 3)
     adv = torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     behav = torch.tensor([[0.0, 0.0, 0.0], [-math.log(1.5), -math.log(4), 0.0]])
-    kw = {"behav_logp": behav, "behav_imp_weight_cap": 2.5}
-    assert policy_loss(logp, old, adv, mask, agg="token_mean", **kw)[0].item() == pytest.approx(-1.2)
-    assert policy_loss(logp, old, adv, mask, agg="seq_mean_token_mean", **kw)[0].item() == pytest.approx(-1.25)
-    assert policy_loss(logp, old, adv, mask, agg="dapo", global_tokens=10, **kw)[0].item() == pytest.approx(-0.6)
-    assert policy_loss(logp, old, adv, mask, agg="dr_grpo", **kw)[0].item() == pytest.approx(-1.0)
-    f = RLLoss(agg="dapo", decoupled=True, behav_imp_weight_cap=2.5)
-    loss, st = f(logp, old, adv, mask, global_tokens=10, grad_accum=2, behav_logp=behav)
-    assert loss.item() == pytest.approx(-1.2) and st["behav_drop_frac"] == pytest.approx(1 / 5)
-    assert st["behav_imp_weight"] == pytest.approx((3 + 1.5) / 4)
+    rc = RC("mask", hi=2.5)
+
+    def loss(agg, **kw):
+        return corrected_loss(logp, old, adv, mask, behav, rc, agg=agg, **kw)[0].item()
+
+    assert loss("token_mean") == pytest.approx(-1.2)
+    assert loss("seq_mean_token_mean") == pytest.approx(-1.25)
+    assert loss("dapo", global_tokens=10) == pytest.approx(-0.6)
+    assert loss("dr_grpo") == pytest.approx(-1.0)
+    f = RLLoss(agg="dapo", correction=rc)
+    assert f(logp, old, adv, mask, global_tokens=10, grad_accum=2, behav_logp=behav)[0].item() == pytest.approx(-1.2)
 
 
-def test_rl_loss_decoupled_needs_the_behaviour_logprobs_and_plain_refuses_them():
+def test_rl_loss_with_a_correction_needs_the_behaviour_logprobs_and_without_refuses_them():
     from training.config import AlgoConfig
-    from training.losses import RLLoss
 
     logp, mask = torch.zeros(1, 3), torch.ones(1, 3)
-    f = RLLoss.from_config(AlgoConfig(decoupled_loss=True, behav_imp_weight_cap=5.0))
-    assert f.decoupled and f.behav_imp_weight_cap == 5.0
-    with pytest.raises(ValueError, match=r"decoupled=True.*needs behav_logp"):
+    f = RLLoss.from_config(AlgoConfig(rollout_correction=RC("mask", hi=5.0)))
+    assert f.corrects and f.correction.hi == 5.0
+    with pytest.raises(ValueError, match=r"rollout_correction.kind=mask needs behav_logp"):
         f(logp, logp, torch.ones(1, 3), mask)
-    loss, st = f(logp, logp, torch.ones(1, 3), mask, behav_logp=logp - math.log(2))  # w = 2 everywhere
-    assert loss.item() == pytest.approx(-2.0) and st["behav_imp_weight"] == pytest.approx(2.0)
-    with pytest.raises(ValueError, match="set algo.decoupled_loss=true"):
+    loss, _ = f(logp, logp, torch.ones(1, 3), mask, behav_logp=logp - math.log(2))  # w = 2 everywhere
+    assert loss.item() == pytest.approx(-2.0)
+    with pytest.raises(ValueError, match="kind=none; set a kind"):
         RLLoss()(logp, logp, torch.ones(1, 3), mask, behav_logp=logp)
-    assert not RLLoss.from_config(AlgoConfig()).decoupled
+    assert not RLLoss.from_config(AlgoConfig()).corrects
 
 
-def test_behav_imp_weight_cap_is_validated_as_areal_does():
-    from harness.config import compose
-    from training.config import AlgoConfig, TrainConfig
+def test_rollout_correction_config_is_validated():
+    from harness.config import ConfigError, compose
+    from training.config import TrainConfig
 
-    assert AlgoConfig(decoupled_loss=True, behav_imp_weight_cap=5.0).behav_imp_weight_cap == 5.0
-    assert AlgoConfig(decoupled_loss=True).behav_imp_weight_cap is None  # no cap: every token kept
-    for cap in (1.0, 0.5, -2.0, float("nan")):  # AReaL: "must be > 1.0"
-        with pytest.raises(ValueError, match="algo.behav_imp_weight_cap must be > 1.0"):
-            AlgoConfig(decoupled_loss=True, behav_imp_weight_cap=cap)
-    # AReaL's help: "use_decoupled_loss must be true" for the cap.
-    with pytest.raises(ValueError, match="applies to the decoupled loss only"):
-        AlgoConfig(behav_imp_weight_cap=5.0)
-    cfg = compose(TrainConfig, [], ["algo.decoupled_loss=true", "algo.behav_imp_weight_cap=3"])
-    assert cfg.algo.decoupled_loss and cfg.algo.behav_imp_weight_cap == 3.0
+    for bad in ({"cap": 0.0}, {"cap": float("nan")}, {"hi": 0.9}, {"lo": 1.5, "hi": None}, {"lo": 2.0, "hi": 2.0}):
+        with pytest.raises(ValueError, match="rollout_correction"):
+            RC("mask", **bad)
+    cfg = compose(TrainConfig, [], ["algo.rollout_correction.kind=mask", "algo.rollout_correction.level=sequence"])
+    assert cfg.algo.rollout_correction == RC("mask", "sequence")
+    with pytest.raises(ConfigError, match="level"):
+        compose(TrainConfig, [], ["algo.rollout_correction.level=row"])
+    # AReaL's keys are gone: its decoupled loss is a rollout correction (one way to ask for it).
+    with pytest.raises(ConfigError, match="decoupled_loss"):
+        compose(TrainConfig, [], ["algo.decoupled_loss=true"])

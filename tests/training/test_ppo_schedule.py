@@ -154,6 +154,34 @@ def test_warmup_moves_once_per_training_step(tmp_path):
     assert trainer.policy.global_steps == 12  # DeepSpeed's count: 3 training steps × 4
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("unit", "want"),
+    [
+        # verl: the LR moves once per training step: 1e-2 · (2 − t)/2 for both optimizer steps of t.
+        ("training_step", [1e-2, 1e-2, 5e-3, 5e-3]),
+        # HF / OpenRLHF: every optimizer step moves it, 4 in all: 1e-2 · (4 − s)/4.
+        ("optimizer_step", [1e-2, 7.5e-3, 5e-3, 2.5e-3]),
+    ],
+)
+def test_linear_decay_counts_its_unit(tmp_path, unit, want):
+    """2 mini-batches per training step (2 optimizer steps), 2 training steps, linear decay to 0:
+    the LR of each optimizer step, the logged LR (each training step's first), and 0 at the end."""
+    trainer = make(
+        tmp_path,
+        "algo.ppo_mini_batch_size=2",
+        "optim.micro_batch_size=1",
+        "optim.schedule=linear",
+        f"optim.schedule_unit={unit}",
+        "algo.reward=test_length",
+        "trainer.save_every=0",
+    )
+    factor = trainer.policy.lr_scheduler.lr_lambdas[0]  # optimizer step → LR multiplier
+    assert [1e-2 * factor(s) for s in range(4)] == pytest.approx(want)
+    assert [trainer.step()["lr"] for _ in range(2)] == pytest.approx(want[::2])
+    assert trainer.policy.global_steps == 4 and trainer.policy.get_lr()[0] == pytest.approx(0.0)
+
+
 def test_informative_rows_by_hand():
     from training.trainer import informative_rows
 

@@ -105,7 +105,7 @@ def test_two_step_smoke_changes_parameters_logs_and_checkpoints(tmp_path):
         assert 0 < rows[1]["mem/rss_gb"] <= rows[1]["mem/peak_rss_gb"]
     assert rows[0]["grad_norm"] > 0
     # The backend's logprobs (its own model copy) match the policy's forward: weight sync is real.
-    assert rows[1]["rollout_logprob_diff"] < 1e-3
+    assert rows[1]["mismatch/abs_log_ratio"] < 1e-3
     assert (tmp_path / "run" / "checkpoints" / "step-2" / "model.safetensors").is_file()
     assert list((tmp_path / "run" / "tensorboard").iterdir())
     # Every trajectory records the policy version that generated it; the backend serves the newest.
@@ -223,7 +223,7 @@ def test_smollm2_one_step(tmp_path):
     trainer = build_trainer(cfg, tmp_path / "run")
     w0 = trainer.policy.module.lm_head.weight.detach().clone()
     m = trainer.step()
-    assert m["grad_norm"] > 0 and m["rollout_logprob_diff"] < 1e-2
+    assert m["grad_norm"] > 0 and m["mismatch/abs_log_ratio"] < 1e-2
     assert not torch.equal(w0, trainer.policy.module.lm_head.weight)
     assert trainer.backend.weight_version == "1"
 
@@ -319,41 +319,53 @@ def test_cli_overwrite_resume_after_a_lost_checkpoint_and_a_damaged_one(tmp_path
     assert res.exit_code == 2 and "no intact checkpoint" in out and "step-1: model.safetensors has 1000 bytes" in out
 
 
+MISMATCH = {f"mismatch/{k}" for k in ("abs_log_ratio", "kl_k3", "ratio_p5", "ratio_p50", "ratio_p95")}
+MISMATCH |= {"mismatch/corrected_frac", "mismatch/weight_mean"}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_decoupled_loss_trains_a_step_and_logs_the_behaviour_weight(tmp_path, temperature):
-    """algo.decoupled_loss: the backend's logprobs are the behaviour policy, the pre-update forward
-    the proximal one. Rolled out synchronously by the synced hf backend, the two are the same
-    policy, so the weights are ≈ 1 and the cap drops nothing. At another rollout temperature both
-    sides score softmax(logits / T) (scored at T = 1, the trainer's side would be another policy)."""
-    trainer = make(
-        tmp_path,
-        "algo.decoupled_loss=true",
-        "algo.behav_imp_weight_cap=5",
-        "trainer.save_every=0",
-        f"rollout.temperature={temperature}",
-    )
-    assert trainer.loss_fn.decoupled and trainer.loss_fn.behav_imp_weight_cap == 5.0
+@pytest.mark.parametrize(
+    ("temperature", "correction"),
+    [
+        (1.0, ["kind=mask", "hi=5"]),  # AReaL's decoupled loss, behav_imp_weight_cap 5
+        (0.6, ["kind=mask", "hi=5"]),
+        (1.0, ["kind=mask", "level=sequence", "hi=3"]),  # ProRAG's TRL 0.26 sequence_mask, cap 3
+        (1.0, ["kind=tis", "cap=2"]),
+        (1.0, ["kind=none"]),  # measured and logged, not corrected
+    ],
+)
+def test_a_rollout_correction_trains_a_step_and_logs_the_mismatch(tmp_path, temperature, correction):
+    """algo.rollout_correction in a synchronous run: the backend's logprobs are the behaviour
+    policy, the pre-update forward the old one. Rolled out by the synced hf backend, the two are
+    the same policy, so the ratios are ≈ 1 and nothing is capped or masked. At another rollout
+    temperature both sides score softmax(logits / T) (scored at T = 1, the trainer's side would be
+    another policy)."""
+    overrides = [f"algo.rollout_correction.{c}" for c in correction]
+    trainer = make(tmp_path, *overrides, "trainer.save_every=0", f"rollout.temperature={temperature}")
+    assert trainer.loss_fn.corrects == (correction != ["kind=none"])
     m = trainer.step()
     assert m["grad_norm"] > 0 and m["loss"] == m["loss"]
-    assert m["behav_imp_weight"] == pytest.approx(1.0, abs=1e-2)
-    assert abs(m["behav_kl"]) < 1e-2 and m["behav_drop_frac"] == 0.0
-    assert m["rollout_logprob_diff"] < 1e-3
+    assert m["mismatch/abs_log_ratio"] < 1e-3 and abs(m["mismatch/kl_k3"]) < 1e-5
+    assert m["mismatch/ratio_p5"] <= m["mismatch/ratio_p50"] <= m["mismatch/ratio_p95"]
+    assert [m["mismatch/ratio_p5"], m["mismatch/ratio_p95"]] == pytest.approx([1.0, 1.0], abs=1e-2)
+    assert m["mismatch/corrected_frac"] == 0.0 and m["mismatch/weight_mean"] == pytest.approx(1.0, abs=1e-2)
     row = read_jsonl(tmp_path / "run" / "metrics.jsonl")[0]
-    assert {"behav_imp_weight", "behav_kl", "behav_drop_frac"} <= row.keys()
+    assert MISMATCH <= row.keys()
 
 
 @pytest.mark.slow
-def test_decoupled_loss_weighs_each_token_by_its_own_behaviour_logprob(tmp_path):
-    """Make row 0 stale: its recorded logprobs 10× less likely than the proximal policy's, so
-    w ≈ 10 > cap 5 on every one of its tokens, and only those are dropped. Stats are means over the
-    micro-batches (rows 0-1, rows 2-3): drop_frac = (row 0's tokens / rows 0-1's tokens + 0) / 2."""
+def test_a_mask_drops_each_token_by_its_own_behaviour_logprob(tmp_path):
+    """Make row 0 stale: its recorded logprobs 10× less likely than the old policy's, so ρ ≈ 10 >
+    hi 5 on every one of its tokens, and only those are masked (the batch's token share of row 0)."""
     import math
 
     from training.batch import collate
     from training.rollout import collect
 
-    trainer = make(tmp_path, "algo.decoupled_loss=true", "algo.behav_imp_weight_cap=5", "trainer.tensorboard=false")
+    trainer = make(
+        tmp_path, "algo.rollout_correction.kind=mask", "algo.rollout_correction.hi=5", "trainer.tensorboard=false"
+    )
+    trainer.sync()  # the backend serves the policy's exact weights (a run does this on its first step)
     rollout = collect(trainer.agent, trainer.sampler.next(2), 2, trainer.sampling, 0, seed=0)
     batch = collate(rollout.trajectories, [1.0, 0.0, 1.0, 0.0], rollout.group_ids, trainer.pad_id)
     batch = batch.to(trainer.device)
@@ -362,18 +374,19 @@ def test_decoupled_loss_weighs_each_token_by_its_own_behaviour_logprob(tmp_path)
     adv, returns = trainer.advantages(batch, rollout.trajectories, fwd)
     st = trainer.update(batch, fwd, adv, returns)
     n = batch.mask.sum(1)  # [B] model tokens per row
-    assert st["behav_drop_frac"] == pytest.approx(float(n[0] / (n[0] + n[1])) / 2, abs=1e-6)
-    assert st["behav_imp_weight"] == pytest.approx(1.0, abs=1e-2)  # the kept tokens are on-policy
+    assert st["mismatch/corrected_frac"] == pytest.approx(float(n[0] / n.sum()), abs=1e-6)
+    assert st["mismatch/weight_mean"] == pytest.approx(1.0, abs=1e-2)  # the kept tokens are on-policy
+    assert st["mismatch/ratio_p95"] == pytest.approx(10.0, rel=1e-2)  # row 0 is over a fifth of the tokens
 
 
 @pytest.mark.slow
-def test_decoupled_loss_refuses_rollouts_without_backend_logprobs(tmp_path):
+def test_a_rollout_correction_refuses_rollouts_without_backend_logprobs(tmp_path):
     from dataclasses import replace
 
     from training.batch import collate
     from training.rollout import collect
 
-    trainer = make(tmp_path, "algo.decoupled_loss=true", "trainer.save_every=0", "trainer.tensorboard=false")
+    trainer = make(tmp_path, "algo.rollout_correction.kind=tis", "trainer.save_every=0", "trainer.tensorboard=false")
     rollout = collect(trainer.agent, trainer.sampler.next(2), 2, trainer.sampling, 0, seed=0)
     trajs = rollout.trajectories
     assert collate(trajs).has_rollout_logprobs  # the hf backend reports them
@@ -381,13 +394,13 @@ def test_decoupled_loss_refuses_rollouts_without_backend_logprobs(tmp_path):
     i = next(k for k, s in enumerate(trajs[0].segments) if s.role == "model")
     trajs[0].segments[i] = replace(trajs[0].segments[i], logprobs=None)
     batch = collate(trajs, [0.0] * 4, rollout.group_ids, trainer.pad_id)
-    with pytest.raises(ValueError, match="algo.decoupled_loss=true needs the behaviour policy's logprob"):
+    with pytest.raises(ValueError, match="rollout_correction.kind=tis needs the backend's logprob"):
         trainer.forward(batch)
 
 
-def test_decoupled_loss_is_refused_for_a_dialect_that_rewrites_turns(tmp_path):
-    with pytest.raises(ValueError, match="algo.decoupled_loss=true .* r1_searcher dialect rewrites turns"):
-        make(tmp_path, "rollout.method=r1_searcher", "algo.decoupled_loss=true", "trainer.tensorboard=false")
+def test_a_rollout_correction_is_refused_for_a_dialect_that_rewrites_turns(tmp_path):
+    with pytest.raises(ValueError, match="rollout_correction.kind=mask needs .* r1_searcher dialect rewrites turns"):
+        make(tmp_path, "rollout.method=r1_searcher", "algo.rollout_correction.kind=mask", "trainer.tensorboard=false")
 
 
 @pytest.mark.parametrize(
@@ -397,23 +410,24 @@ def test_decoupled_loss_is_refused_for_a_dialect_that_rewrites_turns(tmp_path):
         (["rollout.backend.kind=openai", "rollout.temperature=0.7", "rollout.backend.launch=true"], False),
         (["rollout.backend.kind=openai", "rollout.temperature=1.0"], False),
         (["rollout.backend.kind=sglang", "rollout.temperature=0.7"], False),
-        (["rollout.backend.kind=openai", "rollout.temperature=0.7", "algo.decoupled_loss=false"], False),
+        (["rollout.backend.kind=openai", "rollout.temperature=0.7", "algo.rollout_correction.kind=none"], False),
     ],
 )
 def test_a_vllm_server_harness_did_not_launch_is_warned_of_at_temperatures_other_than_1(tmp_path, overrides, warned):
     from training.trainer import behaviour_logprobs_caveat
 
-    cfg = compose(TrainConfig, [recipe(tmp_path)], ["algo.decoupled_loss=true", *overrides])
+    cfg = compose(TrainConfig, [recipe(tmp_path)], ["algo.rollout_correction.kind=mask", *overrides])
     caveat = behaviour_logprobs_caveat(cfg)
     assert (caveat is not None) == warned
     assert caveat is None or "--logprobs-mode processed_logprobs" in caveat
 
 
 @pytest.mark.slow
-def test_decoupled_loss_with_async_rollouts_weighs_the_stale_tokens(tmp_path):
-    """trainer.async + algo.decoupled_loss: tokens written by an older policy version have a
-    behaviour logprob that differs from the proximal (pre-update) policy's, so where a step
-    trained on stale segments its weights move off 1; where every segment is current they are ≈ 1."""
+def test_a_rollout_correction_with_async_rollouts_weighs_the_stale_tokens(tmp_path):
+    """trainer.async + AReaL's decoupled loss (token-level importance weights, no cap): tokens
+    written by an older policy version have a behaviour logprob that differs from the proximal
+    (pre-update) policy's, so where a step trained on stale segments the ratios move off 1; where
+    every segment is current they are ≈ 1."""
     trainer = make(
         tmp_path,
         "trainer.async.enabled=true",
@@ -421,16 +435,17 @@ def test_decoupled_loss_with_async_rollouts_weighs_the_stale_tokens(tmp_path):
         "trainer.max_steps=4",
         "trainer.save_every=0",
         "trainer.tensorboard=false",
-        "algo.decoupled_loss=true",
-        "algo.behav_imp_weight_cap=1000",
+        "algo.rollout_correction.kind=tis",
+        "algo.rollout_correction.cap=null",
         "algo.reward=test_length",  # a signal in every group, so every step updates
     )
     trainer.train()
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for r in rows:
-        assert r["behav_imp_weight"] > 0 and 0 <= r["behav_drop_frac"] <= 1 and r["grad_norm"] > 0
+        assert r["mismatch/weight_mean"] > 0 and r["mismatch/corrected_frac"] == 0 and r["grad_norm"] > 0
         if r["async/segment_staleness_max"] == 0:  # on-policy: the backend's logprobs are the proximal's
-            assert r["behav_imp_weight"] == pytest.approx(1.0, abs=1e-2)
+            assert r["mismatch/weight_mean"] == pytest.approx(1.0, abs=1e-2)
+            assert r["mismatch/abs_log_ratio"] < 1e-3
         else:
-            assert abs(r["behav_kl"]) > 1e-5, r
+            assert r["mismatch/abs_log_ratio"] > 1e-5, r
