@@ -134,7 +134,6 @@ def relevant(cfg: TrainConfig, eff: dict[str, Any]) -> list[str]:
         if info.get("needs_step_scores"):
             keys += ["algo.dual_beta", "algo.step_scorer", "algo.step_scorer_format"]
         keys += ["algo.kl_estimator"] if a.kl_coef > 0 and not a.kl_in_reward else []
-        keys += ["algo.decoupled_loss"] if _has(eff, "algo.decoupled_loss") else []  # until rollout_correction
         if _has(eff, "algo.rollout_correction"):  # its band and cap matter only when it acts
             rc = eff["algo"]["rollout_correction"]
             acts = rc.get("kind", "none") != "none"
