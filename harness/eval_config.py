@@ -44,6 +44,12 @@ class BackendConfig:
     batch_window_ms: float = 0.0
     threads: int | None = None
     dtype: str = "float32"
+    # hf: tokens of KV kept for reuse by requests that start with tokens already run (the next
+    # turn of a trajectory, the other samples of a GRPO group); least recently used out first,
+    # 0 turns reuse off. 16k tokens hold 16 concurrent agent trajectories of 1k tokens; for
+    # SmolLM2-135M in float32 (30 layers x 2 x 3 KV heads x 64 x 4 bytes = 46 KB a token)
+    # that is 0.75 GB at most (docs/performance.md).
+    prefix_cache_tokens: int = 16384
     script: str | None = None  # scripted backend: JSONL script file
     # Start the engine for this backend (sglang → SGLang, openai → vLLM) serving ``model``, use
     # it, and stop it when the run ends or fails; ``url`` is then ignored.
@@ -52,7 +58,7 @@ class BackendConfig:
 
     def __post_init__(self) -> None:
         require_at_least(self, 1, "max_concurrency", "max_batch_size", "threads")
-        require_at_least(self, 0, "retries", "batch_window_ms")
+        require_at_least(self, 0, "retries", "batch_window_ms", "prefix_cache_tokens")
         require_positive(self, "timeout")
 
 

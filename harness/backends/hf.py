@@ -22,8 +22,19 @@ batch and its cache. So a request never waits for a batch to drain before it sta
   or, with ``WeightUpdate.in_flight == "pause"`` (asynchronous RL), at the next decode step: the
   running rows keep their KV cache and go on under the new weights (``Completion.weight_version``
   is then the newest; ``meta["weight_versions"]`` lists every version that wrote the row).
+- Prefix reuse (:mod:`harness.backends.hf_prefix`): the KV of every admitted prompt and of every
+  finished row is kept, within ``prefix_cache_tokens`` (least recently used out first), and a
+  request whose input ids start with tokens already run prefills only the rest: the next turn of
+  a trajectory (previous input + generated + observation tokens) or another sample of a GRPO
+  group. Requests admitted together that share a long prefix (a group's identical prompts) are
+  prefilled in two rounds: one of them first, then the others from its KV. A weight update
+  empties the cache. ``prefill_computed`` / ``prefill_reused`` count the prompt tokens run
+  through the model and taken from the cache; ``Completion.meta["cached_tokens"]`` says it per
+  request.
+- Prefill asks the model for the last position's logits only (``logits_to_keep=1``).
 - Models whose cache is not a plain per-layer key/value cache (e.g. sliding-window layers) cannot
-  have rows joined mid-decode: they fall back to batch-at-a-time (new rows wait for the batch).
+  have rows joined mid-decode: they fall back to batch-at-a-time (new rows wait for the batch),
+  without prefix reuse.
 """
 
 from __future__ import annotations
@@ -38,9 +49,16 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from harness.backends.base import BackendBase, BackendError, Completion, SamplingParams, WeightUpdate, find_stop
+from harness.backends.hf_prefix import PrefixCache, common_prefix
 
 logger = logging.getLogger(__name__)
+
+# Requests admitted together are prefilled in a second round from another's KV only when that
+# saves at least this many tokens each: a round costs a forward call (tens of ms on a CPU).
+_MIN_SHARED = 16
 
 
 @dataclass
@@ -56,6 +74,8 @@ class _Request:
     queued_at: float = field(default_factory=time.perf_counter)
     queue_s: float = 0.0  # waited before its prefill (reported in Completion.meta["queue_s"])
     versions: list[str] = field(default_factory=list)  # weight versions that decoded this row
+    tokens: Any = None  # input_ids as a numpy int64 array [P] (prefix matching), set at admission
+    cached: int = 0  # leading input tokens whose KV came from the prefix cache
 
 
 class HFBackend(BackendBase):
@@ -67,6 +87,8 @@ class HFBackend(BackendBase):
     ``threads``: ``torch.set_num_threads`` (process-wide; one thread is often fastest on 2-core
     machines). ``seed``: base seed for sampled requests that bring none.
     ``model_obj``/``tokenizer``: an already built model (e.g. the trainer's policy) instead of a path.
+    ``prefix_cache_tokens``: how many tokens of KV the prefix cache keeps (0: no reuse); see
+    :class:`~harness.eval_config.BackendConfig` for the default's size.
     """
 
     name = "hf"
@@ -81,6 +103,7 @@ class HFBackend(BackendBase):
         seed: int = 0,
         model_obj: Any = None,
         tokenizer: Any = None,
+        prefix_cache_tokens: int = 16384,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM
@@ -116,12 +139,17 @@ class HFBackend(BackendBase):
         self._update_pending = threading.Event()  # set while update_weights waits: admit nothing new
         self._pause_rows = False  # the pending update lands at the next decode step (in_flight="pause")
         self._paused_rows: list[_Request] = []  # the rows a paused update lands under
-        self.continuous = True  # False once a model's cache turns out not to support joining rows
+        # False when the model's cache does not support joining rows (known from its config, else
+        # once a prefill shows it)
+        self.continuous = _joinable_config(self.model.config)
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self._worker = threading.Thread(target=self._run, name="hf-backend", daemon=True)
         self._worker.start()
         self.batches_run = 0  # admissions (prefills of the requests waiting at a step boundary)
         self.steps_run = 0  # decode steps of the running batch
         self.tokens_generated = 0  # tokens picked, over all rows (tokens_generated / steps_run ≈ rows a step)
+        self.prefill_computed = 0  # prompt tokens run through the model at admission
+        self.prefill_reused = 0  # prompt tokens whose KV came from the prefix cache instead
 
     def _eos_ids(self) -> list[int]:
         ids: list[int] = []
@@ -146,11 +174,30 @@ class HFBackend(BackendBase):
         if self._worker.is_alive():
             self._queue.put(None)
             self._worker.join(timeout=30)
+            if self.prefill_computed or self.prefill_reused:
+                logger.info(
+                    "hf prefill: %d prompt tokens computed, %d reused from the prefix cache (peak %d tokens held)",
+                    self.prefill_computed,
+                    self.prefill_reused,
+                    self.prefix_cache.peak_tokens,
+                )
 
     @classmethod
     def from_config(cls, cfg: Any) -> HFBackend:
-        """From a :class:`~harness.eval_config.BackendConfig` (model, dtype, max_batch_size, threads)."""
-        return cls(model=cfg.model, dtype=cfg.dtype, max_batch_size=cfg.max_batch_size, threads=cfg.threads)
+        """From a :class:`~harness.eval_config.BackendConfig` (model, dtype, max_batch_size, threads,
+        prefix_cache_tokens)."""
+        return cls(
+            model=cfg.model,
+            dtype=cfg.dtype,
+            max_batch_size=cfg.max_batch_size,
+            threads=cfg.threads,
+            prefix_cache_tokens=cfg.prefix_cache_tokens,
+        )
+
+    @property
+    def reuses_prefixes(self) -> bool:
+        """Whether the prefix cache is on (a budget, and a plain per-layer key/value cache)."""
+        return self.prefix_cache.budget > 0 and self.continuous
 
     @property
     def device(self) -> Any:
@@ -161,6 +208,7 @@ class HFBackend(BackendBase):
         """Move the in-process model to ``device`` between batches (a trainer puts it on its engine's)."""
         with self._lock:
             self.model.to(device)
+            self.prefix_cache.clear()  # its KV lives on the old device
         return self
 
     def update_weights(self, update: WeightUpdate) -> None:
@@ -185,6 +233,7 @@ class HFBackend(BackendBase):
         finally:
             self._update_pending.clear()
         try:
+            self.prefix_cache.clear()  # KV of the old weights (a failed load leaves the weights unknown too)
             missing, unexpected = self.model.load_state_dict(state, strict=False)
             real_missing = [k for k in missing if "lm_head" not in k]  # tied embeddings are saved once
             if real_missing or unexpected:
@@ -310,7 +359,11 @@ class HFBackend(BackendBase):
             logprobs=list(r.logprobs) if r.params.logprobs else None,
             prompt_tokens=len(r.input_ids),
             weight_version=self.weight_version,
-            meta={"queue_s": r.queue_s, **({"weight_versions": r.versions} if len(r.versions) > 1 else {})},
+            meta={
+                "queue_s": r.queue_s,
+                "cached_tokens": r.cached,
+                **({"weight_versions": r.versions} if len(r.versions) > 1 else {}),
+            },
         )
         try:
             r.future.set_result(comp)
@@ -360,35 +413,98 @@ class _Running:
         for r in empty:
             b._finish(r, "length", None)
         reqs = [r for r in reqs if r.budget > 0]
-        if not reqs:
-            return
-        lens = [len(r.input_ids) for r in reqs]
-        L = max(lens)
-        ids = torch.full((len(reqs), L), b.pad_id, dtype=torch.long)  # [N, L] left-padded
-        mask = torch.zeros((len(reqs), L), dtype=torch.long)  # [N, L]
-        for i, r in enumerate(reqs):
-            ids[i, L - lens[i] :] = torch.tensor(r.input_ids)
-            mask[i, L - lens[i] :] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
-        dev = b.device
-        ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
+        for r in reqs:
+            r.tokens = np.asarray(r.input_ids, dtype=np.int64)  # [P]
+        for group in self._rounds(reqs):
+            self._admit(group)
+
+    def _rounds(self, reqs: list[_Request]) -> list[list[_Request]]:
+        """Split an admission in two when requests in it share a prefix the cache does not hold:
+        the first of each (the leaders) is prefilled first and its KV cached; the others follow
+        from that KV in a second prefill. A GRPO group's identical prompts are prefilled once."""
+        cache = self.b.prefix_cache
+        if not self.b.reuses_prefixes or len(reqs) < 2:
+            return [reqs] if reqs else []
+        leaders: list[_Request] = []
+        followers: list[_Request] = []
+        for r in reqs:
+            cap = len(r.input_ids) - 1  # the last input token is always run: its logits pick the first token
+            _, hit = cache.match(r.tokens, touch=False)
+            shared = max((common_prefix(lead.tokens, r.tokens) for lead in leaders), default=0)
+            (followers if min(shared, cap) >= min(hit, cap) + _MIN_SHARED else leaders).append(r)
+        return [leaders, followers] if followers else [leaders]
+
+    def _admit(self, reqs: list[_Request]) -> None:
+        """Prefill ``reqs`` together, pick their first tokens, and join the rows still going."""
+        torch, b = self.torch, self.b
         with torch.inference_mode():
-            out = b.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-            self._pick(reqs, out.logits[:, -1, :])
+            past, mask, next_pos, logits = self._prefill(reqs)
+            b.continuous = b.continuous and _joinable(past)
+            if b.reuses_prefixes:
+                for i, r in enumerate(reqs):
+                    if r.cached < len(r.input_ids):  # else the cache holds all of it already
+                        b.prefix_cache.insert(r.tokens, _row_kv(past, i, len(r.input_ids)))
+            self._pick(reqs, logits)
             keep = [j for j, r in enumerate(reqs) if not r.done]
             if not keep:
                 return
-            past, next_pos = _out_cache(out), pos[:, -1:] + 1  # [N, 1]
             if len(keep) < len(reqs):
-                sel = torch.tensor(keep, dtype=torch.long, device=dev)
+                sel = torch.tensor(keep, dtype=torch.long, device=mask.device)
                 past.batch_select_indices(sel)
                 mask, next_pos = mask[sel], next_pos[sel]
             reqs = [reqs[j] for j in keep]
             if not self.rows:
                 self.rows, self.past, self.mask, self.next_pos = reqs, past, mask, next_pos
-                b.continuous = b.continuous and _joinable(past)
                 return
             self._join(reqs, past, mask, next_pos)
+
+    def _prefill(self, reqs: list[_Request]) -> tuple[Any, Any, Any, Any]:
+        """Run the input of ``reqs`` through the model, each row from the longest prefix the
+        cache holds of it. Returns the cache (rows right-aligned, left-padded), its mask [N, W],
+        the next position ids [N, 1] and the last position's logits [N, V].
+
+        A row with ``m`` cached tokens and ``s`` to compute sits as ``[pad | m cached | pad | s]``
+        in the forward (cached prefixes right-aligned to the widest, M; suffixes to the longest,
+        S); the columns are then gathered into ``[pad | m + s]`` so decoding never carries the
+        holes."""
+        torch, b = self.torch, self.b
+        dev = b.device
+        n = len(reqs)
+        lens = [len(r.input_ids) for r in reqs]
+        hits: list[Any] = []
+        for r in reqs:
+            entry, m = b.prefix_cache.match(r.tokens) if b.reuses_prefixes else (None, 0)
+            r.cached = min(m, len(r.input_ids) - 1)
+            hits.append(entry)
+        ms = [r.cached for r in reqs]
+        ss = [n_ - m for n_, m in zip(lens, ms, strict=True)]
+        M, S = max(ms), max(ss)
+        ids = torch.full((n, S), b.pad_id, dtype=torch.long)  # [N, S] suffixes, left-padded
+        mask = torch.zeros((n, M + S), dtype=torch.long)  # [N, M+S]
+        pos = torch.zeros((n, S), dtype=torch.long)  # [N, S] (pads: 0, masked out)
+        for i, r in enumerate(reqs):
+            m, s = ms[i], ss[i]
+            ids[i, S - s :] = torch.from_numpy(r.tokens[m:])
+            mask[i, M - m : M] = 1
+            mask[i, M + S - s :] = 1
+            pos[i, S - s :] = torch.arange(m, lens[i])
+        kw: dict[str, Any] = {}
+        if M:
+            kw[_cache_kwarg(b.model)] = _prefix_past(hits, ms, M)
+        keep_kw = _logits_kwarg(b.model)
+        if keep_kw:
+            kw[keep_kw] = 1  # only the last position's logits are read (the full [N, S, V] is large)
+        out = b.model(
+            input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev), use_cache=True, **kw
+        )
+        past = _out_cache(out)
+        mask = mask.to(dev)
+        if M:
+            mask = _compact(past, ms, ss, M, S, dev)
+        b.prefill_computed += sum(ss)
+        b.prefill_reused += sum(ms)
+        next_pos = torch.tensor(lens, dtype=torch.long, device=dev).unsqueeze(1)  # [N, 1]
+        return past, mask, next_pos, out.logits[:, -1, :]
 
     def step(self) -> None:
         """One decode step of every running row; finished rows leave the batch and the cache."""
@@ -411,6 +527,10 @@ class _Running:
             keep = [j for j, r in enumerate(self.rows) if not r.done]
             if len(keep) == len(self.rows):
                 return
+            if b.reuses_prefixes:
+                for j, r in enumerate(self.rows):
+                    if r.done:
+                        self._remember(j, r)
             if not keep:
                 self.reset()
                 return
@@ -419,6 +539,16 @@ class _Running:
             self.mask, self.next_pos = self.mask[sel], self.next_pos[sel]
             self.rows = [self.rows[j] for j in keep]
             self._trim()
+
+    def _remember(self, j: int, r: _Request) -> None:
+        """Put finished row ``j``'s KV in the prefix cache: its input and generated tokens but the
+        last pick (never fed back). Not a row a cancelled caller left, nor one that a paused weight
+        update let run on: its KV mixes two weight versions."""
+        if r.future.cancelled() or r.versions != [self.b.weight_version] or len(r.out) < 2:
+            return  # (one token generated: the cache holds its input already, from admission)
+        n = len(r.input_ids) + len(r.out) - 1
+        tokens = np.concatenate([r.tokens, np.asarray(r.out[:-1], dtype=np.int64)])  # [n]
+        self.b.prefix_cache.insert(tokens, _row_kv(self.past, j, n))
 
     def _pick(self, rows: list[_Request], logits: Any) -> None:
         """Choose each row's next token from its logits [A, V] and finish the rows that are done.
@@ -496,3 +626,72 @@ def _joinable(past: Any) -> bool:
 
     layers = getattr(past, "layers", None)
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+@functools.cache
+def _logits_kwarg_of(cls: type) -> str | None:
+    """The forward's name for "logits of the last n positions only": ``logits_to_keep``, before
+    transformers 4.50 ``num_logits_to_keep``; None when it takes neither."""
+    import inspect
+
+    try:
+        params = inspect.signature(cls.forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+
+
+def _logits_kwarg(model: Any) -> str | None:
+    return _logits_kwarg_of(type(model))
+
+
+def _joinable_config(config: Any) -> bool:
+    """Whether the cache this config's model builds has plain per-layer key/value tensors (False
+    for sliding-window layers); True when it cannot be told before a forward (``_joinable`` then)."""
+    try:
+        from transformers.cache_utils import DynamicCache
+
+        return _joinable(DynamicCache(config=config))
+    except Exception:  # older transformers, or a config the cache cannot read
+        return True
+
+
+def _prefix_past(entries: list[Any], ms: list[int], width: int) -> Any:
+    """A cache of ``width`` columns holding, right-aligned in row ``i``, the first ``ms[i]``
+    tokens of ``entries[i]``'s KV (the rest zeros, masked out)."""
+    from transformers.cache_utils import DynamicCache
+
+    ref = next(e.kv for e, m in zip(entries, ms, strict=True) if m)  # [layers, 2, H, P, D]
+    n_layers, _, heads, _, dim = ref.shape
+    kv = ref.new_zeros((n_layers, 2, len(ms), heads, width, dim))  # [layers, 2, N, H, width, D]
+    for i, (e, m) in enumerate(zip(entries, ms, strict=True)):
+        if m:
+            kv[:, :, i, :, width - m :] = e.kv[:, :, :, :m]
+    return DynamicCache(ddp_cache_data=[(kv[layer, 0], kv[layer, 1]) for layer in range(n_layers)])
+
+
+def _compact(past: Any, ms: list[int], ss: list[int], M: int, S: int, dev: Any) -> Any:
+    """Gather each row's columns ``[M-m, M)`` (cached) and ``[M+S-s, M+S)`` (just computed) to
+    the right of a cache ``max(m+s)`` wide, in place; returns its mask [N, W]."""
+    import torch
+
+    n, width = len(ms), max(m + s for m, s in zip(ms, ss, strict=True))
+    idx = torch.zeros((n, width), dtype=torch.long)  # [N, W] source column of each column (pads: 0)
+    mask = torch.zeros((n, width), dtype=torch.long)  # [N, W]
+    for i, (m, s) in enumerate(zip(ms, ss, strict=True)):
+        idx[i, width - m - s :] = torch.cat([torch.arange(M - m, M), torch.arange(M + S - s, M + S)])
+        mask[i, width - m - s :] = 1
+    idx = idx.to(dev)
+    for layer in past.layers:
+        heads, dim = layer.keys.shape[1], layer.keys.shape[3]
+        g = idx[:, None, :, None].expand(n, heads, width, dim)  # [N, H, W, D]
+        layer.keys, layer.values = layer.keys.gather(2, g), layer.values.gather(2, g)
+    return mask.to(dev)
+
+
+def _row_kv(past: Any, i: int, n: int) -> Any:
+    """Row ``i``'s last ``n`` cache columns as one new tensor [layers, 2, H, n, D] (a copy, so
+    it does not keep the batch's cache alive)."""
+    import torch
+
+    return torch.stack([torch.stack((layer.keys[i, :, -n:], layer.values[i, :, -n:])) for layer in past.layers])

@@ -427,5 +427,8 @@ def test_an_update_mid_completion_drains_or_pauses_it(in_flight):
             k = steps_at_update  # tokens picked before the new weights came in (at least)
             assert c.token_ids[:k] == old_greedy[:k] and c.token_ids != old_greedy
             assert c.weight_version == "5" and c.meta["weight_versions"] == ["0", "5"]
+        # Either way the prefix cache holds no KV of the old weights: the update emptied it, and a row
+        # that went on under the new weights (pause) mixes both versions, so it is not kept.
+        assert backend.prefix_cache.tokens == 0
     finally:
         backend.close()
