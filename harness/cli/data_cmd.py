@@ -164,3 +164,18 @@ def harr_filter_command(
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError, KeyError) as e:
         fail(f"{type(e).__name__}: {e}")
     console.print(f"kept {kept}/{total} questions → {path} (per-question counts: {stats})")
+
+
+@app.command("rag-r1-train")
+def rag_r1_train_command(
+    out: str = typer.Option(..., "--out", help="Where to write the questions (FlashRAG JSONL, for data.file)."),
+    source: str = typer.Option(None, "--source", help="A local copy of RAG-R1's train_data.json (default: download)."),
+) -> None:
+    """RAG-R1's filtered HotpotQA training set (6,664 questions) as a data.file (benchmarks.rag_r1_data)."""
+    from benchmarks.rag_r1_data import rag_r1_train
+
+    try:
+        n = rag_r1_train(out, source)
+    except (ValueError, RuntimeError, OSError) as e:
+        fail(f"{type(e).__name__}: {e}")
+    console.print(f"rag-r1-train: {n} questions → {out}")
