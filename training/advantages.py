@@ -13,7 +13,8 @@ Conventions chosen here (and why):
 - Batch whitening follows each reference exactly. Reinforce++ (OpenRLHF's replay-buffer
   ``normalize``, as R1-Searcher's OpenRLHF fork runs it): (x − mean)·rsqrt(max(var_pop, 1e-8)).
   GAE (verl's ``masked_whiten``): (x − mean)·rsqrt(var_unbiased + 1e-8). Both over every valid
-  token of the rank's batch (the references all-reduce across ranks; we do not).
+  token of the whole step's batch, every rank's: the sums are all-reduced when torch.distributed
+  runs, as OpenRLHF's ``normalize`` all-reduces and verl whitens the gathered batch on its driver.
 - GAE runs over model-token positions only: an observation token in the middle of a multi-turn
   rollout is skipped, i.e. the "next state" of a model token is the next MODEL token. This is
   verl's ``compute_gae_advantage_return`` ("skip values and TD-error on observation tokens").
@@ -107,17 +108,27 @@ def whiten_rsqrt(x: torch.Tensor, mask: torch.Tensor, unbiased: bool, eps: float
 
     ``unbiased=True`` is verl's ``masked_whiten`` (Bessel-corrected var, ``rsqrt(var + eps)``);
     ``unbiased=False`` is OpenRLHF's ``normalize`` (population var, ``rsqrt(max(var, eps))``).
-    A constant input thus scales by at most 1/√eps = 1e4, never by 1/eps.  [B, T] → [B, T]
+    A constant input thus scales by at most 1/√eps = 1e4, never by 1/eps. The mean and variance
+    are over every rank's valid tokens (all-reduced sums) when torch.distributed runs.  [B, T] → [B, T]
     """
     m = mask.to(x.dtype)  # [B, T]
-    n = m.sum()
+    n, total = _all_ranks_sum(torch.stack([m.sum(), (x * m).sum()]))  # scalars over every rank
     if n < 2:  # variance undefined: only centre
-        return (x - (x * m).sum() / n.clamp(min=1)) * m
-    mean = (x * m).sum() / n
-    var = (((x - mean) ** 2) * m).sum() / n
+        return (x - total / n.clamp(min=1)) * m
+    mean = total / n
+    var = _all_ranks_sum((((x - mean) ** 2) * m).sum()[None])[0] / n
     if unbiased:
         return (x - mean) * torch.rsqrt(var * n / (n - 1) + eps) * m
     return (x - mean) * var.clamp(min=eps).rsqrt() * m
+
+
+def _all_ranks_sum(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over every rank when torch.distributed runs with more than one, else ``t``."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        t = t.clone()
+        dist.all_reduce(t)
+    return t
 
 
 def outcome_returns(

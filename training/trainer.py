@@ -12,7 +12,8 @@ take of finished groups from a producer that keeps generating during the update,
 
 Data parallelism: every rank draws the same prompts for a step and rolls out its own contiguous
 slice of them (whole groups per rank), so group advantages are exact; batch-wide statistics
-(Reinforce++ whitening, DAPO's token count) are per rank. DeepSpeed all-reduces the gradients.
+(DAPO's token count) are per rank, but advantage whitening is over every rank's tokens
+(all-reduced, as OpenRLHF and verl). DeepSpeed all-reduces the gradients.
 """
 
 from __future__ import annotations

@@ -270,3 +270,34 @@ def test_kl_in_the_reward_reaches_every_estimator_that_takes_it():
     assert [n for n in ADVANTAGES.names() if not ADVANTAGES.info(n).get("kl_in_reward")] == ["dual_granularity"]
     with pytest.raises(ValueError, match="no KL in the reward"):
         ADVANTAGES.get("dual_granularity")(AdvantageInputs(r, g, m, kl_reward=kl, step_scores=m), algo)
+
+
+def _whiten_on_rank(rank: int, port: int, x: torch.Tensor, mask: torch.Tensor, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        half = slice(rank * 2, rank * 2 + 2)  # each rank holds two of the four rows
+        for unbiased in (False, True):
+            torch.save(whiten_rsqrt(x[half], mask[half], unbiased), f"{out}/{rank}-{unbiased}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_whitening_is_over_every_ranks_tokens(tmp_path):
+    """OpenRLHF's normalize all-reduces the sum, count and squared deviations (R1-Searcher stage 2);
+    verl whitens the whole batch. Two gloo ranks holding half the rows each must give the rows
+    exactly what one process whitening all four gives."""
+    import torch.multiprocessing as mp
+
+    from tests.training.test_zero2_two_ranks import free_port
+
+    x = torch.tensor([[1.0, 2.0, 9.0], [3.0, 0.0, 0.0], [10.0, 12.0, 0.0], [-4.0, 5.0, 6.0]])  # [4, 3]
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    mp.spawn(_whiten_on_rank, args=(free_port(), x, mask, str(tmp_path)), nprocs=2, join=True)
+    for unbiased in (False, True):
+        whole = whiten_rsqrt(x, mask, unbiased)
+        parts = torch.cat([torch.load(tmp_path / f"{r}-{unbiased}.pt") for r in (0, 1)])
+        assert torch.allclose(parts, whole, atol=1e-6)
+        # per rank would differ: rank 0's rows alone have another mean
+        assert not torch.allclose(whiten_rsqrt(x[:2], mask[:2], unbiased), whole[:2], atol=1e-3)
