@@ -183,28 +183,30 @@ def _template_table(later: RunSummary, earlier: RunSummary) -> list[str]:
     return lines
 
 
-def summarize(*stages: str | Path, curves: list[tuple[str, str]] | None = None) -> str:
+def summarize(*stages: str | Path, curves: list[tuple[str, str]] | None = None, note: str | None = None) -> str:
     """Markdown comparing run directories of one agent on the same split, in training order
     (untrained, then each trained stage): one row each, then every stage paired against the one
     before it, overall and per question template. ``curves``: (title, relative path) of training
-    curve images to link."""
+    curve images to link; ``note``: a paragraph under the title (what was run on what)."""
     if len(stages) < 2:
         raise ValueError("summarize needs at least two runs (before and after)")
     runs = [load_run(Path(s)) for s in stages]
     first = runs[0]
     names = " → ".join(r.method for r in runs)
     lines = [
-        f"# Demo: {names} ({first.dataset} {first.split}, n={first.n})",
+        f"# Demo: {names} ({first.dataset} {first.split})",
         "",
-        "| run | model | EM (95% CI) | F1 (95% CI) | format-valid | searches/q |",
-        "|---|---|---|---|---|---|",
+        *([note, ""] if note else []),
+        "| run | model | n | EM (95% CI) | F1 (95% CI) | format-valid | searches/q |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         cis = {m: bootstrap_ci(list(r.item_values(m).values())) for m in METRICS}
         f = behaviour(r.path)
         cells = [f"{pct(c.mean)} [{pct(c.low)}, {pct(c.high)}]" for c in cis.values()]
         lines.append(
-            f"| {r.method} | {r.model} | {' | '.join(cells)} | {pct(f['format_valid'])} | {f['searches_per_q']:.2f} |"
+            f"| {r.method} | {r.model} | {r.n} | {' | '.join(cells)} | {pct(f['format_valid'])} | "
+            f"{f['searches_per_q']:.2f} |"
         )
     for earlier, later in zip(runs, runs[1:], strict=False):
         paired = _paired_lines(later, earlier)

@@ -1,14 +1,17 @@
 """``harness demo``: the whole mission on the shipped demo, on CPU, in minutes (``make demo``).
 
-1. the baselines (``naive``, ``standard``) and the untrained agent (``research``) on the demo's
-   ``test`` split;
-2. an SFT warm-up of the same model on trajectories synthesized from the demo's ``train`` split
-   (other questions, other supporting passages: see ``benchmarks/demo_data/build_demo.py``);
-3. the SFT agent on the ``test`` split, labelled ``research+sft``;
-4. RL (GRPO, ReSearch's F1 + format reward) from the SFT model on the ``train`` split, its
-   rollouts through the very agent step 3 evaluates (the methods config's agent and retriever
-   blocks are copied into the RL recipe);
-5. the RL agent on the ``test`` split, labelled ``research+sft+rl``;
+1. the baselines (``naive``, ``standard``) and the untrained agent (``research``) on the first
+   :data:`BASELINE_LIMIT` questions of the demo's ``test`` split (a balanced prefix: the baselines
+   are context, and the untrained agent's 0 needs no more to show);
+2. an SFT warm-up of the same model on trajectories synthesized from the first
+   :data:`SFT_QUESTIONS` questions of the demo's ``train`` split (other questions, other
+   supporting passages: see ``benchmarks/demo_data/build_demo.py``);
+3. the SFT agent on the whole ``test`` split, labelled ``research+sft``;
+4. RL (GRPO, ReSearch's F1 + format reward) from the SFT model on the ``train`` split, validated
+   on the ``val`` split as it trains (the recipe's ``data.val_split``), its rollouts through the
+   very agent step 3 evaluates (the methods config's agent and retriever blocks are copied into
+   the RL recipe);
+5. the RL agent on the whole ``test`` split, labelled ``research+sft+rl``;
 6. a report whose rows carry 95% bootstrap intervals, every row paired-tested against the SFT
    agent (where RL starts), the RL run's training curves, and ``demo.md``: untrained → SFT → RL (EM, F1,
    format-valid responses, searches per question) with each stage paired against the one before
@@ -39,6 +42,11 @@ TRAIN_CONFIG = "configs/train/smollm2_cpu_sft_demo.yaml"
 RL_CONFIG = "configs/train/smollm2_cpu_grpo_demo.yaml"
 UNTRAINED, TRAINED, RL = "research", "research+sft", "research+sft+rl"
 DEFAULT_OUT = "runs/demo"
+TEST_SPLIT, TRAIN_SPLIT = "test", "train"
+# Prefixes of a multiple of 14 questions are balanced (every template equally often, yes/no and
+# first/second 50/50: build_demo.py), so these subsets keep the splits' balance.
+BASELINE_LIMIT = 42  # test questions for the baselines and the untrained agent
+SFT_QUESTIONS = 56  # train questions the SFT warm-up's trajectories are synthesized from
 
 
 def trained_runs(out: str | Path = DEFAULT_OUT) -> dict[Path, str]:
@@ -82,9 +90,9 @@ def run_demo(
     overrides = [f"optim.threads={threads}", *(overrides or [])]
     rl_overrides = [f"optim.threads={threads}", *(rl_overrides or [])]
     base_cfg = _eval_data(methods_config, eval_dir, threads)
-    ui.step("1/6 baselines and the untrained agent (demo test split)")
-    _evaluate(ui, base_cfg, ["naive", "standard", UNTRAINED])
-    ui.step("2/6 SFT data: synthesized from the demo train split")
+    ui.step(f"1/6 baselines and the untrained agent (the first {BASELINE_LIMIT} questions of the demo test split)")
+    _evaluate(ui, _limited(base_cfg, BASELINE_LIMIT), ["naive", "standard", UNTRAINED])
+    ui.step(f"2/6 SFT data: synthesized from the first {SFT_QUESTIONS} questions of the demo train split")
     data = _synthesize(ui, base_cfg, sft_dir)
     ui.step("3/6 SFT warm-up")
     sft_run, rl_run = trained_runs(root)
@@ -128,7 +136,11 @@ def _eval_data(methods_config: str, eval_dir: Path, threads: int) -> dict[str, A
 
     data = load_yaml(methods_config)
     backend = {**data.get("backend", {}), "threads": threads}  # execution-only: runs still resume
-    return {**data, "backend": backend, "dataset": {"name": "demo", "split": "test"}, "out": str(eval_dir)}
+    return {**data, "backend": backend, "dataset": {"name": "demo", "split": TEST_SPLIT}, "out": str(eval_dir)}
+
+
+def _limited(data: dict[str, Any], limit: int) -> dict[str, Any]:
+    return {**data, "dataset": {**data["dataset"], "limit": limit}}
 
 
 def _evaluate(ui: DemoUI, data: dict[str, Any], methods: list[str], label: str | None = None) -> None:
@@ -145,7 +157,8 @@ def _evaluate(ui: DemoUI, data: dict[str, Any], methods: list[str], label: str |
 
 
 def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path) -> Path:
-    """The research_small trajectories of the demo's train split, kept while their inputs are unchanged."""
+    """The research_small trajectories of the first :data:`SFT_QUESTIONS` questions of the demo's
+    train split, kept while their inputs are unchanged."""
     from benchmarks.build import dataset_retriever
     from benchmarks.datasets import corpus_path, dataset_file, load_examples
     from harness.eval_config import RetrieverConfig
@@ -159,8 +172,9 @@ def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path) -> Path:
     model = data.get("backend", {}).get("model", "smollm2-135m-instruct")
     rcfg = RetrieverConfig(**data.get("retriever", {}))
     inputs = {
-        "questions": file_hash(dataset_file("demo", "train")),
-        "corpus": file_hash(corpus_path("demo", "train")),
+        "questions": file_hash(dataset_file("demo", TRAIN_SPLIT)),
+        "limit": SFT_QUESTIONS,
+        "corpus": file_hash(corpus_path("demo", TRAIN_SPLIT)),
         "dialect": UNTRAINED,
         "variant": variant,
         "max_doc_tokens": max_doc,
@@ -173,9 +187,9 @@ def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path) -> Path:
         ui.say(f"cached: {path}")
         return path
     sft_dir.mkdir(parents=True, exist_ok=True)
-    examples = load_examples("demo", "train")
-    retriever = dataset_retriever(rcfg, "demo", "train")
-    titles = corpus_titles(corpus_path("demo", "train"))
+    examples = load_examples("demo", TRAIN_SPLIT, limit=SFT_QUESTIONS)
+    retriever = dataset_retriever(rcfg, "demo", TRAIN_SPLIT)
+    titles = corpus_titles(corpus_path("demo", TRAIN_SPLIT))
     d = resolve_dialect(UNTRAINED, variant)
     stats = synthesize(examples, d, retriever, path, rcfg.topk, load_tokenizer(model), max_doc, titles)
     if not stats.kept:
@@ -229,7 +243,12 @@ def _report(ui: DemoUI, eval_dir: Path, out: Path, rl_run: Path) -> Path:
     report = write_report([str(eval_dir / "*"), str(rl_run)], out, "md,html,csv", baseline=TRAINED)
     ui.report(report)
     stages = [eval_dir / f"{name}-demo-test" for name in (UNTRAINED, TRAINED, RL)]
-    text = summarize(*stages, curves=[(Path(c).stem, c) for c in report.curves])
+    note = (
+        f"The baselines and the untrained agent ran on the first {BASELINE_LIMIT} questions of the test split "
+        f"(a balanced prefix), the SFT and RL agents on all of it; each pair of stages is compared on the "
+        f"questions both answered."
+    )
+    text = summarize(*stages, curves=[(Path(c).stem, c) for c in report.curves], note=note)
     (out / "demo.md").write_text(text)
     ui.say(text)
     ui.say(f"report: {out}/report.html, {out}/leaderboard.md, {out}/demo.md")
