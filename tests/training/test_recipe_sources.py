@@ -41,10 +41,10 @@ SEEDS = [
 # of the run, data, LoRA, gradient checkpointing; per trainer kind.
 COMMON = [
     "optim.lr", "optim.warmup_steps", "optim.weight_decay", "optim.betas", "optim.grad_clip",
-    "optim.micro_batch_size", "trainer.max_steps", "model.gradient_checkpointing", "model.lora",
+    "optim.micro_batch_size", "trainer.max_steps", "model.gradient_checkpointing", "model.lora", "optim.schedule",
 ]  # fmt: skip
-# Being added alongside (issue 33 sections 3-4): checked wherever the config has them.
-OPTIONAL = ["optim.schedule", "optim.min_lr_ratio", "optim.schedule_unit", "optim.schedule_steps"]
+# The rollout correction's parameters that act, per kind (algo.rollout_correction).
+CORRECTION = {"none": [], "tis": ["level", "cap"], "mask": ["level", "lo", "hi"]}
 AGENT = [
     "max_turns", "max_new_tokens", "max_total_tokens", "max_context", "topk", "max_doc_tokens",
     "max_query_doc_tokens", "chat", "few_shot", "response_prefix", "final_turn", "mode", "variant", "template",
@@ -53,7 +53,6 @@ RL = [
     "data.dataset", "data.split", "data.file", "rollout.prompts_per_step", "rollout.n_samples",
     "rollout.temperature", "rollout.top_p", "retriever.topk", "algo.advantage", "algo.reward", "algo.loss_agg",
     "algo.clip_low", "algo.clip_high", "algo.kl_coef", "algo.kl_in_reward", "algo.entropy_coef", "algo.ppo_epochs",
-    "algo.ppo_mini_batch_size", "algo.filter_groups", "algo.max_len",
     *(f"rollout.agent.{k}" for k in AGENT),
 ]  # fmt: skip
 CRITIC = [
@@ -121,10 +120,10 @@ def relevant(cfg: TrainConfig, eff: dict[str, Any]) -> list[str]:
     """The result-relevant keys of this recipe's trainer (sections expand to their leaves)."""
     a, kind = cfg.algo, cfg.algo.kind
     keys = list(COMMON)
-    if _has(eff, "optim.schedule"):  # a decay's floor, unit and span matter only with a decay (unit: or a warmup)
-        decays = eff["optim"]["schedule"] != "constant"
-        keys += ["optim.schedule"] + (["optim.min_lr_ratio", "optim.schedule_steps"] if decays else [])
-        keys += ["optim.schedule_unit"] if decays or eff["optim"]["warmup_steps"] else []
+    # A decay's floor, unit and span matter only with a decay (the unit: or with a warmup).
+    decays = eff["optim"]["schedule"] != "constant"
+    keys += ["optim.min_lr_ratio", "optim.schedule_steps"] if decays else []
+    keys += ["optim.schedule_unit"] if decays or eff["optim"]["warmup_steps"] else []
     if kind == "rl":
         keys += RL
         info = ADVANTAGES.info(a.advantage)
@@ -134,10 +133,8 @@ def relevant(cfg: TrainConfig, eff: dict[str, Any]) -> list[str]:
         if info.get("needs_step_scores"):
             keys += ["algo.dual_beta", "algo.step_scorer", "algo.step_scorer_format"]
         keys += ["algo.kl_estimator"] if a.kl_coef > 0 and not a.kl_in_reward else []
-        if _has(eff, "algo.rollout_correction"):  # its band and cap matter only when it acts
-            rc = eff["algo"]["rollout_correction"]
-            acts = rc.get("kind", "none") != "none"
-            keys += ["algo.rollout_correction"] if acts else ["algo.rollout_correction.kind"]
+        kind_rc = eff["algo"]["rollout_correction"]["kind"]  # its level, cap or band matter only when it acts
+        keys += [f"algo.rollout_correction.{k}" for k in ("kind", *CORRECTION[kind_rc])]
     elif kind == "sft":
         keys += SFT
     elif kind == "prm":
@@ -174,8 +171,7 @@ def check(path: str, cfg: TrainConfig) -> list[str]:
             problems.append(f"deviation {key!r} names no config key")
     for key, want in src.values.items():
         if not _has(eff, key):
-            if key not in OPTIONAL and not key.startswith(("algo.rollout_correction", "algo.decoupled_loss")):
-                problems.append(f"source names {key!r}, which is no config key")
+            problems.append(f"source names {key!r}, which is no config key")
             continue
         got = lookup(eff, key)
         if key in deviations:
