@@ -156,6 +156,9 @@ class AlgoConfig:
     # DAPO's dynamic-sampling filter without the refill: groups whose rollouts all got the same
     # reward (no group-relative signal) are left out of the step's update (logged groups/kept_frac).
     filter_groups: bool = False
+    # Shuffle the step's rows before they are cut into mini-batches and micro-batches, as OpenRLHF's
+    # replay-buffer DataLoader (shuffle=True; R1-Searcher); false: rollout order, as verl splits.
+    shuffle_rows: bool = False
     max_len: int | None = None  # truncate collated sequences (Dr. GRPO's constant denominator too)
     # Rollout correction (training.losses.ROLLOUT_CORRECTIONS): weigh or drop tokens by how far the
     # backend's sampling log-probs (the BEHAVIOUR policy, recorded at generation) are from the

@@ -240,6 +240,8 @@ class Trainer:
         keep = list(range(len(rewards)))
         if c.algo.filter_groups:
             keep = informative_rows(rollout.group_ids, rewards)
+        if c.algo.shuffle_rows:  # OpenRLHF: mini-batches of random rows, reproducible per (seed, step)
+            random.Random(c.trainer.seed * 1_000_003 + self.step_no).shuffle(keep)
         stats["groups/kept_frac"] = len(keep) / max(1, len(rewards))
         if keep:
             trajs = [rollout.trajectories[i] for i in keep]

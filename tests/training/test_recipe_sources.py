@@ -53,6 +53,7 @@ RL = [
     "data.dataset", "data.split", "data.file", "rollout.prompts_per_step", "rollout.n_samples",
     "rollout.temperature", "rollout.top_p", "retriever.topk", "algo.advantage", "algo.reward", "algo.loss_agg",
     "algo.clip_low", "algo.clip_high", "algo.kl_coef", "algo.kl_in_reward", "algo.entropy_coef", "algo.ppo_epochs",
+    "algo.ppo_mini_batch_size", "algo.filter_groups", "algo.shuffle_rows", "algo.max_len",
     *(f"rollout.agent.{k}" for k in AGENT),
 ]  # fmt: skip
 CRITIC = [

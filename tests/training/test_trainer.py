@@ -449,3 +449,23 @@ def test_a_rollout_correction_with_async_rollouts_weighs_the_stale_tokens(tmp_pa
             assert r["mismatch/abs_log_ratio"] < 1e-3
         else:
             assert r["mismatch/abs_log_ratio"] > 1e-5, r
+
+
+def test_shuffle_rows_cuts_mini_batches_from_shuffled_rows(tmp_path):
+    """OpenRLHF (R1-Searcher) forms its train batches from a shuffled replay buffer: with
+    algo.shuffle_rows the rows reach the update in a seeded random order, not rollout order."""
+    import random
+
+    orders = {}
+    for shuffle in (False, True):
+        trainer = make(tmp_path / str(shuffle), "trainer.save_every=0", "trainer.tensorboard=false",
+                       f"algo.shuffle_rows={str(shuffle).lower()}")  # fmt: skip
+        seen = []
+        estimator = trainer.advantage_fn
+        trainer.advantage_fn = lambda x, algo, seen=seen, estimator=estimator: seen.append(x) or estimator(x, algo)
+        trainer.step()
+        orders[shuffle] = seen[0].group_ids.tolist()
+    rows = list(range(4))
+    random.Random(0 * 1_000_003 + 0).shuffle(rows)  # trainer.seed 0, step 0: [2, 0, 1, 3]
+    assert orders[False] == [0, 0, 1, 1]  # two prompts x two samples, in rollout order
+    assert orders[True] == [[0, 0, 1, 1][i] for i in rows] == [1, 0, 0, 1]
