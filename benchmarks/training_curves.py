@@ -8,6 +8,9 @@ record per validation with ``val/<metric>`` keys; its validations are also evalu
 - reward: ``reward/mean``, then one panel per reward component ``reward/<name>``; a run of ten
   steps or more also gets a dashed trailing mean of five steps there (:func:`smoothed`);
 - ``kl`` (to the reference), ``approx_kl`` (of the update), ``clip_frac``, ``entropy``;
+- the rollout engine's log-probs against the trainer's (``mismatch/*``, logged by the RL trainer
+  when the backend reports them; ``algo.rollout_correction`` acts on them): mean absolute
+  log-ratio, the k3 KL estimate, the ratio's 5th, 50th and 95th percentiles, the share capped or masked;
 - response length (``response_tokens``) and searches per rollout (``searches``);
 - what the rollouts scored by the eval scorer, whatever the reward: ``em``, ``f1``, ``format_valid``;
 - validation score: ``val/<metric>`` (from the log, else the validation run's ``results.json``);
@@ -64,6 +67,13 @@ FIXED = (
     Panel("approx_kl", "approximate KL of the update (new vs rollout policy)", "KL"),
     Panel("clip_frac", "clip fraction (tokens whose ratio was clipped)", "fraction"),
     Panel("entropy", "entropy (mean per generated token)", "nats"),
+    # rollout engine vs trainer (training.losses.mismatch_stats); ratio = π_trainer / π_engine
+    Panel("mismatch/abs_log_ratio", "engine vs trainer: mean |log-prob difference| per token", "nats"),
+    Panel("mismatch/kl_k3", "engine vs trainer: KL estimate (k3)", "KL"),
+    Panel("mismatch/ratio_p5", "engine vs trainer: importance ratio, 5th percentile", "ratio"),
+    Panel("mismatch/ratio_p50", "engine vs trainer: importance ratio, median", "ratio"),
+    Panel("mismatch/ratio_p95", "engine vs trainer: importance ratio, 95th percentile", "ratio"),
+    Panel("mismatch/corrected_frac", "rollout correction: share capped or masked", "fraction"),
     Panel("response_tokens", "response length (generated tokens per rollout)", "tokens"),
     Panel("searches", "searches per rollout", "searches"),
     # what the rollouts scored with the eval scorer, whatever the reward (training/logging_utils.py)

@@ -47,8 +47,8 @@ LORA_HINT = "start vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in its environme
 # What a vLLM server that serves RL rollouts is started with (training.build.rollout_engine).
 # The dev mode opens the weight-sync endpoints above. vLLM's default ``logprobs_mode`` is
 # ``raw_logprobs``: the log-probs of the model's logits at temperature 1, whatever the request's
-# temperature. The trainer scores softmax(logits / T), so the decoupled loss's behaviour weights
-# and ``rollout_logprob_diff`` need ``processed_logprobs``: the distribution each token was sampled
+# temperature. The trainer scores softmax(logits / T), so the rollout correction's ratios
+# and the logged ``mismatch/*`` need ``processed_logprobs``: the distribution each token was sampled
 # from, after temperature and top-k/top-p (vllm/v1/sample/sampler.py). At T = 1 with no top-k/top-p,
 # both modes give the same numbers. Greedy requests report the raw logits' log-probs in both.
 RL_ENV = {"VLLM_SERVER_DEV_MODE": "1"}

@@ -48,13 +48,21 @@ SYNC = [
 ]
 SYNC_VAL = [{"step": 2, "val/em": 0.25, "val/f1": 0.4}, {"step": 4, "val/em": 0.5, "val/f1": 0.55}]
 # Run "async": fewer quantities (no KL logged, no components), validation only as run folders.
-# It logs what trainer.async adds (staleness, the trainer's wait), as training/async_rollout.py names them.
+# It logs what trainer.async adds (staleness, the trainer's wait), as training/async_rollout.py names them,
+# and the engine-vs-trainer mismatch a rollout correction acts on (training.losses.mismatch_stats).
 ASYNC = [
     {
         "step": s,
         "reward/mean": 0.3 + 0.05 * s,
         "searches": 1.0,
         "entropy": 2.0,
+        "mismatch/abs_log_ratio": 0.01 * s,
+        "mismatch/kl_k3": 1e-4 * s,
+        "mismatch/ratio_p5": 0.9,
+        "mismatch/ratio_p50": 1.0,
+        "mismatch/ratio_p95": 1.1 + 0.1 * s,
+        "mismatch/corrected_frac": 0.05 * s,
+        "mismatch/weight_mean": 1.0,
         "async/staleness_mean": 0.5,
         "async/trainer_wait_s": 0.2 * s,
     }
@@ -94,6 +102,12 @@ def test_pngs_are_drawn_for_the_logged_quantities_only(two_runs, tmp_path):
         "kl.png",
         "clip_frac.png",
         "entropy.png",
+        "mismatch_abs_log_ratio.png",  # the async run's engine-vs-trainer mismatch
+        "mismatch_kl_k3.png",
+        "mismatch_ratio_p5.png",
+        "mismatch_ratio_p50.png",
+        "mismatch_ratio_p95.png",
+        "mismatch_corrected_frac.png",
         "response_tokens.png",
         "searches.png",
         "em.png",  # the rollouts' EM (logged by sync only)
@@ -122,6 +136,8 @@ def test_plotted_lines_are_the_runs_metrics(two_runs):
         "clip_frac": [("sync", _expected(SYNC, "clip_frac"))],
         "entropy": [("sync", _expected(SYNC, "entropy")), ("async", _expected(ASYNC, "entropy"))],
         "response_tokens": [("sync", _expected(SYNC, "response_tokens"))],
+        "mismatch/ratio_p95": [("async", _expected(ASYNC, "mismatch/ratio_p95"))],
+        "mismatch/corrected_frac": [("async", _expected(ASYNC, "mismatch/corrected_frac"))],
         "searches": [("sync", _expected(SYNC, "searches")), ("async", _expected(ASYNC, "searches"))],
         "reward/f1": [("sync", _expected(SYNC, "reward/f1"))],
         # the log's validation records for sync; async's validation run's results.json (em 0.2)
@@ -154,7 +170,7 @@ def test_html_charts_carry_the_runs_metrics(two_runs, tmp_path):
     out = tmp_path / "report"
     result = runner.invoke(app, ["report", *map(str, two_runs), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert "17 training curves in curves/" in " ".join(result.output.split())
+    assert "23 training curves in curves/" in " ".join(result.output.split())
     html = (out / "report.html").read_text()
     data = json.loads(html.split('<script type="application/json" id="data">')[1].split("</script>")[0])
     training = data["training"]
@@ -170,6 +186,9 @@ def test_html_charts_carry_the_runs_metrics(two_runs, tmp_path):
         "values": [pytest.approx(0.35), pytest.approx(0.4), pytest.approx(0.45)],
     }
     assert [s["run"] for s in panel["kl"]["series"]] == ["sync"]
+    p95 = panel["mismatch/ratio_p95"]["series"]
+    assert [s["run"] for s in p95] == ["async"]
+    assert p95[0]["values"] == [pytest.approx(1.1 + 0.1 * s) for s in (1, 2, 3)]
     # Every chart in the page has its PNG beside it, and the Markdown links them.
     assert sorted(p["file"] for p in training["panels"]) == sorted(
         f"curves/{p.name}" for p in (out / "curves").iterdir()
