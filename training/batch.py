@@ -50,6 +50,14 @@ class Batch:
         return self.loss_mask[:, 1:]
 
     @property
+    def response_mask(self) -> torch.Tensor:
+        """1 where the TARGET token is a real token after the prompt segments (model AND observation
+        tokens: verl's response attention mask).  [B, T]"""
+        pos = torch.arange(1, self.input_ids.shape[1], device=self.input_ids.device)[None]  # [1, T] target index
+        after = pos >= self.response_start.to(pos.device)[:, None]  # [B, T]
+        return (after & self.attention_mask[:, 1:].bool()).to(self.loss_mask.dtype)
+
+    @property
     def rollout_logprobs(self) -> torch.Tensor:
         """The backend's logprobs aligned to targets.  [B, T]"""
         return self.old_logprobs[:, 1:]

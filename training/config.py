@@ -142,6 +142,13 @@ class AlgoConfig:
     ppo_epochs: int = 1
     ppo_mini_batch_size: int | None = None
     whiten_advantages: bool = True  # GAE: whiten advantages over the batch (verl, Search-R1)
+    # GAE's tokens: "model" runs GAE, its whitening and the critic's loss over model tokens only
+    # (observations skipped, as verl's newer multi-turn GAE); "response" over every token after the
+    # prompt, observations included (their KL reward 0), as Search-R1's and RAG-R1's verl do
+    # (ray_trainer.py compute_advantage and dp_critic.py take the attention mask); the policy loss
+    # stays on model tokens either way. With gamma = lam = 1 the model tokens' advantages are the
+    # same; the whitening statistics and the critic's targets differ.
+    gae_over: Literal["model", "response"] = "model"
     critic_warmup: int = 0  # PPO: the first N steps update only the critic (verl's trainer.critic_warmup)
     gamma: float = 1.0
     lam: float = 1.0
@@ -174,6 +181,8 @@ class AlgoConfig:
             raise ValueError(f"algo.ppo_mini_batch_size must be >= 1, got {self.ppo_mini_batch_size}")
         if self.critic_warmup < 0:
             raise ValueError(f"algo.critic_warmup must be >= 0, got {self.critic_warmup}")
+        if self.gae_over == "response" and self.advantage != "gae":
+            raise ValueError(f"algo.gae_over=response applies to algo.advantage=gae, not {self.advantage!r}")
 
 
 @dataclass(frozen=True)

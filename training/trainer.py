@@ -456,7 +456,8 @@ class Trainer:
     def advantages(self, batch: Batch, trajs: list, fwd: Forward) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token advantages [B, W] (and returns [B, W] for PPO's critic), from the registered estimator."""
         a, m = self.cfg.algo, batch.mask[:, fwd.offset :]  # [B, W]
-        x = AdvantageInputs(batch.rewards, batch.group_ids, m, values=fwd.values)
+        over = batch.response_mask[:, fwd.offset :] if a.gae_over == "response" else m  # [B, W] GAE's tokens
+        x = AdvantageInputs(batch.rewards, batch.group_ids, over, values=fwd.values)
         if fwd.ref_logp is not None and a.kl_in_reward:  # −β·k1_t of the pre-update policy, per model token
             x.kl_reward = losses.kl_reward(fwd.old_logp, fwd.ref_logp, m, a.kl_coef)
         if self.step_scorer is not None:
@@ -472,6 +473,7 @@ class Trainer:
         mask = batch.mask[:, o:]  # [B, W]
         old = fwd.old_logp.clone() if fwd.old_logp is not None else torch.zeros_like(mask)  # [B, W]
         have_old = fwd.old_logp is not None
+        value_mask = batch.response_mask[:, o:] if a.gae_over == "response" else mask  # [B, W] the critic's tokens
         train_policy = self.step_no >= a.critic_warmup
         gas = self.policy.gradient_accumulation_steps()
         # The LRs this training step runs at (the schedule moves once per training step), logged as verl does.
@@ -492,7 +494,7 @@ class Trainer:
                         if a.ppo_epochs > 1:
                             st[f"clip_frac/epoch_{epoch + 1}"] = st["clip_frac"]
                     if self.critic is not None:
-                        st.update(self._critic_step(batch, s, fwd, returns, mask))
+                        st.update(self._critic_step(batch, s, fwd, returns, value_mask))
                     for k, v in st.items():
                         acc.setdefault(k, []).append(v)
             have_old = True

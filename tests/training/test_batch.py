@@ -43,6 +43,9 @@ def test_collate_pads_right_and_masks_by_role():
     assert b.response_start.tolist() == [2, 2]
     assert b.group_ids.tolist() == [0, 0] and b.rewards.tolist() == [1.0, 0.0]
     assert b.step_spans == [[(1, 3), (6, 7)], [(1, 2), (3, 5)]]
+    # verl's response mask (algo.gae_over=response): every real target after the prompt, the
+    # observation's too; the loss mask above keeps model tokens only.
+    assert b.response_mask.tolist() == [[0, 1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 0, 0]]
 
 
 def test_missing_logprobs_are_flagged():

@@ -57,7 +57,8 @@ RL = [
     *(f"rollout.agent.{k}" for k in AGENT),
 ]  # fmt: skip
 CRITIC = [
-    "algo.gamma", "algo.lam", "algo.whiten_advantages", "algo.vf_coef", "algo.vf_clip", "algo.critic_warmup",
+    "algo.gamma", "algo.lam", "algo.whiten_advantages", "algo.gae_over", "algo.vf_coef", "algo.vf_clip",
+    "algo.critic_warmup",
     "optim.critic_lr", "optim.critic_warmup_steps",
 ]  # fmt: skip
 SFT = ["sft.sources", "sft.batch_size", "sft.shuffle", "sft.tag_weights", "algo.max_len"]

@@ -469,3 +469,25 @@ def test_shuffle_rows_cuts_mini_batches_from_shuffled_rows(tmp_path):
     random.Random(0 * 1_000_003 + 0).shuffle(rows)  # trainer.seed 0, step 0: [2, 0, 1, 3]
     assert orders[False] == [0, 0, 1, 1]  # two prompts x two samples, in rollout order
     assert orders[True] == [[0, 0, 1, 1][i] for i in rows] == [1, 0, 0, 1]
+
+
+def test_gae_over_the_response_includes_observation_tokens(tmp_path):
+    """algo.gae_over=response: GAE, its whitening and the critic's loss run over every token after
+    the prompt (Search-R1's / RAG-R1's verl); the policy loss keeps the model tokens."""
+    from harness.config import ConfigError
+
+    trainer = make(tmp_path, "trainer.save_every=0", "trainer.tensorboard=false", "algo.advantage=gae",
+                   "algo.gae_over=response", "rollout.agent.max_turns=2")  # fmt: skip
+    seen, critic_masks, batches = [], [], []
+    estimator, critic_step, advantages = trainer.advantage_fn, trainer._critic_step, trainer.advantages
+    trainer.advantage_fn = lambda x, algo: seen.append(x) or estimator(x, algo)
+    trainer._critic_step = lambda b, s, f, r, m: critic_masks.append(m) or critic_step(b, s, f, r, m)
+    trainer.advantages = lambda b, t, f: batches.append((b, f.offset)) or advantages(b, t, f)
+    assert "value_loss" in trainer.step()
+    (batch, o), x = batches[0], seen[0]
+    model, response = batch.mask[:, o:], batch.response_mask[:, o:]  # [B, W]
+    assert torch.equal(x.mask, response) and torch.all(response >= model)
+    assert (response - model).sum() > 0  # observation tokens (Search-R1's corrective messages) are in
+    assert critic_masks and all(torch.equal(m, response) for m in critic_masks)  # the critic learns where GAE ran
+    with pytest.raises(ConfigError, match="gae_over=response applies to algo.advantage=gae"):
+        make(tmp_path / "bad", "algo.gae_over=response")
