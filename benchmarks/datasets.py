@@ -8,9 +8,11 @@ Sources, in order:
    (``RUC-NLPIR/FlashRAG_datasets``), downloaded once into the hub cache. Offline, this fails
    fast with one message saying how to supply the data.
 
-``demo`` is shipped inside the package (``benchmarks/demo_data``): its ``test`` split (the
-evaluated one) and a ``train`` split of other questions over the same corpus, for SFT warm-ups
-(see ``benchmarks/demo_data/build_demo.py`` for how the two are kept apart).
+``demo`` is shipped inside the package (``benchmarks/demo_data``, one ``<split>.jsonl`` each):
+``test`` (the evaluated split), ``val`` (a training run's validation curve) and ``train``, over
+one world whose splits share no supporting passage and no answer; and the demo as first shipped,
+``test_v1`` and ``train_v1``, searched over its own smaller corpus so that its figures reproduce
+(see ``benchmarks/demo_data/build_demo.py``).
 
 Question files hold one JSON object a line: ``{"id", "question", "golden_answers", "metadata"}``.
 A missing ``id`` becomes the 0-based line index; a string ``golden_answers`` becomes a list.
@@ -122,12 +124,13 @@ _register(
 _register(
     DatasetSpec(
         "demo",
-        ("test", "train"),
-        "Shipped two-hop demo over a fictional world (train: disjoint questions for SFT warm-ups)",
+        ("test", "val", "train", "test_v1", "train_v1"),
+        "Shipped two-hop demo over a fictional world (val, train: disjoint questions for validation and "
+        "training; test_v1, train_v1: the demo as first shipped)",
+        corpora={"test_v1": "corpus_v1.jsonl", "train_v1": "corpus_v1.jsonl"},
     )
 )
-# The demo's question file per split (one corpus serves both).
-DEMO_FILES = {"test": "questions.jsonl", "train": "train_questions.jsonl"}
+DEMO_CORPUS = "corpus.jsonl"  # the demo's corpus for a split its spec maps to no other
 
 
 def get_spec(name: str) -> DatasetSpec:
@@ -145,7 +148,7 @@ def resolve_data_dir(data_dir: str | Path | None) -> Path | None:
 
 def local_path(spec: DatasetSpec, split: str, data_dir: str | Path | None) -> Path | None:
     if spec.name == "demo":
-        return demo_path(DEMO_FILES[split]) if split in DEMO_FILES else None
+        return demo_path(f"{split}.jsonl") if split in spec.splits else None
     d = resolve_data_dir(data_dir)
     return d / (spec.folder or spec.name) / f"{split}.jsonl" if d else None
 
@@ -324,7 +327,7 @@ def corpus_path(
     """
     spec = get_spec(name)
     if spec.name == "demo":
-        return demo_path("corpus.jsonl")
+        return demo_path(spec.corpora.get(split or spec.default_split, DEMO_CORPUS))
     d = resolve_data_dir(data_dir)
     if d is None:
         return None
@@ -359,8 +362,8 @@ def describe_sources(data_dir: str | Path | None = None) -> list[dict[str, str]]
         for split in spec.all_splits:
             local = local_path(spec, split, data_dir)
             if spec.name == "demo":
-                source = f"packaged ({_count_lines(demo_path(DEMO_FILES[split]))} questions, "
-                source += f"{_count_lines(demo_path('corpus.jsonl'))} passages)"
+                source = f"packaged ({_count_lines(demo_path(f'{split}.jsonl'))} questions, "
+                source += f"{_count_lines(corpus_path(name, split))} passages)"
             elif local is not None and local.exists():
                 source = str(local)
             elif spec.hub_name and split in spec.splits:

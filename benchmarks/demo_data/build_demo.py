@@ -1,29 +1,53 @@
 """Writes the ``demo`` benchmark: two-hop questions over a small fictional world.
 
 The world (towns, rivers, people, inventions, companies, products) is generated from our own
-name syllables and sentence templates with a fixed seed, so no fact is in any model's memory
-and every answer must be found by retrieval. Each question needs exactly the two passages named
-in its ``metadata.supporting_doc_ids``. Run from the repo root to regenerate (deterministic):
+name syllables and sentence templates with fixed seeds, so no fact is in any model's memory and
+every answer must be found by retrieval. Each question needs exactly the two passages named in
+its ``metadata.supporting_doc_ids`` (in hop order). Run from the repo root to regenerate
+(deterministic; ``--out DIR`` writes elsewhere):
 
     python benchmarks/demo_data/build_demo.py
 
-Two splits over one corpus:
+Two worlds, one corpus:
 
-- ``test`` (``questions.jsonl``, 39 questions): the evaluated split, unchanged since the demo
-  was first shipped;
-- ``train`` (``train_questions.jsonl``): questions for SFT warm-ups (``make demo`` trains on
-  them). The same five templates, written over entities the test split does not ask about, and
-  no train question's supporting passage supports any test question, so no fact the model is
-  evaluated on is ever in its training data, and no train answer is a test answer (yes/no
-  aside). It is built after every test question and passage,
-  from no further random draws, so adding it changed neither of those files.
+- **v1** (seed 7), the demo as first shipped, unchanged byte for byte: ``test_v1.jsonl`` (39
+  questions, five templates; the figures of docs/training.md before the v2 splits used it under
+  its old name ``test``), ``train_v1.jsonl`` (36 questions over entities test_v1 does not ask
+  about, built after every test_v1 question from no further random draws) and ``corpus_v1.jsonl``
+  (its 164 passages, ids ``d001``-``d164``), which the v1 splits are searched over so that their
+  figures reproduce exactly.
+- **v2** (seed 2026): ``test.jsonl``, ``val.jsonl`` and ``train.jsonl`` over a larger world drawn
+  after v1 (no name of v1 is reused). ``corpus.jsonl`` holds the v1 passages first (same ids,
+  same text) and the v2 passages after them (ids ``d2-0001`` on).
+
+How v2 is kept sound (``tests/benchmarks/test_demo_data.py`` checks each rule):
+
+- Seven templates (:data:`TEMPLATES`): the five of v1, and two whose answer is a year read from
+  the second passage, never a name from the question (the birth year of an invention's inventor,
+  whose first passage holds another year, the invention's; the founding year of the company that
+  makes a product).
+- Every split asks each template equally often (:data:`PER_TEMPLATE` questions), so the template
+  mix is the same in test, val and train. ``same province`` is "yes" in half of its questions,
+  and ``born earlier`` names the first-mentioned person in half and the second in half. Questions
+  come in blocks of two per template (one "yes" and one "no", one first and one second) shuffled
+  within the block, so every prefix of 14k questions (``--limit``) is balanced too.
+- Each split has a world of its own (towns, rivers, people, inventions, companies, products):
+  no passage supports questions of two splits, no test or val fact is in a train question's
+  trajectory, and no answer (a town, river, person or year) is the answer of a question in
+  another split; the years that are answers are drawn without replacement. All passages share
+  the one corpus, so the other splits' passages are distractors at retrieval time.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import logging
 import random
+import re
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 SEED = 7
 HERE = Path(__file__).resolve().parent
@@ -71,32 +95,56 @@ PRODUCT_KINDS = [
 
 
 class World:
-    def __init__(self, seed: int = SEED) -> None:
+    """Unique names from syllables. ``register_full``: also refuse a town or river name that is
+    already a word (or a word that is already a town or river), so no name reads as two entities;
+    v1 was drawn without it and keeps its draws."""
+
+    def __init__(
+        self,
+        seed: int = SEED,
+        onsets: list[str] = ONSETS,
+        vowels: list[str] = VOWELS,
+        codas: list[str] = CODAS,
+        town_ends: list[str] = TOWN_ENDS,
+        used: set[str] | None = None,
+        register_full: bool = False,
+    ) -> None:
         self.rng = random.Random(seed)
-        self.used: set[str] = set()
+        self.used: set[str] = set() if used is None else used
+        self.onsets, self.vowels, self.codas, self.town_ends = onsets, vowels, codas, town_ends
+        self.register_full = register_full
 
     def word(self, syllables: int) -> str:
         while True:
             w = "".join(
-                self.rng.choice(ONSETS) + self.rng.choice(VOWELS) + self.rng.choice(CODAS) for _ in range(syllables)
+                self.rng.choice(self.onsets) + self.rng.choice(self.vowels) + self.rng.choice(self.codas)
+                for _ in range(syllables)
             )
             if w not in self.used and 4 <= len(w) <= 10:
                 self.used.add(w)
                 return w.capitalize()
 
+    def _place(self, ends: list[str]) -> str:
+        while True:
+            name = self.word(1) + self.rng.choice(ends)
+            if not self.register_full:
+                return name
+            if name.lower() not in self.used:
+                self.used.add(name.lower())
+                return name
+
     def town(self) -> str:
-        return self.word(1) + self.rng.choice(TOWN_ENDS)
+        return self._place(self.town_ends)
 
     def river(self) -> str:
-        return self.word(1) + self.rng.choice(RIVER_ENDS)
+        return self._place(RIVER_ENDS)
 
     def person(self) -> str:
         return f"{self.word(1)} {self.word(2)}"
 
 
-def build() -> tuple[list[dict], list[dict], list[dict]]:
-    """(test questions, train questions, corpus)."""
-    w = World()
+def build_v1(w: World) -> tuple[list[dict], list[dict], list[dict]]:
+    """The first world, unchanged since it shipped: (test_v1 questions, train_v1 questions, corpus_v1)."""
     rng = w.rng
     rivers = [w.river() for _ in range(18)]
     towns = [
@@ -330,13 +378,302 @@ def build() -> tuple[list[dict], list[dict], list[dict]]:
     return test, questions, docs
 
 
-def main() -> None:
-    questions, train, docs = build()
-    for name, rows in (("questions.jsonl", questions), ("train_questions.jsonl", train), ("corpus.jsonl", docs)):
-        with open(HERE / name, "w", encoding="utf-8") as f:
+# ---- v2: the splits test / val / train ------------------------------------------------------
+SEED_V2 = 2026
+PER_TEMPLATE = {"test": 22, "val": 8, "train": 60}  # questions of each template in each split (even)
+
+ONSETS_V2 = [*ONSETS, "j", "w", "z", "bl", "fl", "fr", "gl", "kr", "pr", "sk", "sl", "sn", "sp", "tr", "sh"]
+VOWELS_V2 = [*VOWELS, "ai", "ie", "ou"]
+CODAS_V2 = [*CODAS, "m", "t", "k", "ld", "rn", "st", "nt"]
+TOWN_ENDS_V2 = [*TOWN_ENDS, "burg", "thorpe", "haven", "stead"]
+PROVINCES_V2 = [*PROVINCES, "Harrowmoor", "Eastwold", "Fennick"]
+OCCUPATIONS_V2 = [*OCCUPATIONS, "miller", "cartographer", "potter", "printer", "mason", "apothecary"]
+INDUSTRIES_V2 = [*INDUSTRIES, "pottery", "ironworks", "tanning", "rope-making", "milling", "clockwork"]
+# Company names carry no full stop: a passage's first sentence is cut at one (training.synthesize).
+COMPANY_FORMS = ["& Sons", "& Daughters", "Brothers", "Works", "Company"]
+DEVICES = [
+    "loom",
+    "tide gauge",
+    "lantern press",
+    "sextant",
+    "water clock",
+    "rope lift",
+    "seed drill",
+    "bellows pump",
+    "glass lathe",
+    "chain hoist",
+    "wind gauge",
+    "paper press",
+    "stone saw",
+    "thread spinner",
+    "salt pan",
+    "dredging wheel",
+    "signal mirror",
+    "spring lock",
+]
+PRODUCT_KINDS_V2 = [
+    *PRODUCT_KINDS,
+    "copper pot",
+    "walking stick",
+    "leather satchel",
+    "hand plane",
+    "rain cloak",
+    "ship's bell",
+    "clay pipe",
+    "reading glass",
+]
+
+# name → (kind, question); {x} the entity of the first hop, {a}/{b} the two compared.
+TEMPLATES: dict[str, tuple[str, str]] = {
+    "inventor's town": ("bridge", "In which town was the inventor of the {x} born?"),
+    "inventor's birth year": ("bridge", "In which year was the inventor of the {x} born?"),
+    "river of a town": ("bridge", "On which river lies the town where {x} was founded?"),
+    "company founder": ("bridge", "Who founded the company that makes the {x}?"),
+    "company's founding year": ("bridge", "In which year was the company that makes the {x} founded?"),
+    "same province": ("comparison", "Are {a} and {b} in the same province?"),
+    "born earlier": ("comparison", "Who was born earlier, {a} or {b}?"),
+}
+
+
+def _take_year(pool: list[int], below: int) -> int:
+    """Remove and return the last year in ``pool`` before ``below``: answer years are never reused."""
+    for i in range(len(pool) - 1, -1, -1):
+        if pool[i] < below:
+            return pool.pop(i)
+    raise ValueError(f"no answer year before {below} left")
+
+
+def _split_world(w: World, n: int, answer_years: list[int]) -> dict[str, list]:
+    """One split's own entities, sized for ``n`` questions of every template."""
+    rng = w.rng
+    rivers = [{"name": w.river(), "km": rng.randrange(40, 400)} for _ in range(max(3, 2 * n // 3))]
+    towns: list[dict] = []
+    town_pairs = []
+    same = ["yes", "no"] * (n // 2)
+    rng.shuffle(same)
+    for answer in same:
+        provinces = [rng.choice(PROVINCES_V2)] * 2 if answer == "yes" else rng.sample(PROVINCES_V2, 2)
+        pair = [
+            {
+                "name": w.town(),
+                "river": rng.choice(rivers)["name"],
+                "province": p,
+                "pop": rng.randrange(800, 40000, 100),
+            }
+            for p in provinces
+        ]
+        towns += pair
+        town_pairs.append((pair[0], pair[1], answer))
+    people: list[dict] = []
+
+    def person(year: int) -> dict:
+        p = {"name": w.person(), "town": rng.choice(towns)["name"], "year": year, "job": rng.choice(OCCUPATIONS_V2)}
+        people.append(p)
+        return p
+
+    # The second half's years are answers ("inventor's birth year", "company's founding year").
+    inventions = []
+    for i in range(2 * n):
+        born = _take_year(answer_years, 1880) if i >= n else rng.randrange(1700, 1880)
+        inventor = person(born)
+        name = f"{w.word(2)} {rng.choice(DEVICES)}"
+        inventions.append({"name": name, "inventor": inventor, "year": born + rng.randrange(22, 50)})
+    companies = []
+    for i in range(2 * n):
+        year = _take_year(answer_years, 1950) if i >= n else rng.randrange(1720, 1950)
+        founder = person(year - rng.randrange(22, 55))
+        name = f"{w.word(2)} {rng.choice(COMPANY_FORMS)}"
+        town = rng.choice(towns)["name"]
+        companies.append(
+            {"name": name, "founder": founder, "town": town, "year": year, "industry": rng.choice(INDUSTRIES_V2)}
+        )
+    products = []
+    for c in companies:
+        kind = rng.choice(PRODUCT_KINDS_V2)
+        products.append({"name": f"{w.word(2)} {kind}", "kind": kind, "company": c})
+    rivals = []
+    positions = ["first", "second"] * (n // 2)
+    rng.shuffle(positions)
+    for position in positions:
+        a = person(rng.randrange(1700, 1900))
+        b = person(rng.choice([y for y in range(1700, 1900) if y != a["year"]]))
+        earlier, later = (a, b) if a["year"] < b["year"] else (b, a)
+        rivals.append((earlier, later) if position == "first" else (later, earlier))
+    return {
+        "towns": towns,
+        "rivers": rivers,
+        "people": people,
+        "inventions": inventions,
+        "companies": companies,
+        "products": products,
+        "town_pairs": town_pairs,
+        "rivals": rivals,
+    }
+
+
+def _a(noun: str) -> str:
+    """``noun`` with its indefinite article (v1 wrote "a" before vowels too, and keeps it)."""
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+
+
+def _passages(world: dict[str, list]) -> list[tuple[tuple[str, str], str, str]]:
+    """((kind, name), title, text) of every entity of a split world, in v1's sentences."""
+    out = []
+    for t in world["towns"]:
+        text = (
+            f"{t['name']} is a town in the province of {t['province']}. It lies on the {t['river']} river "
+            f"and has about {t['pop']} inhabitants."
+        )
+        out.append((("town", t["name"]), t["name"], text))
+    for r in world["rivers"]:
+        text = f"The {r['name']} is a river of the fictional northern lowlands, about {r['km']} km long."
+        out.append((("river", r["name"]), f"{r['name']} (river)", text))
+    for p in world["people"]:
+        text = f"{p['name']} (born {p['year']}) was {_a(p['job'])} born in the town of {p['town']}."
+        out.append((("person", p["name"]), p["name"], text))
+    for i in world["inventions"]:
+        text = f"The {i['name']} was invented by {i['inventor']['name']} in {i['year']}."
+        out.append((("invention", i["name"]), f"The {i['name']}", text))
+    for c in world["companies"]:
+        firm = _a(f"{c['industry']} firm")
+        text = f"{c['name']} is {firm} founded in {c['town']} in {c['year']} by {c['founder']['name']}."
+        out.append((("company", c["name"]), c["name"], text))
+    for p in world["products"]:
+        text = f"The {p['name']} is {_a(p['kind'])} made by {p['company']['name']}."
+        out.append((("product", p["name"]), f"The {p['name']}", text))
+    return out
+
+
+def _questions(world: dict[str, list], n: int) -> dict[str, list[tuple[str, str, list[tuple[str, str]]]]]:
+    """template → its ``n`` (question, answer, supporting (kind, name) keys); the comparison
+    templates alternate their answer class ("yes"/"no", first/second)."""
+    town_by = {t["name"]: t for t in world["towns"]}
+
+    def ask(template: str, **names: str) -> str:
+        return TEMPLATES[template][1].format(**names)
+
+    inv, comp, prod = world["inventions"], world["companies"], world["products"]
+    qs: dict[str, list] = {name: [] for name in TEMPLATES}
+    for i in inv[:n]:
+        support = [("invention", i["name"]), ("person", i["inventor"]["name"])]
+        qs["inventor's town"].append((ask("inventor's town", x=i["name"]), i["inventor"]["town"], support))
+    for i in inv[n:]:
+        support = [("invention", i["name"]), ("person", i["inventor"]["name"])]
+        qs["inventor's birth year"].append(
+            (ask("inventor's birth year", x=i["name"]), str(i["inventor"]["year"]), support)
+        )
+    # The river template over companies of both halves, so its company passages are not all the
+    # founder template's.
+    for c in comp[n // 2 : n // 2 + n]:
+        support = [("company", c["name"]), ("town", c["town"])]
+        qs["river of a town"].append((ask("river of a town", x=c["name"]), town_by[c["town"]]["river"], support))
+    for p in prod[:n]:
+        c = p["company"]
+        support = [("product", p["name"]), ("company", c["name"])]
+        qs["company founder"].append((ask("company founder", x=p["name"]), c["founder"]["name"], support))
+    for p in prod[n:]:
+        c = p["company"]
+        support = [("product", p["name"]), ("company", c["name"])]
+        qs["company's founding year"].append((ask("company's founding year", x=p["name"]), str(c["year"]), support))
+    by_answer = {"yes": [], "no": []}
+    for a, b, answer in world["town_pairs"]:
+        by_answer[answer].append(
+            (ask("same province", a=a["name"], b=b["name"]), answer, [("town", a["name"]), ("town", b["name"])])
+        )
+    qs["same province"] = [q for pair in zip(by_answer["yes"], by_answer["no"], strict=True) for q in pair]
+    by_position = {"first": [], "second": []}
+    for a, b in world["rivals"]:
+        earlier = a if a["year"] < b["year"] else b
+        position = "first" if earlier is a else "second"
+        support = [("person", a["name"]), ("person", b["name"])]
+        by_position[position].append((ask("born earlier", a=a["name"], b=b["name"]), earlier["name"], support))
+    qs["born earlier"] = [q for pair in zip(by_position["first"], by_position["second"], strict=True) for q in pair]
+    return qs
+
+
+def build_v2(used: set[str]) -> tuple[dict[str, list[dict]], list[dict]]:
+    """({split: questions}, the v2 passages), drawn after v1 without reusing any of ``used``."""
+    w = World(SEED_V2, ONSETS_V2, VOWELS_V2, CODAS_V2, TOWN_ENDS_V2, used=used, register_full=True)
+    rng = w.rng
+    answer_years = list(range(1700, 1950))
+    rng.shuffle(answer_years)
+    worlds = {split: _split_world(w, n, answer_years) for split, n in PER_TEMPLATE.items()}
+
+    # Passages of all splits together, shuffled within each kind, so an id says nothing of a split.
+    by_kind: dict[str, list] = {}
+    for world in worlds.values():
+        for key, title, text in _passages(world):
+            by_kind.setdefault(key[0], []).append((key, title, text))
+    docs, ids = [], {}
+    for rows in by_kind.values():
+        rng.shuffle(rows)
+        for key, title, text in rows:
+            if key in ids:
+                raise ValueError(f"two {key[0]} passages named {key[1]!r}")
+            ids[key] = f"d2-{len(docs) + 1:04d}"
+            docs.append({"id": ids[key], "contents": f"{title}\n{text}"})
+
+    splits = {}
+    for split, n in PER_TEMPLATE.items():
+        qs = _questions(worlds[split], n)
+        blocks = []
+        for b in range(n // 2):  # two of each template a block, shuffled within it
+            block = [(name, q) for name in TEMPLATES for q in qs[name][2 * b : 2 * b + 2]]
+            rng.shuffle(block)
+            blocks += block
+        splits[split] = [
+            {
+                "id": f"demo2-{split}-{k + 1:03d}",
+                "question": question,
+                "golden_answers": [answer],
+                "metadata": {
+                    "supporting_doc_ids": [ids[s] for s in support],
+                    "type": TEMPLATES[name][0],
+                    "template": name,
+                },
+            }
+            for k, (name, (question, answer, support)) in enumerate(blocks)
+        ]
+    return splits, docs
+
+
+def build() -> dict[str, list[dict]]:
+    """Every file of the demo data: file name → its rows (see the module docstring)."""
+    w = World()
+    test_v1, train_v1, corpus_v1 = build_v1(w)
+    # v2 reuses no v1 word, nor any word of a v1 name (a town or river is more than its syllables).
+    used = w.used | {t.lower() for d in corpus_v1 for t in re.findall(r"[A-Za-z]+", d["contents"].split("\n")[0])}
+    splits, docs = build_v2(used)
+    return {
+        "test_v1.jsonl": test_v1,
+        "train_v1.jsonl": train_v1,
+        "corpus_v1.jsonl": corpus_v1,
+        "test.jsonl": splits["test"],
+        "val.jsonl": splits["val"],
+        "train.jsonl": splits["train"],
+        "corpus.jsonl": corpus_v1 + docs,
+    }
+
+
+def write(out: Path = HERE) -> dict[str, int]:
+    """Write every file into ``out``; returns rows per file."""
+    out.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for name, rows in build().items():
+        with open(out / name, "w", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    print(f"wrote {len(questions)} test and {len(train)} train questions and {len(docs)} passages to {HERE}")
+        counts[name] = len(rows)
+    return counts
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=HERE, help="folder to write into (default: beside this file)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    counts = write(args.out)
+    logger.info("wrote %s to %s", ", ".join(f"{name}: {k}" for name, k in counts.items()), args.out)
 
 
 if __name__ == "__main__":

@@ -180,6 +180,24 @@ def test_synthesize_demo_keeps_only_gold_surfacing_searches(tmp_path, demo):
     assert s2.stats.kept == 0 and s2.stats.dropped["retrieval missed the gold"] == 6
 
 
+def test_synthesize_demo_year_templates_read_the_year_in_the_second_passage(tmp_path):
+    """The demo's year templates (the answer is a year only the second passage holds) synthesize
+    like the others: both hops surface their gold and the answer is the second passage's year."""
+    years = ("inventor's birth year", "company's founding year")
+    examples = [e for e in load_examples("demo", "train") if e.metadata["template"] in years][:6]
+    corpus = corpus_path("demo", "train")
+    retriever = build_retriever(RetrieverConfig(kind="memory", topk=3), str(corpus))
+    d = resolve_dialect("research", "small")
+    stats = synthesize(examples, d, retriever, tmp_path / "s.jsonl", titles=corpus_titles(corpus))
+    assert stats.kept == 6, stats.summary()
+    for rec, ex in zip(map(json.loads, (tmp_path / "s.jsonl").read_text().splitlines()), examples, strict=True):
+        year = ex.answers[0]
+        second = [t["text"] for t in rec["turns"] if t["role"] == "observation"][1]
+        assert [s["gold"] for s in rec["searches"]] == ex.metadata["supporting_doc_ids"]
+        assert year in second  # read off the second search's passages
+        assert d.extract_answer("".join(t["text"] for t in rec["turns"])) == year
+
+
 @pytest.mark.parametrize(
     "name, variant", [("research", "exact"), ("r1_searcher", "exact"), ("prorag", "exact"), ("rag_r1", "small")]
 )
