@@ -10,10 +10,12 @@ Partial and failed runs are shown, never silently averaged:
 - a run is *complete* when it has ``results.json`` saying so and every item of its selection is
   scored; a run without ``results.json`` (interrupted) is computed from ``scores.jsonl`` and
   marked partial;
-- an item in error scores 0 and is counted in the cell's ``errors``;
+- a failed item (the retriever or the server failed) is left out of every mean and counted in
+  the cell's ``errors``: the one rule of ``results.json`` too
+  (:func:`benchmarks.evaluate.item_values`), so a run with failed items is not complete, and a
+  run whose items all failed shows no score;
 - a row's average (the macro mean of its per-dataset means) is only given when the row has every
-  dataset and each of its cells is complete; otherwise it is ``None``. Items in error are part of
-  a complete run (scored 0), so they enter the average, which then carries an ``err`` note;
+  dataset and each of its cells is complete; otherwise it is ``None``;
 - the best value of a column is chosen among complete cells only;
 - a run directory that cannot be read is skipped with a reason that the report lists.
 
@@ -31,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.evaluate import item_values, scored_items
 from benchmarks.stats import CI, DEFAULT_B, DEFAULT_SEED, PairedDiff, bootstrap_ci, paired_bootstrap
 from harness.run_records import ItemScore, RunResults
 from harness.runlog import MANIFEST, RunDir, RunDirError
@@ -69,8 +72,8 @@ class RunSummary:
 
     @property
     def n(self) -> int:
-        """Items scored (finished, including those in error)."""
-        return len(self.scores)
+        """Items scored (finished, not failed: :func:`~benchmarks.evaluate.scored_items`)."""
+        return len(scored_items(self.scores))
 
     @property
     def errors(self) -> int:
@@ -95,28 +98,19 @@ class RunSummary:
         return ", ".join(bits)
 
     def mean(self, key: str) -> float | None:
-        """Mean of a metric, or of a numeric score field (``n_searches``), over items that have it."""
-        vals = [v for s in self.scores if (v := s.metrics.get(key, getattr(s, key, None))) is not None]
+        """Mean of a numeric score field (``n_searches``) over the scored items that have it."""
+        vals = [v for s in scored_items(self.scores) if (v := getattr(s, key, None)) is not None]
         return float(np.mean(vals)) if vals else None
 
     def latency(self, q: float) -> float | None:
-        """The q-th percentile (0..100) of per-item wall time in seconds."""
-        vals = [s.wall_time_s for s in self.scores if s.wall_time_s is not None]
+        """The q-th percentile (0..100) of per-item wall time in seconds, over the scored items."""
+        vals = [s.wall_time_s for s in scored_items(self.scores) if s.wall_time_s is not None]
         return float(np.percentile(vals, q)) if vals else None
 
     def item_values(self, metric: str) -> dict[str, float]:
-        """One value per example id: with several samples per example, their mean.
-
-        Items (not samples) are the unit the bootstrap resamples, since samples of one question
-        are correlated.
-        """
-        per_id: dict[str, list[float]] = {}
-        for s in self.scores:
-            value = s.metric(metric)
-            if value is None and not s.error:
-                continue  # missing (a failed judge call; a metric this run never computed): not 0
-            per_id.setdefault(s.id, []).append(float(value or 0.0))
-        return {k: float(np.mean(v)) for k, v in per_id.items()}
+        """One value per example id (:func:`benchmarks.evaluate.item_values`: failed items and
+        missing values left out, samples of one example averaged): what the bootstrap resamples."""
+        return item_values(self.scores, metric)
 
     def missing(self, metric: str) -> int:
         """Items (not failed) whose value of ``metric`` is missing."""
@@ -304,7 +298,6 @@ class Row:
     label: str
     cells: dict[str, Cell]
     average: dict[str, float | None]
-    average_status: str = ""  # e.g. "1 err" when errors (scored 0) are inside the average
 
 
 @dataclass
@@ -362,12 +355,10 @@ def _group(runs: list[RunSummary], labels: dict) -> dict[tuple[str, str, str], d
     return grouped
 
 
-def _average(cells: dict[str, Cell], datasets: list[str], metrics: tuple[str, ...]) -> tuple[dict, str]:
-    """Macro average over datasets, only when every dataset has a complete run; plus its error note."""
+def _average(cells: dict[str, Cell], datasets: list[str], metrics: tuple[str, ...]) -> dict[str, float | None]:
+    """Macro average over datasets, only when every dataset has a complete run (so no failed item)."""
     complete = len(cells) == len(datasets) and all(c.run.complete for c in cells.values())
-    avg = {m: (float(np.mean([c.ci[m].mean for c in cells.values()])) if complete else None) for m in metrics}
-    errors = sum(c.run.errors for c in cells.values())
-    return avg, (f"{errors} err" if complete and errors else "")
+    return {m: (float(np.mean([c.ci[m].mean for c in cells.values()])) if complete else None) for m in metrics}
 
 
 def build_leaderboard(
@@ -388,7 +379,7 @@ def build_leaderboard(
             ds: Cell(run, {m: bootstrap_ci(list(run.item_values(m).values()), b, seed) for m in metrics})
             for ds, run in sorted(by_ds.items(), key=lambda kv: dataset_sort_key(kv[0]))
         }
-        rows.append(Row(key, labels[key], cells, *_average(cells, datasets, metrics)))
+        rows.append(Row(key, labels[key], cells, _average(cells, datasets, metrics)))
     if baseline is not None:
         _mark_significance(rows, baseline, metrics, b, seed)
     best = _best(rows, datasets, metrics)

@@ -2,8 +2,9 @@
 
 Numbers are percentages with one decimal. A cell reads ``43.5 [40.1, 46.9]``; the best value of
 a column is bold; ``*`` marks a significant paired difference from ``--baseline``; a partial or
-failed cell adds its status, e.g. ``(4/6, 1 err)``; a missing cell or an average over incomplete
-cells is ``–``. Published numbers, when asked for, follow in their own table labelled as such.
+failed cell adds its status, e.g. ``(4/6, 1 err)``: failed items are left out of the mean
+(:func:`benchmarks.evaluate.item_values`); a missing cell, a run whose items all failed, or an
+average over incomplete cells is ``–``. Published numbers, when asked for, follow in their own table labelled as such.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def cell_text(lb: Leaderboard, ds: str, cell: Cell | None, m: str, bold: tuple[s
     if cell is None:
         return "–"
     ci = cell.ci[m]
-    text = f"{pct(ci.mean)} [{pct(ci.low)}, {pct(ci.high)}]"
+    text = f"{pct(ci.mean)} [{pct(ci.low)}, {pct(ci.high)}]" if ci.mean == ci.mean else pct(ci.mean)  # NaN: no score
     if cell.run.complete and lb.is_best(ds, m, ci.mean):
         text = f"{bold[0]}{text}{bold[1]}"
     diff = cell.vs_baseline.get(m)
@@ -63,7 +64,7 @@ def leaderboard_markdown(lb: Leaderboard) -> list[str]:
         for m in lb.metrics:
             v = row.average[m]
             text = f"**{pct(v)}**" if lb.is_best("avg", m, v) else pct(v)
-            cells.append(text + (f" ({row.average_status})" if v is not None and row.average_status else ""))
+            cells.append(text)
         rows.append(cells)
     return _md_table(head, rows)
 
@@ -74,8 +75,9 @@ def to_markdown(lb: Leaderboard, reference: list[dict[str, Any]] | None = None) 
         "## Leaderboard",
         "",
         f"Percent; 95% percentile-bootstrap CI over items (B={lb.bootstrap}, seed {lb.seed}). Bold: best "
-        "among complete runs. `(k/n)`: k of n items done; `err`: items in error (scored 0). avg: mean over "
-        "datasets, only for rows with a complete run on every dataset.",
+        "among complete runs. `(k/n, e err)`: k of n items scored, e failed (the retriever or a server "
+        "failed); failed items are left out of every mean, and a run whose items all failed shows `–`. avg: "
+        "mean over datasets, only for rows with a complete run on every dataset.",
         "",
     ]
     if lb.profile:
@@ -299,7 +301,7 @@ def to_latex(lb: Leaderboard, reference: list[dict[str, Any]] | None = None) -> 
         for m in lb.metrics:
             v = row.average[m]
             text = "--" if v is None else (rf"\textbf{{{pct(v)}}}" if lb.is_best("avg", m, v) else pct(v))
-            cells.append(text + (r"$^{\dagger}$" if v is not None and row.average_status else ""))
+            cells.append(text)
         lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     note = (

@@ -150,6 +150,6 @@ def terminal_table(lb: Leaderboard) -> Any:
             lines = [f"{NAMES.get(m, m)} {cell_text(lb, ds, c, m, bold=('[bold]', '[/bold]'))}" for m in lb.metrics]
             cells.append("\n".join(lines) if c else "–")
         avg = [f"{NAMES.get(m, m)} {pct(row.average[m])}" for m in lb.metrics]
-        cells.append("\n".join(avg) + (f"\n({row.average_status})" if row.average_status else ""))
+        cells.append("\n".join(avg))
         table.add_row(*cells)
     return table
