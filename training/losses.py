@@ -209,7 +209,7 @@ def mismatch_stats(old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch
 
     - ``mismatch/abs_log_ratio``: mean |old − behaviour| over valid tokens;
     - ``mismatch/kl_k3``: mean k3 estimate of KL(π_behav ‖ π_old), ρ − log ρ − 1 per token
-      (the registered ``k3``: verl's low_var_kl, clamped at 10 a token);
+      (the registered ``k3``: verl's low_var_kl, clamped at 10 a token), in float64;
     - ``mismatch/ratio_p5``, ``_p50``, ``_p95``: quantiles of ρ at ``rc.level`` (over valid tokens,
       or over the rows that have any), linearly interpolated;
     - ``mismatch/corrected_frac``: the share of those tokens or rows capped (tis) or masked (mask);
@@ -220,7 +220,8 @@ def mismatch_stats(old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch
     if not m.any():
         return {}
     d = (old_logp - behav_logp)[m]  # [N] log ρ per valid token
-    kl = kl_penalty(behav_logp, old_logp, "k3")[m]  # [N]
+    # float64: for the tiny gaps of a synced engine, e^d − d − 1 cancels to noise (even < 0) in float32
+    kl = kl_penalty(behav_logp.double(), old_logp.double(), "k3")[m]  # [N]
     ratio = correction_ratio(old_logp, behav_logp, mask, rc.level)  # [B, T] or [B, 1]
     units = m if rc.level == "token" else m.any(1, keepdim=True)  # [B, T] or [B, 1]
     _, corrected = ROLLOUT_CORRECTIONS.get(rc.kind)(ratio, rc)

@@ -397,6 +397,10 @@ def test_token_ratio_quantiles_by_hand():
     m = mismatch_stats(torch.zeros(1, 5), behav, torch.ones(1, 5), RC())
     assert [m[f"mismatch/ratio_p{q}"] for q in (5, 50, 95)] == pytest.approx([0.6, 1.5, 3.6], abs=1e-6)
     assert mismatch_stats(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), RC()) == {}  # no valid token
+    # A synced engine's gap: d = 1e-4 a token, k3 = e^d − d − 1 ≈ d²/2 = 5e-9 (float32 would give
+    # 1.6e-8 or less than 0: the cancellation), so it is computed in float64.
+    tiny = mismatch_stats(torch.zeros(1, 3), torch.full((1, 3), -1e-4), torch.ones(1, 3), RC())
+    assert tiny["mismatch/kl_k3"] == pytest.approx(5e-9, rel=1e-3)
 
 
 def test_a_correction_under_every_aggregation_by_hand():
