@@ -13,14 +13,13 @@ executes (:data:`EXECUTION_ONLY_KEYS`), so changing them resumes the same run.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.datasets import examples_hash
 from harness.backends import build_backend
 from harness.config import pop_paths, to_dict
 from harness.eval_config import EvalConfig, RetrieverConfig
@@ -154,13 +153,6 @@ def validate_n_samples(cfg: EvalConfig, kind: str, options: Any) -> None:
         )
 
 
-def examples_hash(examples: list[Example]) -> str:
-    h = hashlib.sha256()
-    for e in examples:
-        h.update(json.dumps([e.id, e.question, list(e.answers)], ensure_ascii=False).encode())
-    return h.hexdigest()[:16]
-
-
 def load_eval_examples(cfg: EvalConfig) -> list[Example]:
     from benchmarks.datasets import load_examples
 
@@ -206,7 +198,8 @@ def build_eval(
     validate_n_samples(cfg, kind, typed)
     validate_metrics(cfg)
     examples = load_eval_examples(cfg) if examples is None else list(examples)
-    uses_retriever = needs_retriever(cfg.method)
+    # An agent with no search turn (a closed-book run: agent.max_turns=0) never searches.
+    uses_retriever = needs_retriever(cfg.method) and not (kind == "agent" and typed.max_turns == 0)
     corpus = None
     if uses_retriever and retriever is None:
         d = cfg.dataset
@@ -234,7 +227,18 @@ def build_eval(
         corpus=str(corpus) if corpus else None,
         corpus_hash=file_hash(corpus) if corpus else None,
     )
+    if uses_retriever:
+        manifest.answerability = _answerability(retriever, examples, cfg.retriever.topk)
     return EvalRun(cfg, examples, method, backend, retriever, run_dir_for(cfg), manifest)
+
+
+def _answerability(retriever: Any, examples: list[Example], topk: int) -> dict[str, Any] | None:
+    """The shares ``harness index check`` recorded beside the run's index for these questions
+    (None when it has not checked them on this index)."""
+    from benchmarks.answerability import known_answerability, retriever_index_dir
+
+    a = known_answerability(retriever_index_dir(retriever), getattr(retriever, "index_id", None), examples, topk)
+    return a.to_dict() if a else None
 
 
 def preflight(backend: Any, retriever: Any) -> None:

@@ -22,6 +22,7 @@ file order; given both, the sample is drawn first and then cut to ``limit``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -268,6 +269,15 @@ def _warn_empty_golds(path: Path, examples: list[Example]) -> list[str]:
             shown,
         )
     return ids
+
+
+def examples_hash(examples: list[Example]) -> str:
+    """The data hash of a question set (a run manifest's ``data_hash``): its ids, questions and
+    gold answers, in order."""
+    h = hashlib.sha256()
+    for e in examples:
+        h.update(json.dumps([e.id, e.question, list(e.answers)], ensure_ascii=False).encode())
+    return h.hexdigest()[:16]
 
 
 def select(examples: list[Example], limit: int | None = None, sample: int | None = None, seed: int = 0):

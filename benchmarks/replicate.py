@@ -233,22 +233,31 @@ class ComparisonRow:
     missing: int
     differences: list[str]
     run_dir: str
+    run: str = "search agent"  # or CLOSED_BOOK: the same model and prompt, retrieval turned off
+
+
+CLOSED_BOOK = "closed-book"
 
 
 def compare(
-    card: Card, label: str, run_dir: str | Path, metrics: tuple[str, ...], differences: list[str]
+    card: Card,
+    label: str,
+    run_dir: str | Path,
+    metrics: tuple[str, ...],
+    differences: list[str],
+    run: str = "search agent",
 ) -> list[ComparisonRow]:
     """Paper vs ours for every metric of the run (bootstrap 95% CI over items, as reports do)."""
     from benchmarks.report import load_run
 
-    run = load_run(Path(run_dir))
+    summary = load_run(Path(run_dir))
     rows = []
     for m in metrics:
-        values = list(run.item_values(m).values())
+        values = list(summary.item_values(m).values())
         from benchmarks.stats import bootstrap_ci
 
         ci = bootstrap_ci(values) if values else None
-        paper, source = card.paper_value(m, label)
+        paper, source = card.paper_value(m, label) if run != CLOSED_BOOK else (None, "")
         rows.append(
             ComparisonRow(
                 dataset=label,
@@ -259,9 +268,10 @@ def compare(
                 low=ci.low if ci else None,
                 high=ci.high if ci else None,
                 n=len(values),
-                missing=run.missing(m),
+                missing=summary.missing(m),
                 differences=differences,
                 run_dir=str(run_dir),
+                run=run,
             )
         )
     return rows
@@ -297,14 +307,17 @@ def replication_rows(lb: Any) -> list[list[str]]:
 # ---- harness replicate ---------------------------------------------------------------------------
 @dataclass
 class Replication:
-    """What ``harness replicate`` ran and found: paper-vs-ours rows, the datasets it could not run
-    (with why), whether it was a local run (no paper index), and the metric profile."""
+    """What ``harness replicate`` ran and found: paper-vs-ours rows (the search agent's, then its
+    closed-book run's), the datasets it could not run (with why), whether it was a local run (no
+    paper index), the metric profile, and how answerable the questions are on the index."""
 
     card: Card
     rows: list[ComparisonRow]
     skipped: list[tuple[str, str]]
     local: bool
     profile: str
+    # Per dataset label: its questions' shares on the searched index (None: unknown).
+    answerability: dict[str, Any] = field(default_factory=dict)
 
 
 def local_config(cfg: Any, corpus: str | None) -> tuple[Any, str | None]:
@@ -413,13 +426,69 @@ def replicate(
             runnable.append((label, ready))
     if not runnable:
         raise ValueError(f"card {card.name}: nothing to run: " + "; ".join(f"{lb}: {why}" for lb, why in skipped))
-    results = run_configs([cfg for _, cfg in runnable], say=say)
+    answerability = {label: card_answerability(cfg, compute=local, say=say) for label, cfg in runnable}
+    closed = [(label, closed_book_config(cfg)) for label, cfg in runnable]
+    results = run_configs([cfg for _, cfg in runnable + closed], say=say)
     rows: list[ComparisonRow] = []
-    for (label, cfg), res in zip(runnable, results, strict=True):
+    for (label, cfg), res in zip(runnable, results[: len(runnable)], strict=True):
         run_dir = run_dir_for(cfg)
         diffs = setting_differences(card, cfg, RunDir(run_dir).manifest, res.n_total, full_size(cfg))
         rows.extend(compare(card, label, run_dir, tuple(cfg.metrics), diffs))
-    return Replication(card, rows, skipped, local, runnable[0][1].metric_profile)
+    for label, cfg in closed:
+        rows.extend(compare(card, label, run_dir_for(cfg), tuple(cfg.metrics), [], run=CLOSED_BOOK))
+    answerability = {k: v.to_dict() if v is not None else None for k, v in answerability.items()}
+    return Replication(card, rows, skipped, local, runnable[0][1].metric_profile, answerability)
+
+
+def closed_book_config(cfg: Any) -> Any:
+    """The same model and prompt with retrieval turned off, labelled ``<name>-closed-book``.
+
+    An agent method runs its own dialect with no search turn (``agent.max_turns=0``) and one
+    final turn (``agent.final_turn=true``): the prompt, the stops of the dialect's last
+    no-search turn (Search-R1's own final turn) and the answer extraction stay the agent's, so
+    the difference from the search run is retrieval alone. A baseline method runs FlashRAG's
+    ``naive`` (generation without retrieval) with the same backend.
+    """
+    from pipelines.methods import method_kind
+
+    label = f"{cfg.name}-{CLOSED_BOOK}"
+    if method_kind(cfg.method) == "agent":
+        return replace(cfg, agent={**cfg.agent, "max_turns": 0, "final_turn": True}, label=label)
+    return replace(cfg, method="naive", label=label)
+
+
+def card_answerability(cfg: Any, compute: bool, say: Callable[[str], None] = logger.info) -> Any:
+    """How answerable ``cfg``'s questions are on the index it searches
+    (:class:`benchmarks.answerability.Answerability`), or None when unknown.
+
+    Read from what ``harness index check`` recorded beside the index; with ``compute`` (local
+    runs: small corpora) checked now when not recorded, so the eval run records it in its
+    manifest too. A paper index (wiki-18) is never scanned here: run ``harness index check``.
+    """
+    from benchmarks.answerability import check_index, known_answerability
+    from benchmarks.build import default_corpus, load_eval_examples
+    from harness.retrieval.factory import index_from_config
+    from harness.retrieval.index import read_manifest
+
+    r = cfg.retriever
+    if r.kind not in ("bm25", "dense") or r.encoder:
+        return None  # no index directory of ours, or a query encoder the check did not use
+    examples = load_eval_examples(cfg)
+    d = cfg.dataset
+    retriever = None
+    if r.index:
+        index_dir, index_id = Path(r.index), read_manifest(r.index)["index_id"]
+    else:
+        corpus = default_corpus(r, d.name, d.split, d.data_dir)
+        retriever = index_from_config(r, str(corpus) if corpus else None)
+        index_dir, index_id = retriever.index_dir, retriever.index_id
+    known = known_answerability(index_dir, index_id, examples, r.topk)
+    if known is not None or not compute:
+        if known is None:
+            say(f"{d.name}: answerability unknown; harness index check --index {index_dir} --dataset {d.name}")
+        return known
+    check_index(index_dir, [d.name], d.split, max(r.topk, 5), examples={d.name: examples}, retriever=retriever, say=say)
+    return known_answerability(index_dir, index_id, examples, r.topk)
 
 
 def replication_table(rep: Replication) -> Any:
@@ -430,11 +499,12 @@ def replication_table(rep: Replication) -> Any:
 
     card = rep.card
     table = Table(title=f"harness replicate {card.name}: {card.system} (metric profile: {rep.profile}; percent)")
-    for col in ("dataset", "metric", "paper", "ours", "95% CI", "n", "missing"):
-        table.add_column(col, justify="left" if col in ("dataset", "metric") else "right", no_wrap=True)
-    for r in rep.rows:
+    for col in ("dataset", "run", "metric", "paper", "ours", "95% CI", "n", "missing"):
+        table.add_column(col, justify="left" if col in ("dataset", "run", "metric") else "right", no_wrap=True)
+    for r in sorted(rep.rows, key=lambda r: r.dataset):  # stable: per dataset, the search run first
         table.add_row(
             r.dataset,
+            r.run,
             NAMES.get(r.metric, r.metric),
             "–" if r.paper is None else f"{r.paper:g}",
             pct(r.ours),
@@ -453,6 +523,7 @@ def replication_notes(rep: Replication) -> list[str]:
     from benchmarks.profiles import judge_note
 
     out = [f"paper: {escape(s)}" for s in sorted({r.source for r in rep.rows if r.source})]
+    out += answerability_notes(rep)
     seen = set()
     for r in rep.rows:
         if r.dataset in seen:
@@ -468,9 +539,40 @@ def replication_notes(rep: Replication) -> list[str]:
     note = judge_note(rep.profile, {r.metric for r in rep.rows})
     if note:
         out.append(escape(note))
+    out.append(
+        f"{CLOSED_BOOK}: the same model and prompt with no search turn (agent.max_turns=0, one final turn): "
+        "what the model answers without retrieval"
+    )
     if rep.local:
         out.append(
             "Local run (no --index): this checks the card's machinery, not the paper's number. A real "
             "replication needs the released checkpoint and the paper's index on a GPU."
         )
+    return out
+
+
+def answerability_notes(rep: Replication) -> list[str]:
+    """Under the paper's numbers, per dataset: how many of its questions the searched corpus can
+    answer at all and from its top-k (``harness index check``), and a note on every score above
+    the in-corpus share: those answers cannot have come from the corpus, so the model answers
+    from memory."""
+    from rich.markup import escape
+
+    from benchmarks.answerability import answerability_line, beats_corpus
+    from benchmarks.fmt import NAMES, pct
+
+    out = []
+    for label in dict.fromkeys(r.dataset for r in rep.rows):
+        a = rep.answerability.get(label)
+        if a is None:
+            out.append(f"{escape(label)}: answerability on this corpus unknown (harness index check)")
+            continue
+        out.append(f"{escape(label)}: {escape(answerability_line(a))}")
+        for r in rep.rows:
+            if r.dataset == label and beats_corpus(r.ours, a):
+                out.append(
+                    f"[bold yellow]{escape(label)} {escape(r.run)} {escape(NAMES.get(r.metric, r.metric))} "
+                    f"{pct(r.ours)} is above the in-corpus share {pct(a['in_corpus'])}:[/] the model answers "
+                    "from memory, not only from the corpus"
+                )
     return out

@@ -69,6 +69,7 @@ class RunSummary:
     results: RunResults | None = None  # results.json; None for an interrupted run
     rescored: bool = False
     trajectories: list[Trajectory] | None = None  # read only when asked (load_run's trajectories)
+    answerability: dict[str, Any] | None = None  # the manifest's (harness index check), when known
 
     @property
     def n(self) -> int:
@@ -257,6 +258,7 @@ def load_run(path: Path, rescore: bool = False, trajectories: bool = False) -> R
         results=results,
         rescored=rescore,
         trajectories=trajs if trajectories else None,
+        answerability=m.answerability,
     )
 
 

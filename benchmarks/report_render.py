@@ -90,6 +90,12 @@ def to_markdown(lb: Leaderboard, reference: list[dict[str, Any]] | None = None) 
     if missing:
         out += ["", "Missing values (left out of the mean, not counted as wrong):", ""]
         out += [f"- {label} on {ds}: {NAMES.get(m, m)} missing for {k} items" for label, ds, m, k in missing]
+    known = [(r.label, ds, c.run.answerability) for r in lb.rows for ds, c in r.cells.items() if c.run.answerability]
+    if known:
+        from benchmarks.answerability import answerability_short
+
+        out += ["", "How answerable the questions are on the corpus searched (`harness index check`):", ""]
+        out += [f"- {label} on {ds}: {answerability_short(a)}" for label, ds, a in known]
     if lb.skipped:
         out += ["", "Skipped (not in this report, and why):", ""] + [f"- {s}" for s in lb.skipped]
     if lb.baseline:

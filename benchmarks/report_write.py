@@ -131,6 +131,7 @@ def terminal_table(lb: Leaderboard) -> Any:
     from rich.markup import escape
     from rich.table import Table
 
+    from benchmarks.answerability import answerability_short
     from benchmarks.fmt import NAMES, pct
     from benchmarks.report_render import cell_text
 
@@ -148,6 +149,8 @@ def terminal_table(lb: Leaderboard) -> Any:
         for ds in lb.datasets:
             c = row.cells.get(ds)
             lines = [f"{NAMES.get(m, m)} {cell_text(lb, ds, c, m, bold=('[bold]', '[/bold]'))}" for m in lb.metrics]
+            if c and c.run.answerability:  # how much of the set the searched corpus could answer
+                lines.append(answerability_short(c.run.answerability))
             cells.append("\n".join(lines) if c else "–")
         avg = [f"{NAMES.get(m, m)} {pct(row.average[m])}" for m in lb.metrics]
         cells.append("\n".join(avg))

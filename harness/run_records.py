@@ -47,7 +47,8 @@ class RunManifest:
     ``config`` is the resolved config that identifies the run (its hash decides whether a rerun
     resumes); ``execution`` holds the keys that only change how it runs (server URLs, concurrency,
     ``launch``), as they were when the run started; ``data_hash`` / ``index_id`` /
-    ``corpus_hash`` identify the items and the search space. Keys this version does not know
+    ``corpus_hash`` identify the items and the search space; ``answerability`` says how many of
+    the items that search space could answer (when known). Keys this version does not know
     are kept in ``extra`` and written back unchanged.
     """
 
@@ -67,6 +68,9 @@ class RunManifest:
     index_id: str | None = None
     corpus: str | None = None
     corpus_hash: str | None = None
+    # The questions' in-corpus and retrievable shares on the run's index, when `harness index
+    # check` recorded them (benchmarks.answerability.Answerability as a dict); None: unknown.
+    answerability: dict[str, Any] | None = None
     versions: dict[str, str] = field(default_factory=dict)
     git_revision: str | None = None
     started_at: str | None = None

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.answerability import contains
 from benchmarks.metrics import normalize_answer
 from harness.retrieval.corpus import iter_corpus
 from harness.retrieval.index import build_index, load_index
@@ -52,9 +53,9 @@ def supporting_ids(q: dict[str, Any], titles_by_id: dict[str, str]) -> set[str]:
 
 
 def answer_hit(docs: list[Doc], golds: list[str]) -> bool:
-    # Pad with spaces so that a gold answer must match whole words, not a piece of one.
-    texts = [f" {normalize_answer(d.contents)} " for d in docs]
-    return any(f" {g} " in t for g in golds for t in texts)
+    """A gold answer as whole words of a passage (the rule of ``harness index check``)."""
+    texts = [normalize_answer(d.contents) for d in docs]
+    return any(contains(t, g) for g in golds for t in texts)
 
 
 def quality(questions: list[dict[str, Any]], results: list[list[Doc]], titles_by_id: dict[str, str]) -> dict:

@@ -96,3 +96,25 @@ def download_cmd(
         console.print(f"FAISS index: {got['faiss']}")
     if got["index"]:
         console.print(f"index: {got['index']}  (harness serve retriever --index {got['index']})")
+
+
+@app.command("check")
+def check_cmd(
+    index: str = typer.Option(..., "--index", help="Index directory (built or imported)."),
+    datasets: list[str] = typer.Option(..., "--dataset", help="Dataset to check (repeat for several)."),
+    split: str = typer.Option(None, "--split", help="Split (default: each dataset's default split)."),
+    topk: int = typer.Option(5, "--topk", help="Retrievable: an answer in the top-k passages for the question."),
+    data_dir: str = typer.Option(None, "--data-dir", help="FlashRAG-layout data dir (default $HARNESS_DATA_DIR)."),
+    limit: int = typer.Option(None, "--limit", help="First N questions of each dataset."),
+    workers: int = typer.Option(1, "--workers", help="Processes scanning the corpus in parallel."),
+) -> None:
+    """How answerable each question is on the index's corpus: a gold answer in the corpus, and in the top-k."""
+    from benchmarks.answerability import check_index, check_lines
+    from harness.retrieval.index import IndexLoadError
+
+    try:
+        report = check_index(index, datasets, split, topk, data_dir, limit, workers)
+    except (IndexLoadError, ValueError, KeyError, OSError) as e:  # KeyError: an unknown dataset
+        fail(str(e))
+    for line in check_lines(report):
+        console.print(line, highlight=False, soft_wrap=True)

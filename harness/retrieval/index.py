@@ -294,7 +294,30 @@ def load_index(
     except (RetrievalError, CorpusError) as e:  # the index files themselves are bad
         raise IndexLoadError(str(e)) from e
     retriever.manifest = m
+    retriever.index_dir = index_dir  # where results recorded beside the index live (answerability.json)
     return retriever
+
+
+def corpus_file(index_dir: str | Path) -> Path:
+    """The corpus file whose rows an index returns: its ``docs.jsonl`` copy, or the corpus an
+    imported index points at (checked against the recorded size). For streaming scans of the
+    corpus an index searches (:func:`~harness.retrieval.corpus.iter_range`)."""
+    index_dir = Path(index_dir)
+    m = read_manifest(index_dir)
+    if not m.get("imported"):
+        path = index_dir / DOCS
+        if not path.is_file():
+            raise IndexLoadError(f"index {index_dir} is incomplete: {DOCS} is missing")
+        return path
+    path = _imported_file(index_dir, m["corpus_path"], "corpus")
+    _check_size(index_dir, path, m.get("corpus_size"))
+    return path
+
+
+def _check_size(index_dir: Path, path: Path, recorded: Any) -> None:
+    """A cheap check that an imported file is still the one imported: its size."""
+    if path.stat().st_size != recorded:
+        raise IndexLoadError(f"index {index_dir}: {path} has {path.stat().st_size} bytes, {recorded} when imported")
 
 
 def _check_corpus(index_dir: Path, m: dict[str, Any], corpus: str | Path | None) -> None:
@@ -346,8 +369,7 @@ def _load_imported(
     faiss_path = _imported_file(index_dir, m["faiss_path"], "FAISS index")
     corpus_path = _imported_file(index_dir, m["corpus_path"], "corpus")
     for p, key in ((faiss_path, "faiss_size"), (corpus_path, "corpus_size")):
-        if p.stat().st_size != m.get(key):  # a cheap check that the files are still those imported
-            raise IndexLoadError(f"index {index_dir}: {p} has {p.stat().st_size} bytes, {m.get(key)} when imported")
+        _check_size(index_dir, p, m.get(key))
     offsets = index_dir / OFFSETS
     if not offsets.is_file():
         raise IndexLoadError(f"index {index_dir} is incomplete: {OFFSETS} is missing")

@@ -4,6 +4,7 @@ paper's; one slow run with the embedded model."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -87,8 +88,15 @@ def test_replicate_runs_every_card_locally_and_says_it_is_not_the_paper(card, tm
     for p in c.paper:
         if "hotpotqa" in p.values:
             assert f"{p.values['hotpotqa']:g}" in out  # the paper's number beside ours
-    runs = list(tmp_path.iterdir())
-    assert len(runs) == 1 and (runs[0] / "results.json").is_file()
+    # Beside the search agent, its closed-book run (same model and prompt, no search turn), and
+    # under the paper's numbers how many of these questions the searched corpus could answer.
+    runs = sorted(tmp_path.iterdir(), key=lambda r: "-closed-book-" in r.name)
+    assert ["-closed-book-" in r.name for r in runs] == [False, True]
+    assert all((r / "results.json").is_file() for r in runs)
+    assert "closed-book" in out and "have their answer somewhere in the corpus" in out
+    closed = json.loads((runs[1] / "manifest.json").read_text())
+    assert closed["retriever"] is None and closed["config"]["agent"]["max_turns"] == 0
+    assert json.loads((runs[0] / "manifest.json").read_text())["answerability"]["n"] == 1
     # harness report --reference shows the same paper-vs-ours rows.
     rep = runner.invoke(app, ["report", str(runs[0]), "--out", str(tmp_path / "rep"), "--reference", "--format", "md"])
     assert rep.exit_code == 0, rep.output
