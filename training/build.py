@@ -163,13 +163,21 @@ TRAINERS.register(
 )
 
 
+def make_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
+    """The trainer of ``cfg.algo.kind`` (:data:`TRAINERS`), to write into ``out``; ``backend``: an
+    already built rollout backend (e.g. one pointing at a launched engine). Building it checks the
+    recipe and loads the data and the model, and writes nothing: a trainer writes its run folder
+    from its first step on."""
+    return TRAINERS.get(cfg.algo.kind)(cfg, Path(out), backend)
+
+
 def build_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
-    """The trainer of ``cfg.algo.kind`` (:data:`TRAINERS`), writing into ``out``. ``backend``: an
-    already built rollout backend (e.g. one pointing at a launched engine). A new (or empty)
-    ``out`` is marked as harness's, so ``--overwrite`` can later prove what it deletes."""
+    """:func:`make_trainer`, then a new (or empty) ``out`` is marked as harness's, so
+    ``--overwrite`` can later prove what it deletes: a recipe that fails to build claims nothing."""
+    trainer = make_trainer(cfg, out, backend)
     if int(os.environ.get("RANK", "0")) == 0:
         safe_delete.claim(out, "train")
-    return TRAINERS.get(cfg.algo.kind)(cfg, Path(out), backend)
+    return trainer
 
 
 def train_config(
@@ -242,39 +250,47 @@ def train(
     """Train ``cfg`` into ``run`` with its :data:`TRAINERS` entry, continuing from the run's last
     checkpoint when ``resume``; returns (the trainer, its final output). When the trainer rolls
     out through ``rollout.backend`` and that says ``launch: true``, the engine is started for the
-    run and stopped however it ends (SIGTERM included); ``say`` tells the user about it. The run
-    folder is locked throughout (:func:`harness.runlock.run_lock`: a second writer is refused), and
-    a fresh run claims it first (:func:`claim_run_folder`, which ``overwrite`` lets clear it). A
+    run and stopped however it ends (SIGTERM included); ``say`` tells the user about it. The
+    trainer is built first (a recipe that fails leaves no folder); then the run folder is locked
+    throughout (:func:`harness.runlock.run_lock`: a second writer is refused), and a fresh run
+    claims it (:func:`claim_run_folder`, which ``overwrite`` lets clear it). A
     rank of a multi-rank run ends its process groups when its training ends well
     (:func:`training.engine.end_distributed`)."""
-    from training.trainer import mini_batch_rows
+    from training.trainer import check_config
 
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))  # as the launcher set
+    b = cfg.rollout.backend
+    launch = b.launch and TRAINERS.info(cfg.algo.kind).get("rollout_engine")
     with contextlib.ExitStack() as stack:
         stack.enter_context(sigterm_as_exit())
-        if rank == 0:  # the ranks of one run share its folder: rank 0 owns it
-            if not resume:
-                claim_run_folder(run, overwrite, check_only=True)  # a refusal leaves no lock file behind
-            stack.enter_context(run_lock(run, "train"))
-            if not resume:
-                claim_run_folder(run, overwrite)
-        elif not resume and not overwrite:
-            claim_run_folder(run)  # every rank refuses a non-empty folder (none waits on a failed rank 0)
-        b = cfg.rollout.backend
-        if b.launch and TRAINERS.info(cfg.algo.kind).get("rollout_engine"):
-            mini_batch_rows(cfg, world)  # the update schedule is checked before an engine takes a minute to start
+        if launch:
+            check_config(cfg, world)  # the recipe is checked before an engine takes a minute to start
             if world > 1:
                 # Every rank would start its own engine; one shared server is what RL needs.
                 raise ValueError(
                     "rollout.backend.launch=true starts one engine from a single-process run; with several "
                     "ranks start it once with `harness serve model --engine sglang` and set rollout.backend.url"
                 )
+        if not resume and (rank == 0 or not overwrite):
+            # a refusal leaves no lock file behind; every rank refuses a non-empty folder (none waits
+            # on a failed rank 0)
+            claim_run_folder(run, overwrite, check_only=True)
+        # Validate, then claim: the trainer is built (recipe checked, data and model loaded) before
+        # the run folder is created, claimed or locked, so a recipe that fails leaves no folder. A
+        # launched engine logs into the run folder, so then only the recipe checks above come first.
+        trainer = None if launch else make_trainer(cfg, run)
+        if rank == 0:  # the ranks of one run share its folder: rank 0 owns it
+            stack.enter_context(run_lock(run, "train"))
+            if not resume:
+                claim_run_folder(run, overwrite)
+            safe_delete.claim(run, "train")
+        if launch:
             engine, engine_cfg = rollout_engine(cfg)
             proc = start_engine(stack, engine, cfg.model.path, engine_cfg, run, say=say)
             cfg = replace(cfg, rollout=replace(cfg.rollout, backend=replace(b, url=[proc.url])))
-        trainer = build_trainer(cfg, run)
+            trainer = make_trainer(cfg, run)
         if resume:
-            trainer.resume(run)
+            trainer.resume(run)  # nothing is written before it succeeds (the records open at the first step)
         final = Path(trainer.train())
     if world > 1:
         # A launcher's rank trains once and exits; a single process keeps its group for the next

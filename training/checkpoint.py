@@ -24,11 +24,13 @@ by ``harness eval --model DIR``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import random
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ import torch
 
 from harness.fsutil import atomic_dir, commit_dir, tmp_sibling
 from harness.models import untie
+from training.divergence import DivergenceError, check_finite
 from training.engine import full_state_dict, load_full_state_dict, rank_and_world, unwrap
 
 logger = logging.getLogger(__name__)
@@ -72,8 +75,6 @@ def save_checkpoint(
 ) -> Path:
     """Write ``out_dir/step-{step}`` atomically (every rank calls this; rank 0 writes the shared
     files, the ``tokenizer``'s among them when given)."""
-    from safetensors.torch import save_file
-
     rank, _ = rank_and_world()
     final = out_dir / f"step-{step}"
     tmp = tmp_sibling(final)  # one name on every rank: all of them write into it
@@ -85,8 +86,14 @@ def save_checkpoint(
         if eng is None:
             continue
         weights = full_state_dict(eng)  # collective under ZeRO-3: every rank takes part
+        try:  # every rank holds the full weights here, so every rank refuses alike
+            check_finite(weights, f"not writing checkpoint {final}")
+        except DivergenceError:
+            if rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if rank == 0:
-            save_file(untie({k: v.contiguous() for k, v in weights.items()}), str(tmp / f"{name}.safetensors"))
+            write_safetensors(untie({k: v.contiguous() for k, v in weights.items()}), tmp / f"{name}.safetensors")
             if name == "model" and hasattr(unwrap(eng), "config"):
                 unwrap(eng).config.save_pretrained(tmp)
             if name == "model" and tokenizer is not None:
@@ -94,7 +101,8 @@ def save_checkpoint(
         opt = {"optimizer": eng.optimizer.state_dict()}
         if getattr(eng, "lr_scheduler", None) is not None:
             opt["scheduler"] = eng.lr_scheduler.state_dict()
-        torch.save(opt, tmp / f"{name}_optim_rank{rank}.pt")
+        with write_errors(tmp / f"{name}_optim_rank{rank}.pt") as path:
+            torch.save(opt, path)
     _barrier()
     if rank == 0:
         files = {p.name: file_record(p) for p in sorted(tmp.iterdir()) if p.is_file() and p.name != STATE_FILE}
@@ -102,6 +110,30 @@ def save_checkpoint(
         commit_dir(tmp, final, kind="checkpoint")
     _barrier()
     return final
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """``safetensors.torch.save_file``, with a failure to write (a full disk: safetensors reports
+    it as a ``SafetensorError`` quoting the OS error, without the file) as an ``OSError`` naming
+    ``path``."""
+    from safetensors.torch import save_file
+
+    with write_errors(path):
+        save_file(tensors, str(path))
+
+
+@contextlib.contextmanager
+def write_errors(path: Path) -> Iterator[Path]:
+    """Writing ``path`` with a library that reports a failed write (a full disk, say) without the
+    file: safetensors' ``SafetensorError`` and torch.save's ``RuntimeError`` quote the OS error in
+    their text only. Either becomes an ``OSError`` naming ``path``."""
+    from safetensors import SafetensorError
+
+    try:
+        yield path
+    except (SafetensorError, RuntimeError) as e:
+        free = shutil.disk_usage(path.parent).free // 1024 if path.parent.is_dir() else "?"
+        raise OSError(f"{path}: cannot be written ({str(e).strip()[:300]}; {free} KiB free on its disk)") from None
 
 
 def load_checkpoint(ckpt: Path, policy: Any, critic: Any = None) -> dict[str, Any]:
@@ -233,9 +265,11 @@ def export_hf(policy: Any, tokenizer: Any, out: Path) -> Path:
     """The trained policy as a Hugging Face model directory (safetensors + config + tokenizer)."""
     rank, _ = rank_and_world()
     weights = full_state_dict(policy)  # every rank (a collective under ZeRO-3)
+    check_finite(weights, f"not writing the final model {out}")
     if rank == 0:
         with atomic_dir(out, kind="model") as tmp:
-            unwrap(policy).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+            with write_errors(out):
+                unwrap(policy).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
     _barrier()
     return out
@@ -246,23 +280,18 @@ def _barrier() -> None:
         torch.distributed.barrier()
 
 
-def resume_checkpoint(
-    run_dir: str | Path, policy: Any, critic: Any = None, log: Any = None
-) -> tuple[Path, dict[str, Any]]:
+def resume_checkpoint(run_dir: str | Path, policy: Any, critic: Any = None) -> tuple[Path, dict[str, Any]]:
     """Restore the newest intact checkpoint of the run ``run_dir`` (its ``checkpoints/``) into the
     engines; returns it and the trainer state. A run with no checkpoint is a FileNotFoundError.
-
-    ``log`` (the run's :class:`~training.logging_utils.MetricsLog`, rank 0's) drops its records
-    after the checkpoint's step: those steps run again (after a fallback past a damaged newest
-    checkpoint, more than one), and must be logged once."""
+    Nothing in the run folder is written: the trainer opens its records once the resumed run
+    starts, dropping the log records after ``state["step"]`` then
+    (:func:`training.logging_utils.open_run_records`; after a fallback past a damaged newest
+    checkpoint those are more than one step's)."""
     where = Path(run_dir) / "checkpoints"
     ckpt = latest_checkpoint(where)
     if ckpt is None:
         raise FileNotFoundError(f"no checkpoint under {where}")
-    state = load_checkpoint(ckpt, policy, critic)
-    if log is not None:
-        log.truncate(int(state["step"]))
-    return ckpt, state
+    return ckpt, load_checkpoint(ckpt, policy, critic)
 
 
 def _state_of(ckpt: Path) -> dict[str, Any]:

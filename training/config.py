@@ -266,6 +266,10 @@ class TrainerConfig:
     # Newest complete checkpoints kept on disk (0: keep all). A time-based checkpoint between two
     # save_every steps is interim: only the newest is kept, and it does not count here.
     keep_checkpoints: int = 2
+    # A step whose loss or gradient is not finite skips its update (counted: nonfinite/* in the
+    # step log); this many such steps in a row stop the run with an error naming the step, before
+    # any checkpoint of non-finite weights (0: never stop, only skip). See training.divergence.
+    max_nonfinite_steps: int = 5
     tensorboard: bool = True
     wandb_project: str | None = None
     save_rollouts: bool = True  # every rollout trajectory with its reward → rollouts.jsonl
@@ -275,6 +279,9 @@ class TrainerConfig:
     entropy_every: int = 10
     # Asynchronous rollouts (``trainer.async`` in YAML; see training.async_rollout).
     async_: AsyncConfig = field(default_factory=lambda: AsyncConfig(), metadata={"key": "async"})
+
+    def __post_init__(self) -> None:
+        require_at_least(self, 0, "max_nonfinite_steps")
 
 
 @dataclass(frozen=True)

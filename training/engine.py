@@ -210,7 +210,12 @@ def initialize(
 
     setup_distributed_env()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    # DeepSpeed wraps the optimizer for bf16 and ZeRO, and those wrappers skip a non-finite step;
+    # the plain fp32 stage-0 case steps ours directly, so ours must skip it (training.divergence).
+    plain = cfg.zero_stage == 0 and not cfg.bf16
+    opt = (FiniteAdamW if plain else torch.optim.AdamW)(
+        params, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+    )
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         optimizer=opt,
@@ -218,6 +223,24 @@ def initialize(
         lr_scheduler=lr_schedule(cfg, warmup_steps, updates_per_step, max_steps),
     )
     return engine
+
+
+class FiniteAdamW(torch.optim.AdamW):
+    """AdamW that skips a step whose gradients are not all finite, as DeepSpeed's own optimizer
+    wrappers do: the gradients are dropped, no weight or moment changes, and ``overflow`` is set,
+    which the DeepSpeed engine reads to leave the LR schedule where it is and count the step in
+    ``skipped_steps`` (``engine.was_step_applied()`` is then False)."""
+
+    overflow = False
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        self.overflow = bool(grads) and not bool(torch.isfinite(torch.nn.utils.get_total_norm(grads)))
+        if self.overflow:
+            self.zero_grad(set_to_none=True)
+            return None
+        return super().step(closure)
 
 
 # ---- LR schedules -----------------------------------------------------------------------------

@@ -94,6 +94,24 @@ class MetricsLog:
             self.wandb.finish()
 
 
+def open_run_records(out: Path, cfg: Any, resumed_step: int | None = None) -> MetricsLog:
+    """A trainer's run records, opened when the run starts (its first step): ``config.json`` and
+    the :class:`MetricsLog`. Not earlier: a run that fails to build or to resume (every checkpoint
+    damaged, a foreign folder) leaves the records of the run it was meant to continue as they were.
+    ``resumed_step``: the step a resume restored; log records after it are dropped (those steps run
+    again and are logged once)."""
+    from harness.config import to_dict
+
+    config = to_dict(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    t = cfg.trainer
+    log = MetricsLog(out, t.tensorboard, t.wandb_project, config)
+    if resumed_step is not None:
+        log.truncate(resumed_step)
+    return log
+
+
 def _truncate_jsonl(path: Path, step: int) -> int:
     """Keep the records of ``path`` with ``step`` <= ``step``; returns how many were dropped."""
     if not path.exists():

@@ -36,10 +36,11 @@ import torch.nn.functional as F
 
 from harness.registry import Registry
 from harness.textfiles import read_jsonl
-from training.checkpoint import resume_checkpoint, save_and_prune
+from training.checkpoint import resume_checkpoint, save_and_prune, write_safetensors
 from training.config import TrainConfig
+from training.divergence import NonFiniteGuard, check_finite, poisoned, update_applied
 from training.engine import ValueHead, build_model, initialize, optimizer_step, rank_and_world, unwrap
-from training.logging_utils import MetricsLog, ProgressBar
+from training.logging_utils import MetricsLog, ProgressBar, open_run_records
 
 logger = logging.getLogger(__name__)
 
@@ -213,14 +214,11 @@ class PRMTrainer:
         from training.sft import EpochSampler
 
         self.sampler = EpochSampler(len(items), cfg.trainer.seed, True)
-        self.step_no, self.log = 0, None
+        self.step_no = 0
+        self.log: MetricsLog | None = None  # opened by the first step (open_run_records)
+        self._resumed: int | None = None
+        self.guard = NonFiniteGuard(cfg.trainer.max_nonfinite_steps)
         self.run_id = uuid.uuid4().hex  # this run's checkpoints carry it: pruning never touches another run's
-        if self.rank == 0:
-            from harness.config import to_dict
-
-            self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-            self.log = MetricsLog(self.out, cfg.trainer.tensorboard, cfg.trainer.wandb_project, to_dict(cfg))
         logger.info("PRM (%s) on %d %s; %d pairs held out", p.loss, len(items), self.loss.what, len(self.val_pairs))
 
     @property
@@ -249,7 +247,10 @@ class PRMTrainer:
         return final
 
     def step(self) -> dict[str, float]:
-        """One optimizer step over ``prm.batch_size`` pairs (or step records), micro-batched."""
+        """One optimizer step over ``prm.batch_size`` pairs (or step records), micro-batched; skipped
+        when its loss or gradient is not finite (:mod:`training.divergence`)."""
+        if self.rank == 0 and self.log is None:
+            self.log = open_run_records(self.out, self.cfg, self._resumed)
         t0, p = time.perf_counter(), self.cfg.prm
         idx = self.sampler.next(p.batch_size)
         per = p.batch_size // self.world
@@ -265,11 +266,16 @@ class PRMTrainer:
             loss = loss * len(part) / len(idx)
             correct = None if hits is None else (correct or 0.0) + hits
             loss_sum += float(loss.detach())
-            self.engine.backward(loss * gas)  # DeepSpeed divides each backward by gas
+            self.engine.backward(poisoned(loss * gas))  # DeepSpeed divides each backward by gas
             gn = optimizer_step(self.engine)
             grad_norm = gn if gn is not None else grad_norm
         self.step_no += 1
-        metrics = {"loss": loss_sum, "time/step_s": time.perf_counter() - t0, "epoch": float(self.sampler.epoch)}
+        metrics = {
+            "loss": loss_sum,
+            "time/step_s": time.perf_counter() - t0,
+            "epoch": float(self.sampler.epoch),
+            **self.guard.record(self.step_no, int(not update_applied(self.engine))),
+        }
         if correct is not None:
             metrics["prm/train_pair_acc"] = correct / len(idx)
         if grad_norm is not None:
@@ -279,13 +285,14 @@ class PRMTrainer:
             metrics["prm/val_pair_acc"] = self.pair_accuracy(self.val_pairs)
         if self.log is not None:
             self.log.write(self.step_no, metrics)
-        if c.save_every and self.step_no % c.save_every == 0:
+        self.guard.stop_if_diverged()
+        if c.save_every and self.step_no % c.save_every == 0 and self.guard.may_checkpoint():
             self.save()
         return metrics
 
     def save(self) -> Path:
         """A checkpoint of this step; keeps this run's newest ``trainer.keep_checkpoints`` (as RL)."""
-        state = {"sampler": self.sampler.state(), "kind": "prm", "run_id": self.run_id}
+        state = {"sampler": self.sampler.state(), "kind": "prm", "run_id": self.run_id, "nonfinite": self.guard.state()}
         return save_and_prune(
             self.out / "checkpoints", self.step_no, self.engine, state, self.cfg.trainer.keep_checkpoints
         )
@@ -304,28 +311,29 @@ class PRMTrainer:
 
     def resume(self, run_dir: Path) -> None:
         """Continue from the newest intact checkpoint; the log drops the steps that run again."""
-        _, state = resume_checkpoint(run_dir, self.engine, log=self.log)
-        self.step_no = state["step"]
+        _, state = resume_checkpoint(run_dir, self.engine)
+        self.step_no = self._resumed = state["step"]
         self.run_id = state.get("run_id", self.run_id)  # the same run, continued
         self.sampler.load(state["sampler"])
+        self.guard.load(state.get("nonfinite"))
 
 
 # ---- saving, loading, scoring -----------------------------------------------------------------
 def save_prm(model: Any, tokenizer: Any, out: Path, cfg: TrainConfig, metrics: dict[str, float]) -> Path:
     """The PRM folder (safetensors; LoRA merged into the body); see the module docstring."""
-    from safetensors.torch import save_file
-
     from training.lora import merged_state_dict
 
     m = unwrap(model)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     body = m.body
     lora = cfg.model.lora is not None
     state = merged_state_dict(body) if lora else body.state_dict()
-    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(out / "model.safetensors"))
+    head = m.head.state_dict()
+    check_finite({**state, **{f"head.{k}": v for k, v in head.items()}}, f"not writing the PRM {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    write_safetensors({k: v.detach().contiguous().cpu() for k, v in state.items()}, out / "model.safetensors")
     body.config.save_pretrained(str(out))
-    save_file({k: v.detach().contiguous().cpu() for k, v in m.head.state_dict().items()}, str(out / "head.safetensors"))
+    write_safetensors({k: v.detach().contiguous().cpu() for k, v in head.items()}, out / "head.safetensors")
     byte = cfg.model.tiny is not None
     if not byte and hasattr(tokenizer, "save_pretrained"):
         tokenizer.save_pretrained(str(out))

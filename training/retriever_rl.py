@@ -49,7 +49,8 @@ from harness.retrieval.state import RetrievalState
 from harness.retrieval.stochastic import StochasticDenseRetriever
 from harness.types import Example, SearchRecord, Trajectory
 from training.advantages import gae, grpo, outcome_to_tokens
-from training.config import TrainConfig
+from training.config import TrainConfig, TrainerConfig
+from training.divergence import NonFiniteGuard, check_finite, is_finite
 from training.engine import ValueHead
 from training.losses import aggregate, kl_loss, kl_penalty, policy_loss, value_loss
 from training.retriever_config import RetrieverRLConfig
@@ -271,8 +272,16 @@ class StepResult:
 class RetrieverRL:
     """GRPO on the query tower of ``retriever`` from ``runner`` rollouts; see the module docstring."""
 
-    def __init__(self, retriever: StochasticDenseRetriever, runner: Any, cfg: RetrieverRLConfig, out: Path) -> None:
+    def __init__(
+        self,
+        retriever: StochasticDenseRetriever,
+        runner: Any,
+        cfg: RetrieverRLConfig,
+        out: Path,
+        max_nonfinite_steps: int = TrainerConfig.max_nonfinite_steps,
+    ) -> None:
         self.retriever, self.runner, self.cfg, self.out = retriever, runner, cfg, Path(out)
+        self.guard = NonFiniteGuard(max_nonfinite_steps)  # see training.divergence
         self.tower = retriever.tower
         self.tower.freeze_reference()  # the KL anchor: the weights before any update
         params = [p for p in self.tower.parameters() if p.requires_grad]
@@ -302,15 +311,27 @@ class RetrieverRL:
             self._ppo_loss_fn(trajs, rewards) if self.value_head is not None else self._grpo_loss_fn(trajs, rewards)
         )
         stats: dict[str, float] = {}
+        skipped = 0
         for _ in range(c.epochs):
             self.opt.zero_grad(set_to_none=True)
             loss, stats = loss_fn()
+            if not loss.requires_grad:  # no retrieval call in the batch: nothing to learn from
+                gnorm = torch.zeros(())
+                continue
             loss.backward()
             clip = float("inf") if c.grad_clip is None else c.grad_clip  # inf: measure the norm, clip nothing
             gnorm = torch.nn.utils.clip_grad_norm_(self._params, clip)
+            vnorm = 0.0
             if self.value_head is not None:
-                torch.nn.utils.clip_grad_norm_(self.value_head.parameters(), clip)
+                vnorm = torch.nn.utils.clip_grad_norm_(self.value_head.parameters(), clip)
+            if not (is_finite(loss) and is_finite(gnorm) and is_finite(vnorm)):
+                self.opt.zero_grad(set_to_none=True)  # a non-finite update never reaches the tower
+                skipped += 1
+                continue
             self.opt.step()
+        # A finite update can still overflow the weights (a huge LR), and this loss does not always
+        # turn NaN weights into a NaN loss (the sampled log-probs of NaN scores): check them here.
+        check_finite({n: p for n, p in self.tower.named_parameters() if p.requires_grad}, f"step {self.step_no + 1}")
         self.step_no += 1
         if c.sync_url and self.step_no % c.sync_every == 0:
             self.sync_served()
@@ -325,6 +346,7 @@ class RetrieverRL:
             "rollout_s": rollout_s,
             "step_s": time.perf_counter() - t0,
             **{f"loss/{k}": v for k, v in stats.items()},
+            **self.guard.record(self.step_no, skipped),
         }
         return StepResult(self.step_no, metrics)
 
@@ -355,6 +377,7 @@ class RetrieverRL:
         reload it (the previous sync dir is removed once the server has moved on)."""
         from harness import safe_delete
 
+        check_finite(self.tower.state_dict(), f"not syncing the encoder of step {self.step_no}")
         path = self.retriever.save_tower(self.out / "sync" / f"step-{self.step_no}")
         safe_delete.mark(path, "encoder", entries=[p.name for p in path.iterdir()])  # ours: removable later
         answer = reload_served_encoder(self.cfg.sync_url or "", str(path.resolve()), self.cfg.sync_timeout)
@@ -383,10 +406,13 @@ class RetrieverRL:
                 logger.info("step %d: %s", res.step, {k: round(v, 4) for k, v in res.metrics.items()})
                 if on_step is not None:
                     on_step(res)
+                self.guard.stop_if_diverged()
+        check_finite(self.tower.state_dict(), f"not writing the encoder {self.out / 'encoder'}")
         if self.value_head is not None:  # for resuming / inspection; evaluation needs only the encoder
-            from safetensors.torch import save_file
+            from training.checkpoint import write_safetensors
 
-            save_file(self.value_head.state_dict(), str(self.out / "value_head.safetensors"))
+            check_finite(self.value_head.state_dict(), "not writing the value head")
+            write_safetensors(self.value_head.state_dict(), self.out / "value_head.safetensors")
         return self.retriever.save_tower(self.out / "encoder")
 
 
@@ -491,22 +517,25 @@ class RetrieverTrainer:
     encoder lands in ``RUN/encoder`` (what :meth:`train` returns)."""
 
     def __init__(self, cfg: TrainConfig, out: Path, backend: Any = None) -> None:
-        self.cfg, self.out, self.backend = cfg, Path(out), backend
+        from training.examples import train_examples
+
+        self.cfg, self.out = cfg, Path(out)
         self.step_no = 0
+        # Built here, before the run folder is claimed: a recipe that fails to build leaves none.
+        self.retriever, self.runner = build_from_config(cfg, backend)
+        self.examples = train_examples(cfg)
 
     def resume(self, run_dir: Path) -> None:
         raise ValueError("algo.kind: retriever does not resume from checkpoints (not implemented); start a new run")
 
     def train(self) -> Path:
         from harness.config import to_dict
-        from training.examples import train_examples
 
-        retriever, runner = build_from_config(self.cfg, self.backend)
-        examples = train_examples(self.cfg)
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.json").write_text(json.dumps(to_dict(self.cfg), indent=2) + "\n", encoding="utf-8")
-        rl = RetrieverRL(retriever, runner, self.cfg.retriever_rl.rl, self.out)
-        encoder = rl.train(examples)
+        t = self.cfg.trainer
+        rl = RetrieverRL(self.retriever, self.runner, self.cfg.retriever_rl.rl, self.out, t.max_nonfinite_steps)
+        encoder = rl.train(self.examples)
         self.step_no = rl.step_no
         return encoder
 

@@ -10,7 +10,6 @@ step; the loss is the token mean of the negative log-likelihood over the step's 
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -24,8 +23,9 @@ from harness.types import Trajectory
 from training.batch import Batch, collate
 from training.checkpoint import export_hf, resume_checkpoint, save_and_prune
 from training.config import TrainConfig
+from training.divergence import NonFiniteGuard, poisoned, update_applied
 from training.engine import build_model, initialize, optimizer_step, rank_and_world
-from training.logging_utils import MetricsLog, ProgressBar
+from training.logging_utils import MetricsLog, ProgressBar, open_run_records
 from training.logprobs import window_token_stats
 from training.sft_data import load_sources
 from training.sft_weights import tag_id_weights, token_weights, weighted_token_mean
@@ -98,13 +98,9 @@ class SFTTrainer:
         self.tags = tag_id_weights(self.tokenizer, cfg.sft.tag_weights)  # [] unless sft.tag_weights
         self.step_no = 0
         self.run_id = uuid.uuid4().hex  # this run's checkpoints carry it: pruning never touches another run's
-        self.log = None
-        if self.rank == 0:
-            from harness.config import to_dict
-
-            self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-            self.log = MetricsLog(self.out, cfg.trainer.tensorboard, cfg.trainer.wandb_project, to_dict(cfg))
+        self.guard = NonFiniteGuard(cfg.trainer.max_nonfinite_steps)
+        self.log: MetricsLog | None = None  # opened by the first step (open_run_records)
+        self._resumed: int | None = None
         n_tok = sum(t.generated_tokens for t in self.data)
         logger.info("SFT on %d trajectories (%d trained tokens)", len(self.data), n_tok)
 
@@ -127,7 +123,10 @@ class SFTTrainer:
         return final
 
     def step(self) -> dict[str, float]:
-        """One optimizer step over ``sft.batch_size`` trajectories (this rank's share)."""
+        """One optimizer step over ``sft.batch_size`` trajectories (this rank's share); skipped when
+        its loss or gradient is not finite (:mod:`training.divergence`)."""
+        if self.rank == 0 and self.log is None:
+            self.log = open_run_records(self.out, self.cfg, self._resumed)
         t0 = time.perf_counter()
         bs = self.cfg.sft.batch_size
         idx = self.sampler.next(bs)
@@ -138,6 +137,7 @@ class SFTTrainer:
         self.step_no += 1
         metrics = {
             **stats,
+            **self.guard.record(self.step_no, int(not update_applied(self.policy))),
             "epoch": float(self.sampler.epoch),
             "tokens/trained": float(batch.n_tokens),
             "time/step_s": time.perf_counter() - t0,
@@ -145,8 +145,9 @@ class SFTTrainer:
         }
         if self.log is not None:
             self.log.write(self.step_no, metrics)
+        self.guard.stop_if_diverged()
         c = self.cfg.trainer
-        if c.save_every and self.step_no % c.save_every == 0:
+        if c.save_every and self.step_no % c.save_every == 0 and self.guard.may_checkpoint():
             self.save()
         return metrics
 
@@ -181,7 +182,7 @@ class SFTTrainer:
             nll, m = self.nll(batch, s)
             part = weighted_token_mean(nll, m, weights[s, : m.shape[1]], total_tokens)
             loss_sum += float(part.detach())
-            self.policy.backward(part * gas)
+            self.policy.backward(poisoned(part * gas))
             gn = optimizer_step(self.policy)
             grad_norm = gn if gn is not None else grad_norm
         out = {"loss": loss_sum, "ppl": float(torch.exp(torch.tensor(loss_sum)))}
@@ -205,7 +206,7 @@ class SFTTrainer:
 
     def save(self) -> Path:
         """A checkpoint of this step; keeps this run's newest ``trainer.keep_checkpoints`` (as RL)."""
-        state = {"sampler": self.sampler.state(), "kind": "sft", "run_id": self.run_id}
+        state = {"sampler": self.sampler.state(), "kind": "sft", "run_id": self.run_id, "nonfinite": self.guard.state()}
         return save_and_prune(
             self.out / "checkpoints",
             self.step_no,
@@ -217,8 +218,9 @@ class SFTTrainer:
 
     def resume(self, run_dir: Path) -> None:
         """Continue from the newest intact checkpoint; the log drops the steps that run again."""
-        ckpt, state = resume_checkpoint(run_dir, self.policy, log=self.log)
-        self.step_no = state["step"]
+        ckpt, state = resume_checkpoint(run_dir, self.policy)
+        self.step_no = self._resumed = state["step"]
         self.run_id = state.get("run_id", self.run_id)  # the same run, continued
         self.sampler.load(state["sampler"])
+        self.guard.load(state.get("nonfinite"))
         logger.info("resumed SFT from %s at step %d", ckpt, self.step_no)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import threading
@@ -43,6 +42,7 @@ from training.batch import Batch, collate
 from training.checkpoint import export_hf, resume_checkpoint, save_and_prune
 from training.config import TrainConfig
 from training.dist_sync import DistributedWeightSync
+from training.divergence import NonFiniteGuard, poisoned, update_applied
 from training.engine import (
     ValueHead,
     autocast,
@@ -54,7 +54,14 @@ from training.engine import (
     optimizer_step,
     rank_and_world,
 )
-from training.logging_utils import MetricsLog, ProgressBar, memory_metrics, release_freed_memory, rollout_metrics
+from training.logging_utils import (
+    MetricsLog,
+    ProgressBar,
+    memory_metrics,
+    open_run_records,
+    release_freed_memory,
+    rollout_metrics,
+)
 from training.logprobs import window_token_stats
 from training.lora import adapters_disabled, apply_lora, base_model, lora_critic, merged_state_dict, save_adapter
 from training.rewards import algo_step_scorer, build_reward
@@ -102,24 +109,14 @@ class Trainer:
         self.cfg, self.agent, self.out, self.validate = cfg, agent, Path(out), validate
         self.backend, self.tokenizer = agent.backend, agent.tokenizer
         self.rank, self.world = rank_and_world()
-        if cfg.rollout.prompts_per_step % self.world:
-            raise ValueError(
-                f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must divide by {self.world} ranks"
-            )
+        check_config(cfg, self.world)
         self.advantage_fn = ADVANTAGES.get(cfg.algo.advantage)
         adv_info = ADVANTAGES.info(cfg.algo.advantage)
-        if cfg.algo.kl_in_reward and not adv_info.get("kl_in_reward"):
-            raise ValueError(
-                f"algo.kl_in_reward=true does not apply to algo.advantage={cfg.algo.advantage} (it would be "
-                "dropped silently); set algo.kl_in_reward=false and use a KL loss term (algo.kl_coef > 0)"
-            )
         seed_everything(cfg.trainer.seed)
         if cfg.optim.threads:
             torch.set_num_threads(cfg.optim.threads)
         a, o = cfg.algo, cfg.optim
         self.mini_rows = mini_batch_rows(cfg, self.world)  # rows per optimizer step on this rank
-        if a.filter_groups:
-            check_filter_groups(cfg, self.world)
         mini_all_ranks = self.mini_rows * self.world  # DeepSpeed: gradient_accumulation = micro-batches per mini-batch
         # The LR warmup counts training steps, as verl's scheduler does: tell it how many optimizer steps one makes.
         self.updates_per_step = updates_per_training_step(cfg, self.world)
@@ -166,8 +163,6 @@ class Trainer:
             self.critic = initialize(
                 critic, o, o.critic_lr, mini_all_ranks, o.critic_warmup_steps, self.updates_per_step, steps
             )
-        elif a.critic_warmup:
-            raise ValueError(f"algo.critic_warmup={a.critic_warmup} needs a critic (algo.advantage: gae)")
         self.reward_fn = build_reward(a.reward)
         self.sampler = PromptSampler(examples, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
         self.sampling = SamplingParams(
@@ -175,22 +170,16 @@ class Trainer:
         )
         self.step_no = 0  # optimizer steps taken = the policy version the backend serves
         self.async_rollouts: AsyncRollouts | None = None  # trainer.async's producer, from the first step
-        if cfg.trainer.async_.enabled and self.world > 1:
-            raise NotImplementedError(
-                "trainer.async with several ranks is not implemented (each rank would need its own "
-                "producer and the same number of groups per step); run it on one rank"
-            )
         # This run's checkpoints carry its id: pruning never touches another run's.
         self.run_id = uuid.uuid4().hex
         self._saved_step, self._saved_at = -1, time.monotonic()  # the last checkpoint: step, clock
-        self.log = None
-        if self.rank == 0:
-            from harness.config import to_dict
-
-            self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-            self.log = MetricsLog(self.out, cfg.trainer.tensorboard, cfg.trainer.wandb_project, to_dict(cfg))
-        self.sync()  # rollouts start from the policy's exact weights
+        self.guard = NonFiniteGuard(cfg.trainer.max_nonfinite_steps)
+        self._skipped_updates = 0  # optimizer steps skipped as non-finite in the current step
+        # Nothing is written and nothing synced until the run starts (the first step, after any
+        # resume): a build or a resume that fails leaves the run folder as it was.
+        self.log: MetricsLog | None = None
+        self._resumed: int | None = None  # the step a resume restored
+        self._synced: int | None = None  # the policy version the backend serves
 
     # ---- the loop --------------------------------------------------------------------------
     def train(self) -> Path:
@@ -212,8 +201,10 @@ class Trainer:
 
     def step(self) -> dict[str, float]:
         """One iteration: rollouts → rewards → advantages → update → sync → log → checkpoint → eval."""
+        self._start()
         c, t0 = self.cfg, time.perf_counter()
         stats: dict[str, float] = {}
+        self._skipped_updates = 0
         if not c.trainer.async_.enabled:
             # 1. prompts: the step's prompts on every rank; this rank rolls out its slice (whole groups)
             per_rank = c.rollout.prompts_per_step // self.world
@@ -276,6 +267,7 @@ class Trainer:
         metrics = {
             **rollout_metrics(rollout.trajectories, rewards, [p for _, p in scored], self.agent.dialect.name),
             **stats,
+            **self.guard.record(self.step_no, self._skipped_updates),
             "policy_version": float(rollout.policy_version),
             "time/rollout_s": t_rollout - t0,
             "time/reward_s": t_reward - t_rollout,
@@ -294,6 +286,7 @@ class Trainer:
             self.log.write(self.step_no, metrics)
             if c.trainer.save_rollouts:
                 self.log.write_rollouts(self.step_no, rollout.trajectories, rewards, rollout.group_ids)
+        self.guard.stop_if_diverged()
         # 10. checkpoint: every save_every steps, and once save_every_minutes have passed
         if self._save_due():
             self.save()
@@ -531,8 +524,8 @@ class Trainer:
         # Rollout correction: the backend's log-probs are the behaviour policy's (per token), old the proximal.
         behav = batch.rollout_logprobs[s, o:] if self.loss_fn.corrects else None  # [b, W]
         loss, st = self.loss_fn(logp, old[s], adv[s], mask[s], ent, ref, mini_tokens, gas, behav)
-        self.policy.backward(loss)
-        gn = optimizer_step(self.policy)
+        self.policy.backward(poisoned(loss))
+        gn = self._optimizer_step(self.policy)
         if gn is not None:
             st["grad_norm"] = gn
         st["loss"] = float(loss.detach())
@@ -565,11 +558,26 @@ class Trainer:
         """One micro-batch of PPO's clipped value loss."""
         v = self.critic(batch.input_ids[s], batch.attention_mask[s])[:, fwd.offset : -1]  # [b, W]
         vloss, st = losses.value_loss(v, fwd.values[s], returns[s], mask[s], self.cfg.algo.vf_clip)
-        self.critic.backward(self.cfg.algo.vf_coef * vloss)
-        optimizer_step(self.critic)
+        self.critic.backward(poisoned(self.cfg.algo.vf_coef * vloss))
+        self._optimizer_step(self.critic)
         return {**st, "value_loss": float(vloss.detach())}
 
+    def _optimizer_step(self, engine: Any) -> float | None:
+        """:func:`training.engine.optimizer_step`, counting a step skipped as non-finite."""
+        gn = optimizer_step(engine)
+        if gn is not None and not update_applied(engine):
+            self._skipped_updates += 1
+        return gn
+
     # ---- sync, checkpoints, validation ------------------------------------------------------
+    def _start(self) -> None:
+        """What the run's first step needs, once: the run records (rank 0) and the backend serving
+        the policy's exact weights (after any resume)."""
+        if self.rank == 0 and self.log is None:
+            self.log = open_run_records(self.out, self.cfg, self._resumed)
+        if self._synced != self.step_no:
+            self.sync()
+
     def sync(self) -> None:
         """Push the policy's weights into the rollout backend, tagged with ``step_no``: merged
         full weights (LoRA: W + ΔW), or the adapter itself (``model.lora.sync: adapter``). With
@@ -608,6 +616,7 @@ class Trainer:
 
         gather = export if zero3 and not adapter else None
         rank_safe_sync(self.backend, push, self.step_no, self.rank, self.world, gather, adapter)
+        self._synced = self.step_no
 
     def _save_due(self) -> bool:
         """Whether this step ends with a checkpoint (rank 0's clock decides for every rank)."""
@@ -615,6 +624,8 @@ class Trainer:
         due = bool(t.save_every) and self.step_no % t.save_every == 0
         if t.save_every_minutes > 0 and time.monotonic() - self._saved_at >= 60 * t.save_every_minutes:
             due = True
+        if due:  # the same on every rank: the gradients the guard counted were all-reduced
+            due = self.guard.may_checkpoint()
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             nccl = torch.distributed.get_backend() == "nccl"  # NCCL broadcasts device tensors only
             flag = torch.tensor([int(due)], device=torch.cuda.current_device() if nccl else "cpu")
@@ -629,7 +640,12 @@ class Trainer:
         # Asynchronously the sampler's position is the producer's: prompts of groups in flight or
         # buffered at this checkpoint are not drawn again by a resumed run.
         with self._sampler_lock:
-            state = {"sampler": self.sampler.state(), "policy_version": self.step_no, "run_id": self.run_id}
+            state = {
+                "sampler": self.sampler.state(),
+                "policy_version": self.step_no,
+                "run_id": self.run_id,
+                "nonfinite": self.guard.state(),
+            }
         t = self.cfg.trainer
         # Between two save_every steps (and before the last step), the clock took it: interim.
         interim = self.step_no < t.max_steps and not (t.save_every and self.step_no % t.save_every == 0)
@@ -648,13 +664,13 @@ class Trainer:
 
     def resume(self, run_dir: Path) -> None:
         """Continue from the newest checkpoint: weights, optimizer, scheduler, RNG, data position, step."""
-        # The steps after the checkpoint run again: the log drops them, to log them once.
-        ckpt, state = resume_checkpoint(run_dir, self.policy, self.critic, log=self.log)
-        self.step_no = state["step"]
+        # The steps after the checkpoint run again: the log drops them when it opens, to log them once.
+        ckpt, state = resume_checkpoint(run_dir, self.policy, self.critic)
+        self.step_no = self._resumed = state["step"]
         self.run_id = state.get("run_id", self.run_id)  # the same run, continued
         self._saved_step, self._saved_at = self.step_no, time.monotonic()
         self.sampler.load(state["sampler"])
-        self.sync()
+        self.guard.load(state.get("nonfinite"))
         logger.info("resumed from %s at step %d", ckpt, self.step_no)
 
     def run_validation(self) -> dict:
@@ -663,6 +679,30 @@ class Trainer:
         if self.log is not None:
             self.log.write(self.step_no, {f"val/{k}": float(v) for k, v in val.items() if isinstance(v, int | float)})
         return val
+
+
+def check_config(cfg: TrainConfig, world: int) -> None:
+    """The RL recipe checks that need no model, data or backend (``ValueError`` naming the key):
+    ``training.build`` runs them before it claims a run folder or starts an engine."""
+    a = cfg.algo
+    if cfg.rollout.prompts_per_step % world:
+        raise ValueError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must divide by {world} ranks")
+    adv_info = ADVANTAGES.info(a.advantage)  # an unknown estimator: the registry's error
+    if a.kl_in_reward and not adv_info.get("kl_in_reward"):
+        raise ValueError(
+            f"algo.kl_in_reward=true does not apply to algo.advantage={a.advantage} (it would be "
+            "dropped silently); set algo.kl_in_reward=false and use a KL loss term (algo.kl_coef > 0)"
+        )
+    mini_batch_rows(cfg, world)
+    if a.filter_groups:
+        check_filter_groups(cfg, world)
+    if a.critic_warmup and not adv_info.get("needs_critic"):
+        raise ValueError(f"algo.critic_warmup={a.critic_warmup} needs a critic (algo.advantage: gae)")
+    if cfg.trainer.async_.enabled and world > 1:
+        raise NotImplementedError(
+            "trainer.async with several ranks is not implemented (each rank would need its own "
+            "producer and the same number of groups per step); run it on one rank"
+        )
 
 
 def mini_batch_rows(cfg: TrainConfig, world: int) -> int:

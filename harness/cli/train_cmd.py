@@ -10,6 +10,7 @@ One entry for every trainer: ``algo.kind`` (rl, sft, prm, retriever) picks it fr
 
 from __future__ import annotations
 
+import errno
 import logging
 
 import typer
@@ -17,6 +18,9 @@ import typer
 from harness.cli.common import console, fail
 
 logger = logging.getLogger(__name__)
+
+# OS errors of a folder that cannot be written: read-only, full, no permission, over quota.
+WRITE_ERRNOS = (errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM, errno.EDQUOT)
 
 
 def train_command(
@@ -62,6 +66,7 @@ def train_command(
         return stages_cmd.run_command(stages, workdir=out, sets=None, dry_run=False)
     from harness.config import ConfigError
     from training.build import next_step, run_folder, train, train_config
+    from training.divergence import DivergenceError
 
     if not config and not resume:
         fail("give a recipe with -c configs/train/NAME.yaml (or --resume RUN_DIR)")
@@ -78,6 +83,19 @@ def train_command(
         trainer, final = train(
             cfg, run, resume=bool(resume), say=lambda m: console.print(m, highlight=False), overwrite=overwrite
         )
-    except (ValueError, FileNotFoundError, RuntimeError, KeyError) as e:  # EngineError, RunLockedError: RuntimeErrors
-        fail(f"{type(e).__name__}: {e}")
+    except DivergenceError as e:  # the run itself failed (exit 1), not its input (exit 2)
+        fail(str(e), code=1)
+    except (OSError, ValueError, RuntimeError, KeyError) as e:  # EngineError, RunLockedError: RuntimeErrors
+        fail(train_error(e))
     console.print(f"trained {trainer.step_no} steps → {run} (model: {final}; {next_step(cfg, final)})")
+
+
+def train_error(e: BaseException) -> str:
+    """What a failed training tells the user: the library's own message, and for an OS error the
+    path and the reason (a read-only or full disk), without a traceback."""
+    if isinstance(e, OSError) and e.filename is not None:
+        where = f"{e.filename} -> {e.filename2}" if e.filename2 is not None else str(e.filename)
+        return f"cannot write {where}: {e.strerror or e}" if e.errno in WRITE_ERRNOS else f"{where}: {e.strerror or e}"
+    if isinstance(e, KeyError):  # a checkpoint or record without an entry it needs
+        return f"missing entry {e.args[0]!r}" if e.args else "missing entry"
+    return str(e) or type(e).__name__

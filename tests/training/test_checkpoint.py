@@ -154,9 +154,11 @@ def _stub_trainer(out, run_id, keep=2, save_every=0, minutes=0.0, max_steps=100)
     import time
     from types import SimpleNamespace
 
+    from training.divergence import NonFiniteGuard
     from training.trainer import Trainer
 
     t = Trainer.__new__(Trainer)
+    t.guard = NonFiniteGuard(5)
     t.out, t.run_id, t.rank, t.critic, t.step_no, t.tokenizer = out, run_id, 0, None, 0, None
     t.policy = engine()
     t.sampler = SimpleNamespace(state=lambda: {"epoch": 0, "index": 0})

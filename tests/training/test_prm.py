@@ -232,6 +232,19 @@ def test_step_format_term_and_scorer_arguments():
 
 
 @pytest.mark.slow  # two tiny PRM trainers (~10-20 s on a loaded machine)
+def test_prm_at_lr_1e30_stops_naming_the_step_and_saves_no_prm(mcts_dir, tmp_path):
+    """Issue 31: a diverging PRM run skips its NaN steps and stops; it used to save a NaN PRM."""
+    from training.build import build_trainer
+    from training.divergence import DivergenceError
+
+    (tmp_path / "prm.yaml").write_text(TINY_PRM)
+    over = [f"prm.data=[{mcts_dir}]", "optim.lr=1e30", "trainer.max_steps=30", "trainer.max_nonfinite_steps=2"]
+    trainer = build_trainer(compose(TrainConfig, [tmp_path / "prm.yaml"], over), tmp_path / "run")
+    with pytest.raises(DivergenceError, match=r"diverged at step \d+"):
+        trainer.train()
+    assert trainer.step_no < 30 and not (tmp_path / "run" / "final").exists()
+
+
 def test_checkpoint_resume_continues_the_same_run(mcts_dir, tmp_path):
     from training.build import build_trainer
 

@@ -1,0 +1,199 @@
+"""Divergence (issue 31, defect 1): a non-finite loss or gradient skips its update on every engine
+configuration and every trainer, N such steps in a row stop the run with exit 1 naming the step,
+and no checkpoint is ever written from non-finite weights or pushes a finite one out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tests.training.test_checkpoint import engine
+from training.checkpoint import checkpoints, export_hf, save_and_prune
+from training.divergence import DivergenceError, NonFiniteGuard, poisoned, update_applied
+from training.engine import full_state_dict
+
+
+def batch(seed: int) -> torch.Tensor:
+    return torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(seed))  # [2, 12]
+
+
+def step(eng, seed: int, nan: bool = False) -> None:
+    from training.engine import optimizer_step
+
+    x = batch(seed)
+    loss = eng(input_ids=x, labels=x).loss
+    if nan:  # NaN through a term with no gradient: the gradients alone would look finite
+        loss = loss + torch.tensor(float("nan"))
+    eng.backward(poisoned(loss))
+    optimizer_step(eng)
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_a_non_finite_loss_skips_the_update_on_plain_and_zero_engines(stage):
+    """Stage 0 fp32 steps our FiniteAdamW directly; ZeRO wraps it in DeepSpeed's optimizer. Both skip:
+    no weight, optimizer-moment or LR-schedule change, and the engine says the step was not applied."""
+    eng = engine(stage)
+    step(eng, 1)
+    assert update_applied(eng)
+    before = full_state_dict(eng)
+    lr, skipped = eng.get_lr()[0], eng.skipped_steps
+    step(eng, 2, nan=True)
+    assert not update_applied(eng) and eng.skipped_steps == skipped + 1
+    after = full_state_dict(eng)
+    assert all(torch.equal(before[k], after[k]) for k in before), "a skipped step changed the weights"
+    assert eng.get_lr()[0] == lr  # the warmup schedule did not move
+    step(eng, 3)  # the next finite step trains again
+    assert update_applied(eng)
+    assert any(not torch.equal(after[k], v) for k, v in full_state_dict(eng).items())
+
+
+def test_the_guard_counts_steps_in_a_row_and_names_the_step():
+    g = NonFiniteGuard(3)
+    assert g.record(1, 0) == {"nonfinite/skipped_updates": 0.0, "nonfinite/steps_total": 0.0}
+    for s, skipped in ((2, 1), (3, 2), (4, 0), (5, 1), (6, 1)):
+        g.record(s, skipped)
+        g.stop_if_diverged()  # never 3 in a row so far
+    assert not g.may_checkpoint()  # inside a streak
+    assert g.record(7, 1)["nonfinite/steps_total"] == 5.0
+    with pytest.raises(DivergenceError, match=r"diverged at step 7: steps 5 to 7"):
+        g.stop_if_diverged()
+    off = NonFiniteGuard(0)  # 0: skip, never stop
+    for s in range(1, 20):
+        off.record(s, 1)
+    off.stop_if_diverged()
+
+
+def test_non_finite_weights_are_never_written_and_prune_nothing(tmp_path):
+    eng = engine(0)
+    state = {"run_id": "r", "sampler": {}}
+    for s in (1, 2):
+        step(eng, s)
+        save_and_prune(tmp_path / "checkpoints", s, eng, state, keep=2)
+    with torch.no_grad():
+        next(eng.module.parameters()).view(-1)[0] = float("inf")
+    with pytest.raises(DivergenceError, match=r"step-3: weight .* is not finite"):
+        save_and_prune(tmp_path / "checkpoints", 3, eng, state, keep=2)
+    assert [p.name for _, p in checkpoints(tmp_path / "checkpoints")] == ["step-1", "step-2"]  # nothing pruned
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-1", "step-2"]  # no temporary
+    from harness.tokenization import byte_tokenizer
+
+    with pytest.raises(DivergenceError, match="final"):
+        export_hf(eng, byte_tokenizer(), tmp_path / "final")
+    assert not (tmp_path / "final").exists()
+
+
+# ---- the trainers ------------------------------------------------------------------------------
+SFT = """
+name: sft-diverge
+model:
+  tiny: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
+algo: {kind: sft}
+sft: {batch_size: 2, sources: [{kind: chat, path: DATA}]}
+optim: {lr: 1.0e-3, micro_batch_size: 2, threads: 1}
+trainer: {max_steps: 20, save_every: 2, keep_checkpoints: 2, tensorboard: false, progress: false}
+"""
+
+
+def sft_recipe(tmp_path: Path) -> Path:
+    chat = [
+        {"messages": [{"role": "user", "content": f"Q{i}?"}, {"role": "assistant", "content": f"<answer>{i}</answer>"}]}
+        for i in range(4)
+    ]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chat))
+    f = tmp_path / "sft.yaml"
+    f.write_text(SFT.replace("DATA", str(tmp_path / "chat.jsonl")))
+    return f
+
+
+def all_finite(folder: Path) -> bool:
+    from safetensors.torch import load_file
+
+    files = list(folder.glob("*.safetensors"))
+    return bool(files) and all(bool(torch.isfinite(t).all()) for f in files for t in load_file(str(f)).values())
+
+
+@pytest.mark.slow  # one short CLI training (~10 s)
+def test_cli_sft_at_lr_1e30_stops_with_exit_1_and_writes_nothing_non_finite(tmp_path):
+    """The issue's reproduction: the loss is NaN from step 2; the run used to print "trained 20
+    steps", exit 0, and replace every checkpoint with NaN ones."""
+    from harness.cli.main import app
+
+    run = tmp_path / "run"
+    args = ["train", "-c", str(sft_recipe(tmp_path)), "--out", str(run), "optim.lr=1e30", "trainer.save_every=5"]
+    res = CliRunner().invoke(app, args)
+    out = " ".join(res.output.split())
+    assert res.exit_code == 1, res.output
+    assert "diverged at step 6: steps 2 to 6" in out and "Traceback" not in out, out
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["nonfinite/skipped_updates"] for r in rows] == [0, 1, 1, 1, 1, 1]
+    # step 5 fell inside the streak: no checkpoint of the weights that gave NaN, and no final model
+    assert not (run / "final").exists() and checkpoints(run / "checkpoints") == []
+
+
+@pytest.mark.slow  # ~10 s
+def test_sft_divergence_keeps_the_last_good_checkpoints(tmp_path):
+    """Four good steps (step-2, step-4 kept), then the LR jumps to 1e30: the weights blow up, the run
+    stops after trainer.max_nonfinite_steps skipped steps, and keep_checkpoints=2 still holds the
+    good step-2 and step-4, byte for byte."""
+    from harness.config import compose
+    from training.build import build_trainer
+    from training.config import TrainConfig
+
+    cfg = compose(TrainConfig, [sft_recipe(tmp_path)], ["trainer.max_nonfinite_steps=3"])
+    trainer = build_trainer(cfg, tmp_path / "run")
+    for _ in range(4):
+        trainer.step()
+    ckpts = tmp_path / "run" / "checkpoints"
+    good = {p.name: (p / "model.safetensors").read_bytes() for _, p in checkpoints(ckpts)}
+    assert sorted(good) == ["step-2", "step-4"]
+    for g in trainer.policy.optimizer.param_groups:
+        g["lr"] = 1e30
+    with pytest.raises(DivergenceError, match=r"diverged at step \d+"):
+        trainer.train()
+    kept = {p.name: (p / "model.safetensors").read_bytes() for _, p in checkpoints(ckpts)}
+    assert kept == good
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["nonfinite/skipped_updates"] == 1 and rows[-1]["nonfinite/steps_total"] == 3
+
+
+@pytest.mark.slow  # ~15 s: a few RL steps on the tiny Llama
+def test_rl_nan_rewards_skip_every_update_and_stop(tmp_path):
+    """A reward that returns NaN makes the GRPO loss NaN: no update reaches the policy (weights and
+    the rollout backend unchanged), each step counts it, and the second one in a row stops the run."""
+    from tests.training.test_trainer import make
+    from training.rewards import REWARDS
+
+    if "test_nan" not in REWARDS:
+
+        class NaNReward:
+            def __call__(self, traj):
+                return float("nan"), {}
+
+        REWARDS.register("test_nan", NaNReward)
+    trainer = make(tmp_path, "algo.reward=test_nan", "trainer.max_steps=5", "trainer.max_nonfinite_steps=2")
+    before = {k: v.clone() for k, v in trainer.policy.module.state_dict().items()}
+    with pytest.raises(DivergenceError, match="diverged at step 2: steps 1 to 2"):
+        trainer.train()
+    after = trainer.policy.module.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["nonfinite/skipped_updates"] for r in rows] == [1, 1]
+    assert not (tmp_path / "run" / "checkpoints").exists() or not checkpoints(tmp_path / "run" / "checkpoints")
+
+
+@pytest.mark.slow  # ~10 s: rollouts on the toy corpus
+def test_retriever_rl_stops_at_the_update_that_made_the_tower_non_finite(tmp_path):
+    from tests.training.test_retriever_rl import EXAMPLES, _setup
+    from training.retriever_config import RetrieverRLConfig
+    from training.retriever_rl import RetrieverRL
+
+    retriever, runner = _setup(tmp_path)
+    cfg = RetrieverRLConfig(group_size=4, questions_per_step=2, steps=6, lr=float("inf"), kl_coef=0.0, seed=0)
+    rl = RetrieverRL(retriever, runner, cfg, tmp_path / "run", max_nonfinite_steps=2)
+    with pytest.raises(DivergenceError, match="step 1: weight .* is not finite"):
+        rl.train(EXAMPLES)  # an infinite LR makes the first update NaN: it stops there
+    assert not (tmp_path / "run" / "encoder").exists() and rl.step_no == 0
