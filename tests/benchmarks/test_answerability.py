@@ -170,3 +170,33 @@ def test_hotpotqa_distractor_questions_are_in_their_corpus(shared_data, tmp_path
     rep = check_index(tmp_path / "idx", ["hotpotqa"], "dev_distractor1352", 5, shared_data, limit=200)
     (a,) = rep.results
     assert a.n == 200 and a.in_corpus > 0.95 and 0.3 < a.retrievable < a.in_corpus
+
+
+def test_eval_manifest_records_the_shares_and_a_closed_book_run_searches_nothing(index, data_dir, words, tmp_path):
+    from benchmarks.build import build_eval
+    from benchmarks.replicate import closed_book_config
+    from harness.config import from_dict
+    from harness.eval_config import EvalConfig
+
+    check_index(index, ["bamboogle"], topk=3, data_dir=data_dir, retriever=words)
+    cfg = from_dict(
+        EvalConfig,
+        {
+            "method": "search_r1",
+            "backend": {"kind": "scripted"},
+            "retriever": {"kind": "bm25", "index": str(index), "topk": 3},
+            "dataset": {"name": "bamboogle", "data_dir": str(data_dir), "limit": 4},
+            "out": str(tmp_path),
+        },
+    )
+    run = build_eval(cfg)
+    a = run.manifest.answerability
+    assert a is not None and a["n"] == 4 and a["topk"] == 3 and a["in_corpus"] == 0.75  # q4 is absent
+    assert a["data_hash"] == run.manifest.data_hash
+    closed = closed_book_config(cfg)
+    assert closed.name == "search_r1-closed-book" and closed.agent == {"max_turns": 0, "final_turn": True}
+    run = build_eval(closed)
+    assert run.retriever is None and run.manifest.retriever is None and run.manifest.answerability is None
+    # Not the questions checked (another limit is fine; another index is not): unknown.
+    other = replace(cfg, retriever=replace(cfg.retriever, topk=9))
+    assert build_eval(other).manifest.answerability["retrievable"] is None  # checked at k=3 only

@@ -119,3 +119,20 @@ def test_replicate_with_the_embedded_model(tmp_path):
     assert "model smollm2-135m-instruct (paper: PeterJinGo/SearchR1-nq_hotpotqa_train-qwen2.5-7b-em-ppo)" in out
     assert "dialect variant 'small'" in out and "max_turns 2 (paper: 4)" in out
     assert "EM (last answer)" in out and "43.3" in out
+
+
+def test_answerability_notes_say_when_a_score_beats_the_corpus():
+    from benchmarks.replicate import CLOSED_BOOK, ComparisonRow, Replication, answerability_notes
+
+    def row(run, ours):
+        return ComparisonRow("hotpotqa", "em", 43.3, "", ours, ours, ours, 10, 0, [], "r", run=run)
+
+    a = {"n": 10, "in_corpus": 0.4, "retrievable": 0.2, "topk": 3, "yes_no": 0, "unlocatable": 0}
+    rep = Replication(load_card("search_r1"), [row("search agent", 0.5), row(CLOSED_BOOK, 0.3)], [], True, "x")
+    rep.answerability = {"hotpotqa": a}
+    notes = " ".join(answerability_notes(rep))
+    assert "of these 10 questions, 40.0% have their answer somewhere in the corpus, 20.0% in the top-3" in notes
+    assert "search agent EM 50.0 is above the in-corpus share 40.0" in notes and "from memory" in notes
+    assert "closed-book EM 30.0 is above" not in notes
+    rep.answerability = {"hotpotqa": None}
+    assert "answerability on this corpus unknown" in " ".join(answerability_notes(rep))

@@ -153,3 +153,24 @@ def test_cache_keys_on_index_query_k(bm25_retriever):
     assert cached.misses == 2 and cached.hits == 1  # second query in the first batch is a miss, then one hit
     cached.search(["running dogs"], 3)
     assert cached.misses == 3
+
+
+def test_byte_ranges_read_every_row_once(tmp_path):
+    from harness.retrieval.corpus import byte_ranges, iter_range
+
+    p = tmp_path / "c.jsonl"
+    rows = [json.dumps({"id": str(i), "contents": f"T{i}\n" + "x" * (i % 7)}) for i in range(40)]
+    p.write_text("\n".join(rows[:20]) + "\n\n" + "\n".join(rows[20:]), encoding="utf-8")  # a blank line, no final \n
+    whole = [c for _, c in iter_range(p)]
+    assert whole == [d.contents for d in read_corpus(p)] and len(whole) == 40
+    for parts in (1, 2, 3, 7, 40, 500):
+        assert [c for a, b in byte_ranges(p, parts) for _, c in iter_range(p, a, b)] == whole
+    p.write_text(rows[0] + "\n{oops\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match=rf"c.jsonl:byte {len(rows[0]) + 1}: malformed JSON"):
+        list(iter_range(p))
+
+
+def test_corpus_file_is_the_docs_copy(bm25_index):
+    from harness.retrieval.index import DOCS, corpus_file
+
+    assert corpus_file(bm25_index) == bm25_index / DOCS
