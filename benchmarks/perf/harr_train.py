@@ -113,7 +113,8 @@ def load_questions(path: str, n_heldout: int, n_train: int) -> tuple[list[Exampl
 AGENT_OPTIONS = {
     # max_doc_tokens: the oracle's byte tokenizer counts characters; show whole paragraphs.
     "oracle": {"max_turns": 2, "temperature": 0.0, "max_doc_tokens": 4096, "max_total_tokens": 16384},
-    # A real frozen model: the shipped recipe's settings (configs/train/harr/minilm_search_r1.yaml).
+    # A real frozen model, greedy and short so the benchmark is fast and repeatable (the shipped
+    # recipe, configs/train/harr/minilm_search_r1.yaml, samples as HARR's generator: 0.7, 512 tokens, 5 turns).
     "hf": {
         "max_turns": 2,
         "temperature": 0.0,
