@@ -182,8 +182,11 @@ class Progress:
         done = RunDir(run_dir).scores() if (run_dir / "scores.jsonl").exists() else []
         self.total, self.label, self.metric, self.say = total, label, metric, say
         self.n = len(done)
-        self.em_sum = sum(s.metric(metric) or 0.0 for s in done if not s.error)
         self.scored = sum(1 for s in done if not s.error)
+        # The running mean follows results.json's rule (benchmarks.evaluate.item_values): failed
+        # items and missing values are left out.
+        values = [v for s in done if not s.error and (v := s.metric(metric)) is not None]
+        self.em_sum, self.valued = float(sum(values)), len(values)
         self._progress: Any = None
         self._t0 = self._said_at = time.monotonic()
         self._said_n = self.n
@@ -210,8 +213,8 @@ class Progress:
     def _desc(self) -> str:
         from benchmarks.fmt import NAMES
 
-        em = self.em_sum / self.scored if self.scored else 0.0
-        return f"{self.label}  {NAMES.get(self.metric, self.metric)} {em:.3f}"
+        em = f"{self.em_sum / self.valued:.3f}" if self.valued else "–"  # nothing scored yet: no score
+        return f"{self.label}  {NAMES.get(self.metric, self.metric)} {em}"
 
     def _plain(self) -> None:
         import time
@@ -229,7 +232,8 @@ class Progress:
         self.n += 1
         if not score.error:  # a failed item is not scored: it does not count in the running metric
             self.scored += 1
-            self.em_sum += score.metric(self.metric) or 0.0
+            if (value := score.metric(self.metric)) is not None:
+                self.em_sum, self.valued = self.em_sum + value, self.valued + 1
         if self._progress is not None:
             self._progress.update(self._task, advance=1, description=self._desc())
         elif (

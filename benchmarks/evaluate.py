@@ -37,7 +37,8 @@ def score_trajectory(
     judge: Callable[..., float | None] | None = None,
     response_only: bool = True,
 ) -> ItemScore:
-    """The score of one item. A failed item scores 0 on every metric.
+    """The score of one item. A failed item records 0 on every metric, but is never counted in a
+    mean (:func:`scored_items`).
 
     ``em_last_answer`` (Search-R1's EM) reads the last ``<answer>`` of the whole response when
     the trajectory has one. ``response_only`` (harness's fix, on in the ``default`` profile): the
@@ -84,14 +85,39 @@ def score_trajectory(
     )
 
 
+def scored_items(scores: Iterable[ItemScore]) -> list[ItemScore]:
+    """The items every mean harness shows is taken over (``results.json``, the report, the demo's
+    tables): all but the failed ones. A failed item (``error``: the retriever or the server failed,
+    never something the model did) has no score: it is counted apart (``errors``), not in ``n``,
+    and left out of every mean, so a run with a dead retriever does not read as a weak model. A
+    run whose items all failed has no score at all (None), never 0."""
+    return [s for s in scores if not s.error]
+
+
+def item_values(scores: Iterable[ItemScore], metric: str) -> dict[str, float]:
+    """One value of ``metric`` per example id over :func:`scored_items` (with several samples per
+    example, their mean: items, not samples, are the unit a mean and a bootstrap are over, since
+    samples of one question are correlated). An item missing the value (a failed judge call, a
+    metric the run never computed) is left out: missing, not wrong."""
+    per_id: dict[str, list[float]] = {}
+    for s in scored_items(scores):
+        value = s.metric(metric)
+        if value is not None:
+            per_id.setdefault(s.id, []).append(float(value))
+    return {k: float(np.mean(v)) for k, v in per_id.items()}
+
+
+def metric_mean(scores: Iterable[ItemScore], metric: str) -> float | None:
+    """The mean of ``metric`` over the items (:func:`item_values`); None when none has a value."""
+    values = list(item_values(scores, metric).values())
+    return float(np.mean(values)) if values else None
+
+
 def aggregate(
     scores: Sequence[ItemScore], manifest: RunManifest, metrics: Iterable[str] = DEFAULT_METRICS
 ) -> RunResults:
-    """``results.json``: means over the scored items, latency percentiles, counts, completeness.
-
-    A failed item (``error``: the retriever or the server failed, never something the model did)
-    has no score: it is counted in ``errors``, not in ``n``, and left out of every mean, so a run
-    with a dead retriever does not read as a weak model."""
+    """``results.json``: means over the scored items (:func:`metric_mean`: failed items are left
+    out and counted in ``errors``), latency percentiles, counts, completeness."""
     metrics = tuple(metrics)
 
     def mean(values: Iterable[float | None]) -> float | None:
@@ -99,7 +125,7 @@ def aggregate(
         return float(np.mean(vals)) if vals else None
 
     failed = [s for s in scores if s.error]
-    scores = [s for s in scores if not s.error]
+    everything, scores = scores, scored_items(scores)
     lat = [s.wall_time_s for s in scores if s.wall_time_s is not None]
     return RunResults(
         method=manifest.method,
@@ -114,7 +140,7 @@ def aggregate(
         complete=len(scores) >= manifest.n_total,
         errors=len(failed),
         error_kinds=dict(Counter(error_label(s) for s in failed)),
-        metrics={m: mean(s.metric(m) for s in scores) for m in metrics},
+        metrics={m: metric_mean(everything, m) for m in metrics},
         missing={m: k for m in metrics if (k := sum(1 for s in scores if s.metric(m) is None))},
         mean_searches=mean(s.n_searches for s in scores),
         mean_generated_tokens=mean(s.generated_tokens for s in scores),

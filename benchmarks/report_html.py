@@ -142,7 +142,6 @@ def report_data(lb: Leaderboard, reference: list[dict[str, Any]] | None = None) 
             {
                 "label": r.label,
                 "average": r.average,
-                "average_status": r.average_status,
                 "cells": {ds: _cell(c) for ds, c in r.cells.items()},
             }
             for r in lb.rows

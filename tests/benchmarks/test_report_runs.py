@@ -173,3 +173,38 @@ def test_report_never_replaces_a_file_it_did_not_write(tmp_path):
     claim(tmp_path / "evalrun", "eval")
     result = runner.invoke(app, ["report", str(FIX / "runs" / "*"), "--out", str(tmp_path / "evalrun")])
     assert result.exit_code == 2 and "is a harness 'eval' output, not a 'report' one" in _text(result)
+
+
+def test_report_and_eval_agree_on_runs_with_failed_items(tmp_path):
+    """Issue 31 defect 4: for a run with failed items ``results.json`` said EM 66.7 (n=12) and the
+    report ``40.0 (20/39, 8 err)``, failures counted as 0. One rule now
+    (:func:`benchmarks.evaluate.item_values`): failed items are left out of every mean and
+    counted apart; a run whose items all failed shows no score, not 0.0."""
+    from benchmarks.datasets import load_examples
+    from benchmarks.report import build_leaderboard, load_runs
+    from benchmarks.report_render import to_markdown
+    from tests.harness.test_eval_failures import FlakyRetrievalServer, http_args, write_script
+
+    script = write_script(tmp_path / "s.jsonl", load_examples("demo"))
+    server = FlakyRetrievalServer()
+    try:
+        for fail_after, label in ((3, "some"), (1, "all")):  # after the preflight (and two items)
+            server.fail_after, server.requests = fail_after, 0
+            extra = ("agent.max_concurrency=1", "stop_after_failures=0", "--label", label)
+            res = runner.invoke(app, http_args(script, tmp_path / "runs", server.url, *extra))
+            assert res.exit_code == 1, res.output
+    finally:
+        server.close()
+    some = json.loads((tmp_path / "runs" / "some-demo-test" / "results.json").read_text())
+    assert (some["n"], some["errors"], some["metrics"]["em"]) == (2, 4, 1.0)
+    runs, _ = load_runs([str(tmp_path / "runs")])
+    lb = build_leaderboard(runs, metrics=("em",))
+    cells = {r.label: r.cells["demo"] for r in lb.rows}
+    assert cells["some"].ci["em"].mean == some["metrics"]["em"] and cells["some"].run.n == some["n"]
+    assert cells["some"].run.errors == some["errors"] and cells["some"].run.status == "2/6, 4 err"
+    md = to_markdown(lb)
+    assert "| some | 100.0 [100.0, 100.0] (2/6, 4 err) |" in md, md
+    assert "| all | – (0/6, 6 err) |" in md, md  # no score, never 0.0
+    every = json.loads((tmp_path / "runs" / "all-demo-test" / "results.json").read_text())
+    assert every["metrics"]["em"] is None and every["n"] == 0
+    assert "failed items are left out of every mean" in md
