@@ -261,6 +261,9 @@ class TrainerConfig:
     # kill loses at most this much work plus one step, however slow the steps are.
     save_every_minutes: float = 0.0
     eval_every: int = 0  # validation through the eval path every N steps (0: never)
+    # With eval_every: validate the starting policy too, before step 1 (verl's
+    # trainer.val_before_train, default true there): the curve's step 0. Not on a resume.
+    val_before_train: bool = True
     seed: int = 0
     out: str = "runs/train"
     # Newest complete checkpoints kept on disk (0: keep all). A time-based checkpoint between two

@@ -186,6 +186,8 @@ class Trainer:
         """Run to ``trainer.max_steps`` (from wherever a resume left off); returns the exported model."""
         c = self.cfg.trainer
         try:
+            if self.validate is not None and c.eval_every and c.val_before_train and self.step_no == 0:
+                self.run_validation()  # step 0: the policy training starts from
             with ProgressBar(c.max_steps, self.step_no, enabled=c.progress and self.rank == 0) as bar:
                 while self.step_no < c.max_steps:
                     metrics = self.step()

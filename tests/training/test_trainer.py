@@ -146,7 +146,7 @@ def test_cli_trains_resumes_and_validates_into_the_run_folder(tmp_path):
     assert res.exit_code == 0, res.output
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r] == [1, 2]
     assert any("val/em" in r for r in read_jsonl(run / "metrics.jsonl"))
-    for step in (1, 2):  # harness eval's run layout, inside the training run
+    for step in (0, 1, 2):  # harness eval's run layout, inside the training run; 0: before training
         assert list((run / "validation" / f"step-{step}").glob("*/results.json"))
     assert (run / "final" / "model.safetensors").is_file()
     res = CliRunner().invoke(app, ["train", "-c", str(f), "--resume", str(tmp_path / "nothing")])
