@@ -35,6 +35,7 @@ The pieces below know nothing of models: ``benchmarks/perf/async_sim.py`` drives
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import threading
@@ -171,15 +172,21 @@ class AsyncRollouts:
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> AsyncRollouts:
-        """Start the producer thread (idempotent)."""
+        """Start the producer thread (idempotent). It is stopped by :meth:`close`, and at the latest
+        when the interpreter exits (an ``atexit`` hook): a producer thread or event loop still
+        running at exit can abort the process ("terminate called without an active exception",
+        exit 134) after the run itself succeeded."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._thread_main, name="async-rollouts", daemon=True)
             self._thread.start()
             self._started.wait()
+            atexit.register(self.close)
         return self
 
     def close(self, timeout: float = 60.0) -> None:
-        """Stop starting groups, cancel the running ones and join the thread; the buffer is dropped."""
+        """Shut down in order (idempotent): stop starting groups, cancel the running ones and wait
+        for them, end the event loop (``asyncio.run`` closes it after its executor's threads end),
+        then join the thread; the buffer is dropped."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
@@ -188,6 +195,13 @@ class AsyncRollouts:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 logger.warning("async rollouts: the producer did not stop within %.0f s", timeout)
+                return  # the exit hook tries again
+        atexit.unregister(self.close)
+
+    @property
+    def running(self) -> bool:
+        """Whether the producer thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
 
     def __enter__(self) -> AsyncRollouts:
         return self.start()

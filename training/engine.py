@@ -16,6 +16,7 @@ Helpers gather full weights under ZeRO-3 (for weight sync and export) and load t
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import importlib
@@ -79,6 +80,17 @@ def end_distributed() -> None:
     that failed must not wait in the barrier for the others (the launcher stops them)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+def _end_single_process_group() -> None:
+    """The exit hook :func:`initialize` registers: a single-process run keeps its process group for
+    the next training in the same process (the demo trains SFT then RL), and at interpreter exit
+    gloo's threads would still be running, which can abort a run that finished well ("terminate
+    called without an active exception", exit 134) as :func:`end_distributed` describes for
+    launched ranks. A launched rank ends its group itself (no barrier here: a failed rank's peers
+    may be gone)."""
+    if rank_and_world()[1] == 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
 
@@ -209,6 +221,8 @@ def initialize(
     import deepspeed
 
     setup_distributed_env()
+    atexit.unregister(_end_single_process_group)  # registered once (this drops an earlier registration)
+    atexit.register(_end_single_process_group)
     params = [p for p in model.parameters() if p.requires_grad]
     # DeepSpeed wraps the optimizer for bf16 and ZeRO, and those wrappers skip a non-finite step;
     # the plain fp32 stage-0 case steps ours directly, so ours must skip it (training.divergence).

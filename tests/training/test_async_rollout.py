@@ -132,3 +132,66 @@ def test_take_times_out_and_close_cancels_running_groups():
     t0 = time.perf_counter()
     p.close()
     assert cancelled.is_set() and time.perf_counter() - t0 < 5
+
+
+def test_close_shuts_down_in_order_and_is_idempotent():
+    """Issue 31, defect 6: the producer's groups end (cancelled), its event loop closes (with the
+    threads of its executor), then its thread; a second close is a no-op, and the exit hook goes."""
+    import atexit
+
+    seen_loop: list[asyncio.AbstractEventLoop] = []
+
+    async def run_group(example, seq, version):
+        seen_loop.append(asyncio.get_running_loop())
+        await asyncio.to_thread(time.sleep, 0.05)  # a retriever call: an executor thread of the loop
+        return [seq]
+
+    p = AsyncRollouts(run_group, lambda: 0, 2, 1).start()
+    p.take(2, 0, timeout=30)
+    unregistered: list = []
+    real = atexit.unregister
+    atexit.unregister = lambda fn: (unregistered.append(fn), real(fn))[1]  # see that close drops its hook
+    try:
+        p.close()
+        p.close()
+    finally:
+        atexit.unregister = real
+    assert not p.running and seen_loop[0].is_closed()
+    assert unregistered and unregistered[0] == p.close
+    assert not [t for t in threading.enumerate() if t.name == "async-rollouts"]
+
+
+EXIT_WITHOUT_CLOSE = r"""
+import asyncio, atexit, sys, threading, time
+from training.async_rollout import AsyncRollouts
+
+def report():  # registered first, so it runs after the producer's own exit hook
+    alive = [t.name for t in threading.enumerate() if t.name == "async-rollouts"]
+    print("producer threads at exit:", alive, flush=True)
+
+atexit.register(report)
+
+async def run_group(example, seq, version):
+    await asyncio.to_thread(time.sleep, 0.02)
+    return [seq]
+
+p = AsyncRollouts(run_group, lambda: 0, 2, 4).start()
+p.take(2, 0, timeout=30)
+raise SystemExit(3 if sys.argv[1] == "error" else 0)  # the trainer's close() is never reached
+"""
+
+
+@pytest.mark.parametrize("how", ["error", "normal"])
+def test_a_producer_left_running_is_stopped_before_the_interpreter_exits(tmp_path, how):
+    """An exit path that never calls close() (an error in a step outside Trainer.train, a test that
+    steps by hand): the exit hook stops the producer before the interpreter tears down, so the
+    process exits with its own status instead of aborting (SIGABRT, 134)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_WITHOUT_CLOSE)
+    for _ in range(3):  # the abort it prevents was intermittent
+        r = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=120)
+        assert r.returncode == (3 if how == "error" else 0), r.stderr[-2000:]
+        assert "producer threads at exit: []" in r.stdout and "terminate called" not in r.stderr

@@ -74,3 +74,26 @@ def test_the_toy_task_is_learned_sync_and_async(tmp_path, mode):
     reward = [r["reward/mean"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")]
     first, last = sum(reward[:4]) / 4, sum(reward[-4:]) / 4
     assert last > 0.15 and last > 5 * first + 0.05, reward
+
+
+@pytest.mark.slow  # four short CLI trainings in child processes (~1 min)
+def test_async_train_and_resume_exit_cleanly_every_time(tmp_path):
+    """Issue 31, defect 6: after a resume with trainer.async the run wrote final/ and then died at
+    exit ("terminate called without an active exception", 134) once in two tries. Twice over: a
+    2-step async run, then a resume to step 3; every process must exit 0."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.training.test_trainer import recipe
+
+    f = recipe(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE")}
+    base = [sys.executable, "-m", "harness.cli.main", "train"]
+    for i in range(2):
+        run = tmp_path / f"run{i}"
+        first = [*base, "-c", str(f), "--out", str(run), "trainer.async.enabled=true", "trainer.max_steps=2"]
+        for args in (first, [*base, "--resume", str(run), "trainer.max_steps=3"]):
+            r = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env, check=False)
+            assert r.returncode == 0 and "terminate called" not in r.stderr, (i, args[-1], r.stderr[-2000:])
+        assert (run / "final").is_dir()
