@@ -453,6 +453,138 @@ def report_foreign_file(tmp: Path) -> tuple[bool, str]:
     )
 
 
+def finite_safetensors(folder: Path) -> bool:
+    """Whether every tensor of every ``*.safetensors`` in ``folder`` is finite (and there is one)."""
+    import torch
+    from safetensors.torch import load_file
+
+    files = list(folder.glob("*.safetensors"))
+    return bool(files) and all(bool(torch.isfinite(t).all()) for f in files for t in load_file(str(f)).values())
+
+
+@fault("train diverges: SFT at optim.lr=1e30, save_every=5, keep 2 (issue 31)", "exit 1 naming the step; no NaN saved")
+def train_diverges(tmp: Path) -> tuple[bool, str]:
+    run = tmp / "run"
+    over = ["optim.lr=1e30", "trainer.max_steps=20", "trainer.save_every=5", "trainer.keep_checkpoints=2"]
+    r = harness("train", "-c", str(sft_recipe(tmp)), "--out", str(run), *over, cwd=tmp)
+    said = flat(r.stderr)
+    named = re.search(r"diverged at step (\d+)", said)
+    ckpts = sorted(p for p in (run / "checkpoints").glob("step-*")) if (run / "checkpoints").is_dir() else []
+    finite = all(finite_safetensors(p) for p in ckpts)
+    ok = r.returncode == 1 and named is not None and finite and not (run / "final").exists()
+    where = f"'diverged at step {named.group(1)}'" if named else said[-90:]
+    return ok, f"exit {r.returncode}; {where}; checkpoints {[p.name for p in ckpts]} {'finite' if finite else 'NaN'}"
+
+
+@fault("train --resume with every checkpoint damaged, new lr and steps (issue 31)", "exit 2; no run record changed")
+def resume_fails(tmp: Path) -> tuple[bool, str]:
+    run = tmp / "run"
+    first = harness("train", "-c", str(sft_recipe(tmp)), "--out", str(run), "trainer.max_steps=2", cwd=tmp)
+    if first.returncode != 0:
+        return False, f"train exit {first.returncode}: {flat(first.stderr)[-90:]}"
+    for w in (run / "checkpoints").glob("step-*/model.safetensors"):
+        w.write_bytes(w.read_bytes()[:1000])
+    before = {k: v for k, v in snapshot(run).items() if not k.endswith(".harness.lock")}
+    r = harness("train", "--resume", str(run), "trainer.max_steps=50", "optim.lr=0.5", cwd=tmp)
+    after = {k: v for k, v in snapshot(run).items() if not k.endswith(".harness.lock")}
+    said = flat(r.stderr)
+    ok = r.returncode == 2 and "no intact checkpoint" in said and "Error:" not in said and after == before
+    return ok, f"exit {r.returncode}; records {'unchanged' if after == before else 'CHANGED'}"
+
+
+RL_RECIPE = """
+name: rl-fault
+model:
+  tiny: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
+data: {dataset: demo, split: test, limit: 8}
+rollout:
+  method: search_r1
+  n_samples: 2
+  prompts_per_step: 2
+  agent: {max_turns: 1, max_new_tokens: 16, max_total_tokens: 400, chat: false, max_doc_tokens: 32}
+retriever: {kind: memory}
+algo: {advantage: grpo}
+optim: {lr: 1.0e-2, micro_batch_size: 2, threads: 1}
+trainer: {max_steps: 2, save_every: 1, tensorboard: false, progress: false, async: {enabled: true}}
+"""
+
+
+@fault("async train, then --resume (trainer.async; issue 31)", "both exit 0 (no abort at exit), final written")
+def async_resume_exit(tmp: Path) -> tuple[bool, str]:
+    (tmp / "rl.yaml").write_text(RL_RECIPE)
+    run = tmp / "run"
+    codes = []
+    for args in (["-c", str(tmp / "rl.yaml"), "--out", str(run)], ["--resume", str(run), "trainer.max_steps=3"]):
+        r = harness("train", *args, cwd=tmp)
+        codes.append(r.returncode)
+        if "terminate called" in r.stderr:
+            codes[-1] = f"{r.returncode} (terminate called)"
+    ok = codes == [0, 0] and (run / "final").is_dir()
+    return ok, f"train exit {codes[0]}, resume exit {codes[1] if len(codes) > 1 else '-'}"
+
+
+@fault(
+    "train: --out a file / through a file, an invalid recipe (issue 31)",
+    "messages naming the path, exit 2; no folder left",
+)
+def train_messages(tmp: Path) -> tuple[bool, str]:
+    recipe = sft_recipe(tmp)
+    (tmp / "a_file").write_text("x")
+    cases = {
+        "out is a file": (["--out", str(tmp / "a_file")], f"run folder {tmp / 'a_file'} is a file"),
+        "out through a file": (["--out", str(tmp / "a_file" / "run")], f"{tmp / 'a_file' / 'run'}: Not a directory"),
+        "invalid recipe": (["--out", str(tmp / "new" / "run"), "algo.kind=prm"], "needs prm.data"),
+    }
+    bad = []
+    for name, (args, says) in cases.items():
+        r = harness("train", "-c", str(recipe), *args, cwd=tmp)
+        said = flat(r.stderr)
+        if r.returncode != 2 or says not in said or "Traceback" in said or "Error:" in said:
+            bad.append(f"{name}: exit {r.returncode} {said[-60:]}")
+    if (tmp / "new").exists():
+        bad.append("the invalid recipe left a folder")
+    return not bad, "; ".join(bad) or "3 messages, exit 2, no folder left"
+
+
+@fault("train on a read-only --out, --resume of a read-only run, a full disk (issue 31)", "messages naming the path")
+def train_disks(tmp: Path) -> tuple[bool, str]:
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False) if _has("unshare") else None
+    if probe is None or probe.returncode != 0:
+        return True, "skipped: no unprivileged mount namespaces here (unshare -rm)"
+    recipe, run = sft_recipe(tmp), tmp / "run"
+    first = harness("train", "-c", str(recipe), "--out", str(run), "trainer.max_steps=2", cwd=tmp)
+    if first.returncode != 0:
+        return False, f"train exit {first.returncode}: {flat(first.stderr)[-90:]}"
+    ro, full = tmp / "ro", tmp / "full"
+    ro.mkdir(), full.mkdir()
+    cli = f"{sys.executable} -m harness.cli.main train"
+    script = (
+        f"mount -t tmpfs -o ro tmpfs {ro} && mount --bind {run} {run} && mount -o remount,bind,ro {run} && "
+        f"mount -t tmpfs -o size=64k tmpfs {full} && "
+        f"{cli} -c {recipe} --out {ro}/run; echo EXIT $?; {cli} --resume {run} trainer.max_steps=3; echo EXIT $?; "
+        f"{cli} -c {recipe} --out {full}/run trainer.max_steps=2; echo EXIT $?"
+    )
+    r = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script], cwd=REPO, env=_env(None), capture_output=True, text=True, timeout=900
+    )
+    said = flat(r.stdout + r.stderr)
+    codes = re.findall(r"EXIT (\d+)", r.stdout)
+    expect = [
+        f"cannot write {ro}/run: Read-only file system",
+        f"cannot write {run}/.harness.lock: Read-only file system",
+        "model.safetensors: cannot be written",
+    ]
+    missing = [e for e in expect if e not in said]
+    ok = codes == ["2", "2", "2"] and not missing and "Traceback" not in said
+    return ok, f"exits {codes}; " + ("all three name the path" if not missing else f"missing {missing[0][-60:]}")
+
+
+def _has(tool: str) -> bool:
+    import shutil
+
+    return shutil.which(tool) is not None
+
+
 # ---- running ----------------------------------------------------------------------------------
 def run_one(f: Fault, root: Path) -> Outcome:
     tmp = root / f.check.__name__
