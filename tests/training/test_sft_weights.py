@@ -45,3 +45,37 @@ def test_weighted_mean_by_hand():
     per = torch.nn.functional.cross_entropy(logits, targets, reduction="none")[None]  # [1, 3]
     ours = weighted_token_mean(per, torch.ones(1, 3), torch.tensor([[1.0, 5.0, 5.0]]), 11.0)
     assert ours.item() == pytest.approx(ce.item())
+
+
+@pytest.mark.slow
+def test_the_sft_step_loss_is_the_tag_weighted_mean(tmp_path):
+    """Through SFTTrainer: the logged loss of a step equals Σ w·nll / Σ w over its model tokens,
+    with nll from the same weights before the step, and differs from the plain mean."""
+    from harness.config import compose
+    from harness.types import Segment, Trajectory
+    from training.batch import collate
+    from training.config import TrainConfig
+    from training.sft import SFTTrainer
+
+    tok = byte_tokenizer()
+    text = "a</step><answer>b</answer>"
+    traj = Trajectory(
+        example_id="q", question="q", answers=["b"], method="m",
+        segments=[Segment("prompt", tok.encode("Q: ", add_special_tokens=False), "Q: "),
+                  Segment("model", tok.encode(text, add_special_tokens=False), text)],
+    )  # fmt: skip
+    (tmp_path / "r.yaml").write_text(
+        "model: {tiny: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2,"
+        " num_key_value_heads: 1}}\nalgo: {kind: sft}\nsft: {batch_size: 1, shuffle: false}\n"
+        "optim: {lr: 1.0e-3, micro_batch_size: 1}\ntrainer: {max_steps: 1, tensorboard: false, progress: false}\n"
+    )
+    cfg = compose(TrainConfig, [tmp_path / "r.yaml"], ["sft.tag_weights={'</step>': 2.0, '<answer>': 5.0}"])
+    trainer = SFTTrainer(cfg, tmp_path / "run", trajectories=[traj])
+    batch = collate([traj], pad_id=trainer.pad_id)
+    with torch.no_grad():
+        nll, m = trainer.nll(batch, slice(0, 1))  # [1, T']
+    w = token_weights(batch.targets, trainer.tags)[:, : m.shape[1]]
+    weighted = float((nll * m * w).sum() / (m * w).sum())
+    plain = float((nll * m).sum() / m.sum())
+    assert w.max() == 5.0 and abs(weighted - plain) > 1e-4
+    assert trainer.step()["loss"] == pytest.approx(weighted, rel=1e-5)
