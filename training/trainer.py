@@ -186,6 +186,7 @@ class Trainer:
         """Run to ``trainer.max_steps`` (from wherever a resume left off); returns the exported model."""
         c = self.cfg.trainer
         try:
+            self._start()  # records and backend before the step-0 validation
             if self.validate is not None and c.eval_every and c.val_before_train and self.step_no == 0:
                 self.run_validation()  # step 0: the policy training starts from
             with ProgressBar(c.max_steps, self.step_no, enabled=c.progress and self.rank == 0) as bar:
@@ -673,6 +674,7 @@ class Trainer:
         self._saved_step, self._saved_at = self.step_no, time.monotonic()
         self.sampler.load(state["sampler"])
         self.guard.load(state.get("nonfinite"))
+        self.sync()  # the backend serves the restored policy (the checkpoint loaded: the run has started)
         logger.info("resumed from %s at step %d", ckpt, self.step_no)
 
     def run_validation(self) -> dict:
