@@ -46,7 +46,7 @@ TEST_SPLIT, TRAIN_SPLIT = "test", "train"
 # Prefixes of a multiple of 14 questions are balanced (every template equally often, yes/no and
 # first/second 50/50: build_demo.py), so these subsets keep the splits' balance.
 BASELINE_LIMIT = 42  # test questions for the baselines and the untrained agent
-SFT_QUESTIONS = 56  # train questions the SFT warm-up's trajectories are synthesized from
+SFT_QUESTIONS = 28  # train questions the SFT warm-up's trajectories are synthesized from (one pass)
 
 
 def trained_runs(out: str | Path = DEFAULT_OUT) -> dict[Path, str]:
