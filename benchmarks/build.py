@@ -44,6 +44,7 @@ EXECUTION_ONLY_KEYS = (
     "backend.retries",
     "backend.max_batch_size",
     "backend.batch_window_ms",  # how requests are grouped into POSTs, not what is generated
+    "backend.prefix_cache_tokens",  # hf: KV reuse is token-exact, it changes only the time
     "backend.threads",
     "retriever.timeout",
     "retriever.retries",
