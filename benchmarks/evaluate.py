@@ -168,48 +168,70 @@ class InfrastructureDown(RuntimeError):
     finished is on disk; the same command resumes once the server is back."""
 
 
-HEALTH_PAUSE_S = 5.0  # the pause before the health of the servers is checked again
+class BreakerTripped(RuntimeError):
+    """``limit`` items in a row failed for an infrastructure reason: raised on the event loop by
+    :class:`FailureBreaker` so that the items still running are cancelled at once
+    (:func:`pipelines.concurrency.run_bounded`); :meth:`FailureBreaker.check` decides off the loop."""
+
+
+HEALTH_PAUSE_S = 5.0  # from the trip until the health of the servers is checked again
 
 
 class FailureBreaker:
     """Stops a run whose infrastructure is down instead of letting every remaining item fail
-    slowly (each after its retries): after ``limit`` items in a row failed for an infrastructure
-    reason, pause :data:`HEALTH_PAUSE_S`, call ``health`` (the preflight), and go on when it
-    passes; when it raises, raise :class:`InfrastructureDown` naming the component and the item."""
+    slowly (each after its retries). Called with each item's score on the event loop, it never
+    blocks: after ``limit`` items in a row failed for an infrastructure reason it raises
+    :class:`BreakerTripped`, which ends the method's run and cancels the items still running.
+    Then, off the loop, :meth:`check` waits until :data:`HEALTH_PAUSE_S` after the trip (the
+    winding down counts), calls ``health`` (the preflight) and returns when it passes (the run
+    goes on with the items not tried yet); when it raises, it raises :class:`InfrastructureDown`
+    naming the component and how many items failed. So a dead server stops a run within about
+    :data:`HEALTH_PAUSE_S` of the trip, whatever the concurrency."""
 
     _WHAT = {"retrieval": "retriever", "backend": "generation backend", "timeout": "retriever or backend (timeouts)"}
 
     def __init__(self, limit: int, health: Callable[[], None] | None, done: int, total: int, where: str) -> None:
-        self.limit, self.health, self.k, self.total, self.where = limit, health, done, total, where
+        self.limit, self.health, self.done, self.total, self.where = limit, health, done, total, where
         self.streak: list[ItemScore] = []
+        self.failed = 0  # items that failed in this process
+        self.tripped_at: float | None = None
 
     def __call__(self, score: ItemScore) -> None:
         from harness.runlog import RETRIABLE_ERROR_KINDS
 
-        self.k += 1
-        self.streak = self.streak + [score] if score.error_kind in RETRIABLE_ERROR_KINDS else []
-        if not self.limit or len(self.streak) < self.limit:
-            return
+        self.done += 1
+        self.failed += bool(score.error)
+        if self.tripped_at is None:  # an item finishing while the run winds down is only counted
+            self.streak = self.streak + [score] if score.error_kind in RETRIABLE_ERROR_KINDS else []
+            if not self.limit or len(self.streak) < self.limit:
+                return
+            self.tripped_at = time.monotonic()
+            logger.warning("%d items in a row failed (%s): stopping the items still running", self.limit, self._what())
+        raise BreakerTripped(f"{len(self.streak)} items in a row failed")
+
+    def _what(self) -> str:
         kinds = Counter(s.error_kind for s in self.streak)
-        what = self._WHAT.get(kinds.most_common(1)[0][0], "infrastructure")
-        logger.warning(
-            "%d items in a row failed (%s); pausing %.0f s, then checking health",
-            len(self.streak),
-            what,
-            HEALTH_PAUSE_S,
-        )
-        time.sleep(HEALTH_PAUSE_S)
+        return self._WHAT.get(kinds.most_common(1)[0][0], "infrastructure") if kinds else "infrastructure"
+
+    def check(self) -> None:
+        """After a trip, off the event loop: pause, then the health check (see the class)."""
+        assert self.tripped_at is not None, "check() follows a trip"
+        what, last = self._what(), (self.streak[-1].error if self.streak else "")
+        pause = max(0.0, self.tripped_at + HEALTH_PAUSE_S - time.monotonic())
+        logger.warning("pausing %.0f s, then checking the health of the %s", pause, what)
+        time.sleep(pause)
         try:
             if self.health is not None:
                 self.health()
         except Exception as e:  # any failure of the health call means: still down
             raise InfrastructureDown(
-                f"{what} down at item {self.k} of {self.total} ({self.where}): {len(self.streak)} items in a row "
-                f"failed ({self.streak[-1].error}) and the health check failed ({type(e).__name__}: {e}). Stopped; "
-                "finished items are saved: rerun the same command to resume once it is back"
+                f"{what} down: {self.failed} item{'s' if self.failed != 1 else ''} failed ({len(self.streak)} in a "
+                f"row, the last: {last}) and the health check failed ({type(e).__name__}: {e}). Stopped after "
+                f"{self.done} of {self.total} items ({self.where}); finished items are saved: rerun the same "
+                "command to resume once it is back"
             ) from None
         logger.warning("the health check passed: going on")
-        self.streak = []
+        self.streak, self.tripped_at = [], None
 
 
 def evaluate(
@@ -279,21 +301,28 @@ def _evaluate(
         logger.info("resuming %s: %d of %d items already done", run.path, len(skip), manifest.n_total)
 
     breaker = FailureBreaker(stop_after_failures, health, len(skip), manifest.n_total, str(run.path))
+    tried = set(skip)  # what this process has run (or skips): after a passed health check, the rest runs
 
     def on_done(traj: Trajectory) -> None:
         score = score_trajectory(traj, metrics, judge, response_only)
         run.append(traj, score)
+        tried.add(score.key)
         if on_item is not None:
             on_item(score)
-        breaker(score)  # raising here ends the run: the items still running are cancelled
+        breaker(score)  # raising here ends the method's run: the items still running are cancelled
 
     t0 = time.perf_counter()
     wanted = {(e.id, j) for e in examples for j in range(n_samples)}
-    try:
-        method.run_examples(examples, n_samples=n_samples, on_done=on_done, skip=skip)
-    except InfrastructureDown:
-        run.write_results(aggregate([s for s in run.scores() if s.key in wanted], manifest, metrics))
-        raise
+    while True:
+        try:
+            method.run_examples(examples, n_samples=n_samples, on_done=on_done, skip=set(tried))
+            break
+        except BreakerTripped:
+            try:
+                breaker.check()  # the event loop has ended: pausing here blocks no item
+            except InfrastructureDown:
+                run.write_results(aggregate([s for s in run.scores() if s.key in wanted], manifest, metrics))
+                raise
     logger.debug("%s: ran in %.1f s", run.path, time.perf_counter() - t0)
     if judge is not None and "judge" in metrics:
         _rejudge_missing(run, wanted, metrics, judge)

@@ -263,7 +263,7 @@ def eval_twice(tmp: Path) -> tuple[bool, str]:
     )
 
 
-@fault("the retriever dies mid-run", "exit 1 'retriever down at item k' at once; failed not in n")
+@fault("the retriever dies mid-run", "exit 1 'retriever down: k items failed' at once; failed not in n")
 def retriever_dies(tmp: Path) -> tuple[bool, str]:
     with RetrievalServer(fail_after=3) as server:  # the preflight and two items, then 503 for good
         t0 = time.monotonic()
@@ -275,7 +275,7 @@ def retriever_dies(tmp: Path) -> tuple[bool, str]:
         if (tmp / "runs" / RUN / "results.json").exists()
         else {}
     )
-    m = re.search(r"retriever down at item (\d+) of (\d+)", out)
+    m = re.search(r"retriever down: (\d+) items failed", out)
     ok = r.returncode == 1 and m is not None and res.get("n") == 2 and res.get("errors") == 3
     said = m.group(0) if m else out[-80:]
     return ok, f"exit {r.returncode}; {said}; n={res.get('n')} errors={res.get('errors')}; {took:.0f} s"
@@ -583,6 +583,56 @@ def _has(tool: str) -> bool:
     import shutil
 
     return shutil.which(tool) is not None
+
+
+@fault(
+    "the retriever dies at the default concurrency (64) (issue 31)",
+    "stops within 10 s of the breaker tripping, one pause, the count of failed items named",
+)
+def retriever_stop_time(tmp: Path) -> tuple[bool, str]:
+    import datetime
+
+    with RetrievalServer(fail_after=20) as server:  # HTTP 503 for good after 20 requests (each retried 3 times)
+        args = eval_args(tmp, tmp / "runs", "--retriever", "http", "--index", server.url)
+        args[args.index("--limit") + 1] = "154"  # every demo test question, 64 at a time (the default)
+        r = harness(*args, cwd=tmp)
+        ended = datetime.datetime.now()
+    out = flat(r.stdout + r.stderr)
+    trip = re.search(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) WARNING \S+: \d+ items in a row failed", r.stderr)
+    pauses = len(re.findall(r"pausing \d+ s", r.stderr))
+    named = re.search(r"retriever down: (\d+) items failed", out)
+    if trip is None or named is None:
+        return False, f"exit {r.returncode}; no trip or no count named: {out[-120:]}"
+    took = (ended - datetime.datetime.strptime(trip.group(1), "%Y-%m-%d %H:%M:%S,%f")).total_seconds()
+    ok = r.returncode == 1 and took < 10 and pauses == 1
+    return ok, f"exit {r.returncode}; stopped {took:.1f} s after the trip; {pauses} pause(s); {named.group(0)}"
+
+
+@fault("report vs eval on a run with failed items (issue 31)", "the same EM and n; an all-failed run shows no score")
+def report_vs_eval(tmp: Path) -> tuple[bool, str]:
+    shown = {}
+    for fail_after, label in ((3, "some"), (1, "all")):  # the preflight (and two items) pass, then 503s
+        with RetrievalServer(fail_after=fail_after) as server:
+            harness(
+                *eval_args(tmp, tmp / "runs", *http(server.url), "stop_after_failures=0", "--label", label), cwd=tmp
+            )
+    some = json.loads((tmp / "runs" / "some-demo-test" / "results.json").read_text())
+    every = json.loads((tmp / "runs" / "all-demo-test" / "results.json").read_text())
+    r = harness("report", str(tmp / "runs"), "--out", str(tmp / "report"), "--format", "md", cwd=tmp)
+    md = (tmp / "report" / "leaderboard.md").read_text() if (tmp / "report" / "leaderboard.md").exists() else ""
+    for label in ("some", "all"):
+        row = next((x for x in md.splitlines() if x.startswith(f"| {label} |")), "")
+        shown[label] = row.split("|")[2].strip() if row else "?"
+    em = "–" if some["metrics"]["em"] is None else f"{100 * some['metrics']['em']:.1f}"
+    want = f"({some['n']}/{some['n_total']}, {some['errors']} err)"
+    ok = (
+        r.returncode == 0
+        and shown["some"].startswith(em + " ")
+        and shown["some"].endswith(want)
+        and every["metrics"]["em"] is None
+        and shown["all"].startswith("– (")
+    )
+    return ok, f"results.json EM {em} n={some['n']}; report '{shown['some']}'; all failed: report '{shown['all']}'"
 
 
 # ---- running ----------------------------------------------------------------------------------

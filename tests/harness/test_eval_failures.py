@@ -217,7 +217,8 @@ def test_a_retriever_that_dies_mid_run_stops_it_at_once_with_exit_1(tmp_path, de
     res = runner.invoke(app, http_args(script, tmp_path / "runs", server.url, *extra))
     out = " ".join(res.output.split())
     assert res.exit_code == 1, res.output
-    assert "retriever down at item 5 of 12" in out and "3 items in a row failed" in out and "resume" in out
+    assert "retriever down: 3 items failed (3 in a row" in out and "Stopped after 5 of 12 items" in out
+    assert "resume" in out
     run = tmp_path / "runs" / "search_r1-demo-test"
     assert len((run / "scores.jsonl").read_text().splitlines()) == 5  # items 6-12 were never tried
     results = json.loads((run / "results.json").read_text())
@@ -229,23 +230,61 @@ def test_a_retriever_that_dies_mid_run_stops_it_at_once_with_exit_1(tmp_path, de
     assert json.loads((run / "results.json").read_text())["n"] == 12
 
 
-def test_the_breaker_goes_on_when_the_health_check_passes():
-    from benchmarks.evaluate import FailureBreaker, InfrastructureDown
+def test_the_breaker_goes_on_when_the_health_check_passes(monkeypatch):
+    import benchmarks.evaluate
+    from benchmarks.evaluate import BreakerTripped, FailureBreaker, InfrastructureDown
     from harness.run_records import ItemScore
+
+    monkeypatch.setattr(benchmarks.evaluate, "HEALTH_PAUSE_S", 0.0)
 
     def item(kind):
         return ItemScore(id="q", sample_index=0, metrics={}, error=None if kind is None else "X: y", error_kind=kind)
 
     checks = []
     b = FailureBreaker(2, lambda: checks.append(1), done=0, total=9, where="r")
+    trips = 0
     for kind in ("retrieval", None, "retrieval", "other", "backend", "backend", "backend"):
-        b(item(kind))
-    assert checks == [1] and len(b.streak) == 1  # one pause at the 2nd failure in a row, then going on
+        try:
+            b(item(kind))
+        except BreakerTripped:  # the run's items are cancelled; then, off the event loop:
+            trips += 1
+            b.check()
+    assert trips == 1 and checks == [1] and len(b.streak) == 1  # one pause at the 2nd failure in a row, then going on
 
     def down():
         raise OSError("connection refused")
 
     b = FailureBreaker(2, down, done=4, total=9, where="r")
     b(item("backend"))
-    with pytest.raises(InfrastructureDown, match=r"generation backend down at item 6 of 9 .*connection refused"):
+    with pytest.raises(BreakerTripped):
         b(item("backend"))
+    with pytest.raises(BreakerTripped):  # an item finishing while the run winds down changes nothing
+        b(item(None))
+    with pytest.raises(InfrastructureDown, match=r"generation backend down: 2 items failed .*Stopped after 7 of 9"):
+        b.check()
+
+
+def test_a_dead_retriever_stops_the_run_within_10_s_at_the_default_concurrency(tmp_path, demo_examples, server, caplog):
+    """Issue 31 defect 7: at the default concurrency (64) a retriever that went down took 75 s to
+    stop the run, pausing 5 s once per item still running (a blocking sleep on the event loop)
+    and naming the wrong item. Now the trip cancels every item still running, the pause is
+    taken once, off the loop, counted from the trip, and the message names how many failed."""
+    import logging
+
+    script = write_script(tmp_path / "s.jsonl", demo_examples)
+    server.fail_after = 20  # the preflight and some items; then HTTP 503 for good (retried 3 times each)
+    caplog.set_level(logging.WARNING, logger="benchmarks.evaluate")
+    cmd = args(script, tmp_path / "runs", "--retriever", "http", "--index", server.url, "--limit", "154")
+    res = runner.invoke(app, cmd)
+    ended = time.time()
+    out = " ".join(res.output.split())
+    assert res.exit_code == 1, res.output
+    trips = [r for r in caplog.records if "stopping the items still running" in r.getMessage()]
+    pauses = [r for r in caplog.records if r.getMessage().startswith("pausing")]
+    assert len(trips) == 1 and len(pauses) == 1, [r.getMessage() for r in caplog.records]
+    took = ended - trips[0].created
+    assert took < 10, f"stopped {took:.1f} s after the trip"
+    print(f"stopped {took:.1f} s after the breaker tripped")
+    results = json.loads((tmp_path / "runs" / "search_r1-demo-test" / "results.json").read_text())
+    assert f"retriever down: {results['errors']} items failed" in out, out
+    assert results["n"] + results["errors"] < 154  # the items not yet run were never tried
