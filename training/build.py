@@ -54,7 +54,12 @@ def rollout_backend(cfg: TrainConfig) -> Any:
         if b.kind != "hf":
             raise ValueError(f"model.tiny builds an in-process model: rollout.backend.kind must be hf, not {b.kind!r}")
         tok = byte_tokenizer()
-        return HFBackend(model_obj=build_model(cfg.model, len(tok)), tokenizer=tok, max_batch_size=b.max_batch_size)
+        return HFBackend(
+            model_obj=build_model(cfg.model, len(tok)),
+            tokenizer=tok,
+            max_batch_size=b.max_batch_size,
+            prefix_cache_tokens=b.prefix_cache_tokens,
+        )
     return build_backend(
         replace(b, model=cfg.model.path, dtype=cfg.model.dtype, threads=b.threads or cfg.optim.threads)
     )
