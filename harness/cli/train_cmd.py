@@ -96,6 +96,7 @@ def train_error(e: BaseException) -> str:
     if isinstance(e, OSError) and e.filename is not None:
         where = f"{e.filename} -> {e.filename2}" if e.filename2 is not None else str(e.filename)
         return f"cannot write {where}: {e.strerror or e}" if e.errno in WRITE_ERRNOS else f"{where}: {e.strerror or e}"
-    if isinstance(e, KeyError):  # a checkpoint or record without an entry it needs
-        return f"missing entry {e.args[0]!r}" if e.args else "missing entry"
+    if isinstance(e, KeyError):  # a registry's message (an unknown name), or a bare missing key
+        what = str(e.args[0]) if e.args else ""
+        return what if " " in what else f"missing entry {what!r} (a checkpoint or record without it)"
     return str(e) or type(e).__name__

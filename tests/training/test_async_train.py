@@ -93,6 +93,7 @@ def test_async_train_and_resume_exit_cleanly_every_time(tmp_path):
     for i in range(2):
         run = tmp_path / f"run{i}"
         first = [*base, "-c", str(f), "--out", str(run), "trainer.async.enabled=true", "trainer.max_steps=2"]
+        first.append("algo.reward=em")  # the recipe's test reward is registered in this process only
         for args in (first, [*base, "--resume", str(run), "trainer.max_steps=3"]):
             r = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env, check=False)
             assert r.returncode == 0 and "terminate called" not in r.stderr, (i, args[-1], r.stderr[-2000:])

@@ -78,6 +78,15 @@ def test_an_invalid_recipe_claims_no_run_folder(tmp_path, kind, overrides, says)
     assert not (tmp_path / "out").exists()
 
 
+def test_an_unknown_registry_name_is_its_message_not_a_key_error(tmp_path):
+    """A registry's error is a KeyError: it used to print as 'KeyError: "unknown reward ..."'."""
+    from tests.training.test_trainer import recipe as rl_recipe
+
+    code, out = train("-c", str(rl_recipe(tmp_path)), "--out", str(tmp_path / "run"), "algo.reward=nope")
+    assert code == 2 and "error: unknown reward 'nope'" in out and "KeyError" not in out, out
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_out_that_is_a_file_is_a_message(tmp_path):
     f = sft_recipe(tmp_path)
     (tmp_path / "a_file").write_text("x")
