@@ -92,7 +92,7 @@ def eval_configs(
     ``$HARNESS_DATA_DIR``. Raises ``ConfigError`` / ``KeyError`` / ``ValueError`` naming the problem.
     """
     from benchmarks.profiles import apply_profile
-    from harness.config import deep_merge, from_dict, load_yaml, parse_overrides
+    from harness.config import deep_merge, from_dict, load_yaml, parse_overrides, section
 
     flags = dict(flags)
     if flags.get("data_dir") is None and os.environ.get("HARNESS_DATA_DIR"):
@@ -105,7 +105,7 @@ def eval_configs(
     data = deep_merge(data, parse_overrides(overrides))
     data = apply_profile(data, metric_profile)
     method = method or str(data.get("method") or "research")
-    dataset = dataset or str((data.get("dataset") or {}).get("name") or "demo")
+    dataset = dataset or str(section(data, "dataset", "name, split, ...").get("name") or "demo")
     methods = [m.strip() for m in method.split(",") if m.strip()]
     if data.get("label") and len(methods) > 1:
         raise ValueError(f"--label names one run: give one --method, not {len(methods)} ({', '.join(methods)})")
@@ -134,10 +134,11 @@ def run_configs(configs: list[EvalConfig], say: Say = logger.info) -> list[Any]:
     """Run each config in turn with one shared backend (and one launched engine, if asked); the
     engine is stopped and the backend closed however the runs end. Returns their results; raises
     :class:`RunError` naming the backend or the run that could not be built or run."""
-    from benchmarks.build import build_eval, simple_evaluate
+    from benchmarks.build import build_eval, run_dir_for, simple_evaluate
     from benchmarks.evaluate import InfrastructureDown
     from harness.backends import build_backend
     from harness.engines import sigterm_as_exit
+    from harness.fsutil import write_error
 
     results = []
     with contextlib.ExitStack() as stack:
@@ -162,6 +163,8 @@ def run_configs(configs: list[EvalConfig], say: Say = logger.info) -> list[Any]:
                 raise  # its own exit status (1): the servers, not the run's config, are at fault
             except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
                 raise RunError(f"{label}: {e}") from e
+            except OSError as e:  # writing the run folder: a file in the way, read-only, a full disk
+                raise RunError(f"{label}: {write_error(e, run_dir_for(cfg))}") from e
     return results
 
 

@@ -88,13 +88,15 @@ class JudgePrompt:
 
     @classmethod
     def load(cls, spec: str) -> JudgePrompt:
-        import yaml
+        from harness.config import read_yaml
 
         path = Path(spec) if spec.endswith((".yaml", ".yml")) else JUDGES_DIR / f"{spec}.yaml"
         if not path.is_file():
             known = ", ".join(sorted(p.stem for p in JUDGES_DIR.glob("*.yaml")))
             raise ValueError(f"judge prompt {spec!r}: no file {path} (shipped: {known})")
-        d = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        d = read_yaml(path) or {}
+        if not isinstance(d, dict):
+            raise ValueError(f"judge prompt {path}: must hold a mapping (name, template, ...)")
         for key in ("name", "template"):
             if not isinstance(d.get(key), str):
                 raise ValueError(f"judge prompt {path}: needs a string {key!r}")

@@ -100,11 +100,15 @@ def apply_profile(data: dict, profile: str | None) -> dict:
     given explicitly (``metrics=[...]``) are kept. A configured judge (``judge.url``) adds the
     ``judge`` metric when the profile has none; without one the profile's ``judge`` is dropped.
     """
+    from harness.config import ConfigError, section
+
     out = dict(data)
     name = profile or out.get("metric_profile") or "default"
+    if not isinstance(name, str):
+        raise ConfigError(f"metric_profile must be a profile's name, not {name!r:.60}")
     p = get_profile(name)
     out["metric_profile"] = name
-    judge_on = bool((out.get("judge") or {}).get("url"))
+    judge_on = bool(section(out, "judge", "the LLM judge's options: url, model, ...").get("url"))
     if judge_on and p.judge_prompt and "prompt" not in out["judge"]:
         out["judge"] = {**out["judge"], "prompt": p.judge_prompt}  # the paper's own judge prompt
     if "metrics" not in out:
@@ -112,6 +116,8 @@ def apply_profile(data: dict, profile: str | None) -> dict:
         if judge_on and JUDGE not in metrics:
             metrics.append(JUDGE)
         out["metrics"] = metrics
+    elif not isinstance(out["metrics"], list):
+        raise ConfigError(f"metrics must be a list of metric names, not {out['metrics']!r:.60}")
     elif not judge_on and p.uses_judge:
         out["metrics"] = [m for m in out["metrics"] if m != JUDGE]
     return out

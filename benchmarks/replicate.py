@@ -85,14 +85,16 @@ def card_names() -> list[str]:
 
 def load_card(name_or_path: str) -> Card:
     """A card by name (``search_r1``) or by path; errors name the file and the missing field."""
-    import yaml
+    from harness.config import read_yaml
 
     path = Path(name_or_path)
     if not path.suffix:
         path = CARDS_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
         raise ValueError(f"no replication card {name_or_path!r} (cards: {', '.join(card_names())})")
-    d = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    d = read_yaml(path) or {}
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: a replication card holds a mapping")
     missing = [f for f in CARD_FIELDS if f not in d]
     if missing:
         raise ValueError(f"{path}: replication card lacks {', '.join(missing)}")

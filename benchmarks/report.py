@@ -429,9 +429,11 @@ def load_reference(path: str | Path) -> list[dict[str, Any]]:
     Every entry must carry its setting (model, corpus, retriever, k, subset, source), because the
     numbers are only meaningful with it; a missing field is an error, not a blank.
     """
-    import yaml
+    from harness.config import read_yaml
 
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    data = read_yaml(path) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: published numbers file holds a mapping with 'entries'")
     entries = data.get("entries", [])
     for e in entries:
         missing = [f for f in REFERENCE_FIELDS if f not in e]

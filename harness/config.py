@@ -26,6 +26,77 @@ class ConfigError(ValueError):
     """A configuration problem; the message names the key path (and file) at fault."""
 
 
+# Bounds on what one YAML document may hold, checked as it is read (before anything is built or
+# run): values once its aliases are expanded (a tree of aliases of aliases, an "alias bomb", grows
+# exponentially: a few hundred bytes expand to gigabytes in the first walk over it), and depth.
+MAX_YAML_VALUES = 100_000
+MAX_YAML_DEPTH = 100
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """``text`` as YAML (safe loader), within :data:`MAX_YAML_VALUES` values once aliases are
+    expanded and :data:`MAX_YAML_DEPTH` levels of nesting; anything else raises
+    :class:`ConfigError` starting with ``where`` (the file, or the override), naming what is wrong.
+    Every YAML harness reads from a user goes through here (:func:`read_yaml`)."""
+    try:
+        data = yaml.safe_load(text)
+    except RecursionError:  # PyYAML's parser recurses once per level of nesting
+        raise ConfigError(f"{where} nests deeper than {MAX_YAML_DEPTH} levels") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where} is not valid YAML: {e}") from None
+    _check_expanded(data, where)
+    return data
+
+
+def _check_expanded(data: Any, where: str) -> None:
+    """Count the values of ``data`` as a walk over it would meet them (a value an alias refers to
+    from k places counts k times) and its depth, each distinct container walked once (memoised by
+    identity, so an alias bomb is measured without being expanded)."""
+    seen: dict[int, tuple[int, int]] = {}  # id -> (values, levels) below and including it
+
+    def measure(node: Any, depth: int) -> tuple[int, int]:
+        if not isinstance(node, dict | list):
+            return 1, 0
+        if depth > MAX_YAML_DEPTH:  # a document that refers to itself nests without end
+            raise ConfigError(f"{where} nests deeper than {MAX_YAML_DEPTH} levels (or an alias refers to itself)")
+        if id(node) not in seen:
+            total, height = 1, 0
+            for child in [*node.keys(), *node.values()] if isinstance(node, dict) else node:
+                n, h = measure(child, depth + 1)
+                total, height = total + n, max(height, h + 1)
+                if total > MAX_YAML_VALUES:
+                    raise ConfigError(
+                        f"{where}: its aliases (*name) expand to more than {MAX_YAML_VALUES:,} values; refused "
+                        "before anything was built (an alias bomb?). Write the values out, or use fewer aliases"
+                    )
+            seen[id(node)] = (total, height)
+        total, height = seen[id(node)]
+        if depth + height > MAX_YAML_DEPTH:
+            raise ConfigError(f"{where} nests deeper than {MAX_YAML_DEPTH} levels")
+        return total, height
+
+    measure(data, 0)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The YAML document in the file ``path`` (see :func:`parse_yaml`); a missing, unreadable or
+    non-UTF-8 file is a :class:`ConfigError` naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist" + (" (it is a folder)" if path.is_dir() else ""))
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte {e.start}: {raw[e.start : e.start + 1]!r}); save it as UTF-8"
+        ) from None
+    return parse_yaml(text, f"config file {path}")
+
+
 def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
     """Turn ``["a.b=1", "c=x"]`` into a nested dict; values are parsed as YAML scalars/lists."""
     out: dict[str, Any] = {}
@@ -33,14 +104,24 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} must look like key.path=value")
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-            if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
-                value = float(value)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"override {item!r}: value is not valid YAML: {e}") from None
+        value = parse_yaml(raw, f"override {item!r}: value") if raw != "" else ""
+        if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+            value = float(value)
         set_path(out, key.strip(), value)
     return out
+
+
+def section(data: dict[str, Any], key: str, what: str = "") -> dict[str, Any]:
+    """``data[key]`` when it is a mapping ({} when absent or null): what code reading a raw
+    config before :func:`from_dict` checks it needs; anything else raises :class:`ConfigError`
+    naming the key (``what``: what the section holds, for the message)."""
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        hint = f" ({what})" if what else ""
+        raise ConfigError(f"{key} must be a mapping{hint}, not {type(value).__name__} {value!r:.60}")
+    return value
 
 
 def set_path(d: dict[str, Any], dotted: str, value: Any) -> None:
@@ -80,13 +161,9 @@ def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
+    """A config file: a mapping (see :func:`read_yaml`; an empty file is ``{}``)."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    data = read_yaml(path)
     if data is None:
         return {}
     if not isinstance(data, dict):

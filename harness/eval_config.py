@@ -14,6 +14,15 @@ from harness.config import require_at_least, require_positive
 from harness.engines import EngineConfig
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+# A name that becomes part of a run directory's name (a label, a split): no path separator, no
+# leading dot, so a run never lands outside --out (``--split ../../x``) or hidden.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+@=-]*")
+
+
+def check_run_name(value: str | None, key: str) -> None:
+    """Refuse a ``key`` value that could not name part of a run directory (see :data:`_NAME`)."""
+    if value is not None and not _NAME.fullmatch(value):
+        raise ValueError(f"{key} {value!r}: use letters, digits and _ . + @ = - (it names a run directory)")
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,7 @@ class DatasetConfig:
 
     def __post_init__(self) -> None:
         require_at_least(self, 1, "limit", "sample")
+        check_run_name(self.split, "split")
 
 
 @dataclass(frozen=True)
@@ -121,8 +131,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         require_at_least(self, 1, "n_samples")
         require_at_least(self, 0, "stop_after_failures")
-        if self.label is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+@=-]*", self.label):
-            raise ValueError(f"label {self.label!r}: use letters, digits and _ . + @ = - (it names a run directory)")
+        check_run_name(self.label, "label")
 
     @property
     def name(self) -> str:

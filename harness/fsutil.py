@@ -10,6 +10,7 @@ harness wrote all of it: a folder of the user's that happens to sit at ``out`` i
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -18,6 +19,26 @@ from pathlib import Path
 from typing import Any
 
 from harness import safe_delete
+
+
+def write_error(e: OSError, folder: str | Path, flag: str = "--out") -> str:
+    """What went wrong writing under ``folder``, for a person: the path at fault and what to do
+    (a file where a folder belongs, a read-only file system, a full disk, no permission)."""
+    where = e.filename or folder
+    if isinstance(e, NotADirectoryError | FileExistsError):
+        path = Path(folder)
+        blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), Path(where))
+        return f"cannot write to {folder}: {blocking} is a file, not a folder; pick another {flag}"
+    if e.errno == errno.EROFS:
+        return f"cannot write to {folder}: {where} is on a read-only file system; pick another {flag}"
+    if e.errno == errno.ENOSPC:
+        return (
+            f"the disk is full (writing {where}); what finished is saved: free some space and run the same "
+            "command again to resume"
+        )
+    if e.errno == errno.EACCES:
+        return f"cannot write to {folder}: permission denied on {where}; pick another {flag}"
+    return f"cannot write to {folder}: {e.strerror or e} ({where})"
 
 
 def tmp_sibling(out: Path, unique: bool = False) -> Path:

@@ -90,14 +90,17 @@ def mcts_command(
 
 def _scorer_args(pairs: list[str]) -> dict:
     """``key=value`` pairs → options (values read as YAML scalars: 0.5, true, a path)."""
-    import yaml
+    from harness.config import ConfigError, parse_yaml
 
     out = {}
     for p in pairs:
         key, sep, value = p.partition("=")
         if not sep or not key.strip():
             fail(f"--step-scorer-arg {p!r}: expected key=value")
-        out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        try:
+            out[key.strip()] = parse_yaml(value, f"--step-scorer-arg {p!r}: value") if value.strip() else ""
+        except ConfigError as e:
+            fail(str(e))
     return out
 
 

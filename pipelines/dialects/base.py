@@ -14,8 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
+from harness.config import read_yaml
 from harness.types import Doc
 
 ActionKind = Literal["search", "answer", "invalid", "continue", "end", "none"]
@@ -291,13 +290,12 @@ def load_template_file(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"template file not found: {path}")
-    text = p.read_text(encoding="utf-8")
     if p.suffix in (".yaml", ".yml"):
-        data = yaml.safe_load(text)
+        data = read_yaml(p)
         if not isinstance(data, dict) or not isinstance(data.get("template"), str):
             raise ValueError(f"{path}: a YAML template file needs a string 'template' key")
     else:
-        data = {"template": text}
+        data = {"template": p.read_text(encoding="utf-8")}
     placement = data.get("placement")
     if placement is not None and placement not in ("user", "system", "raw"):
         raise ValueError(f"{path}: placement must be user, system or raw, not {placement!r}")
