@@ -635,6 +635,89 @@ def report_vs_eval(tmp: Path) -> tuple[bool, str]:
     return ok, f"results.json EM {em} n={some['n']}; report '{shown['some']}'; all failed: report '{shown['all']}'"
 
 
+# Nine levels of nine aliases: 9**9 values once expanded, from 300 bytes of YAML.
+ALIAS_BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
+    f"{c}: &{c} [{','.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+def refused_cleanly(tmp: Path, args: list[str], expect: str, left: Callable[[], bool]) -> tuple[bool, str]:
+    """Run ``harness ARGS``: handled when it exits 2 with ``expect`` in its message, no traceback,
+    and ``left()`` (nothing written where it must not be) holds."""
+    t0 = time.monotonic()
+    r = harness(*args, cwd=tmp, timeout=120)
+    took = time.monotonic() - t0
+    out = flat(r.stdout + r.stderr)
+    ok = r.returncode == 2 and expect in out and "Traceback" not in out and left()
+    tail = out[out.find("error:") :][:110] if "error:" in out else out[-110:]
+    return ok, f"exit {r.returncode} in {took:.1f} s; {'nothing left' if left() else 'LEFT A FOLDER'}; {tail}"
+
+
+def _eval_with(tmp: Path, text: bytes, expect: str) -> tuple[bool, str]:
+    (tmp / "c.yaml").write_bytes(text)
+    args = [*eval_args(tmp, tmp / "runs", "--retriever", "memory"), "-c", str(tmp / "c.yaml")]
+    return refused_cleanly(tmp, args, expect, lambda: not (tmp / "runs").exists())
+
+
+@fault("an alias bomb under judge: in an eval config (issue 31)", "refused at once naming the file, no run folder")
+def alias_bomb_eval(tmp: Path) -> tuple[bool, str]:
+    text = "judge:\n" + "".join(f"  {x}\n" for x in ALIAS_BOMB.splitlines())
+    return _eval_with(tmp, text.encode(), "c.yaml: its aliases (*name) expand to more than 100,000 values")
+
+
+@fault("an alias bomb under a recipe's source values (issue 31)", "refused at once naming the file, no run folder")
+def alias_bomb_recipe(tmp: Path) -> tuple[bool, str]:
+    values = "".join(f"          {x}\n" for x in ALIAS_BOMB.splitlines())
+    (tmp / "r.yaml").write_text(
+        f"name: x\nalgo: {{kind: sft}}\nsft:\n  sources:\n    - kind: chat\n      values:\n{values}"
+    )
+    args = ["train", "-c", str(tmp / "r.yaml"), "--out", str(tmp / "run")]
+    return refused_cleanly(tmp, args, "r.yaml: its aliases", lambda: not (tmp / "run").exists())
+
+
+@fault("5,000 nested [ in an eval config (issue 31)", "a message naming the file, no RecursionError")
+def yaml_nested(tmp: Path) -> tuple[bool, str]:
+    return _eval_with(tmp, b"judge: " + b"[" * 5000, "c.yaml nests deeper than 100 levels")
+
+
+@fault("judge: 5 in an eval config (issue 31)", "a message naming the key, no AttributeError")
+def judge_not_a_mapping(tmp: Path) -> tuple[bool, str]:
+    return _eval_with(tmp, b"judge: 5\n", "judge must be a mapping")
+
+
+@fault("a Latin-1 eval config (issue 31)", "a message naming the file and the byte")
+def yaml_not_utf8(tmp: Path) -> tuple[bool, str]:
+    return _eval_with(tmp, "label: caf\xe9\n".encode("latin-1"), "c.yaml is not UTF-8 text (byte 10")
+
+
+@fault("eval --out a file; a run folder path that is a file (issue 31)", "a message naming the file, both")
+def out_is_a_file(tmp: Path) -> tuple[bool, str]:
+    (tmp / "f").write_text("x")
+    first = refused_cleanly(
+        tmp, eval_args(tmp, tmp / "f", "--retriever", "memory"), f"{tmp / 'f'} is a file", lambda: True
+    )
+    (tmp / "runs").mkdir()
+    (tmp / "runs" / RUN).write_text("x")
+    second = refused_cleanly(
+        tmp, eval_args(tmp, tmp / "runs", "--retriever", "memory"), f"{tmp / 'runs' / RUN} is a file", lambda: True
+    )
+    return first[0] and second[0], f"--out a file: {first[1][:60]}; run folder a file: {second[1][:60]}"
+
+
+@fault("eval --split ../../x (issue 31)", "refused like a bad label; nothing outside --out")
+def split_escapes(tmp: Path) -> tuple[bool, str]:
+    (tmp / "data" / "hotpotqa").mkdir(parents=True)
+    (tmp / "x.jsonl").write_text(json.dumps({"id": "q", "question": "Q?", "golden_answers": ["a"]}) + "\n")
+    args = eval_args(
+        tmp, tmp / "a" / "runs", "--retriever", "memory", "--split", "../../x", "--data-dir", str(tmp / "data")
+    )
+    args[args.index("demo")] = "hotpotqa"
+    before = sorted(p.name for p in tmp.iterdir())
+    return refused_cleanly(
+        tmp, args, "dataset.split '../../x'", lambda: sorted(p.name for p in tmp.iterdir()) == before
+    )
+
+
 # ---- running ----------------------------------------------------------------------------------
 def run_one(f: Fault, root: Path) -> Outcome:
     tmp = root / f.check.__name__
