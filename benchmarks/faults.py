@@ -718,6 +718,36 @@ def split_escapes(tmp: Path) -> tuple[bool, str]:
     )
 
 
+@fault("eval on a read-only --out, and a disk that fills mid-run (issue 31)", "messages naming the path; data kept")
+def eval_disks(tmp: Path) -> tuple[bool, str]:
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False) if _has("unshare") else None
+    if probe is None or probe.returncode != 0:
+        return True, "skipped: no unprivileged mount namespaces here (unshare -rm)"
+    ro, full = tmp / "ro", tmp / "full"
+    ro.mkdir(), full.mkdir()
+    cli = f"{sys.executable} -m harness.cli.main " + " ".join(
+        f"'{a}'" for a in eval_args(tmp, Path("OUT"), "--retriever", "memory")
+    )
+    script = (
+        f"mount -t tmpfs -o ro tmpfs {ro} && mount -t tmpfs -o size=48k tmpfs {full} && "
+        f"{cli.replace('OUT', str(ro))}; echo EXIT $?; {cli.replace('OUT', str(full))}; echo EXIT $?; "
+        f"wc -l < {full}/{RUN}/scores.jsonl; echo LINES"
+    )
+    r = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script], cwd=REPO, env=_env(None), capture_output=True, text=True, timeout=600
+    )
+    said = flat(r.stdout + r.stderr)
+    codes = re.findall(r"EXIT (\d+)", r.stdout)
+    kept = re.search(r"(\d+)\s+LINES", r.stdout)
+    expect = [f"{ro}/{RUN} is on a read-only file system; pick another --out", "the disk is full (writing"]
+    missing = [e for e in expect if e not in said]
+    ok = codes == ["2", "2"] and not missing and "Traceback" not in said and kept is not None and int(kept.group(1)) > 0
+    lines = kept.group(1) if kept else "?"
+    return ok, f"exits {codes}; " + (
+        f"both name the path; {lines} items kept" if not missing else f"missing {missing[0][-50:]}"
+    )
+
+
 # ---- running ----------------------------------------------------------------------------------
 def run_one(f: Fault, root: Path) -> Outcome:
     tmp = root / f.check.__name__
