@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from harness.backends.base import BackendBase, BackendError
+from harness.errors import redact_urls
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ class HTTPBackendBase(BackendBase):
                     last = f"{url}: {type(e).__name__}: {e}"
                 if attempt < self.retries:
                     delay = self.backoff * (2**attempt)
-                    logger.warning("%s; retry %d/%d in %.1f s", last, attempt + 1, self.retries, delay)
+                    logger.warning("%s; retry %d/%d in %.1f s", redact_urls(last), attempt + 1, self.retries, delay)
                     await asyncio.sleep(delay)
         raise BackendError(f"request failed after {self.retries + 1} attempts: {last}")
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from harness.errors import redact_urls
 from harness.retrieval.base import RetrievalError
 from harness.types import Doc
 
@@ -48,7 +49,7 @@ class HTTPRetriever:
         self.api = api
         self.retries = retries
         self.backoff = backoff
-        self.index_id = f"http:{api}:{self.url}"
+        self.index_id = f"http:{api}:{redact_urls(self.url)}"  # recorded in manifests: no credentials
         self._client = httpx.Client(timeout=timeout)
 
     @classmethod
@@ -80,7 +81,8 @@ class HTTPRetriever:
                 last = f"{type(e).__name__}: {e}"
             if attempt < retries:
                 delay = self.backoff * (2**attempt)
-                logger.warning("retrieval %s%s failed (%s); retrying in %.1f s", self.url, path, last, delay)
+                shown = redact_urls(f"{self.url}{path}")
+                logger.warning("retrieval %s failed (%s); retrying in %.1f s", shown, redact_urls(last), delay)
                 time.sleep(delay)
         raise RetrievalError(f"retrieval server {self.url}{path} failed after {retries + 1} attempts: {last}")
 

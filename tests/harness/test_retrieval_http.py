@@ -236,3 +236,22 @@ def test_cli_serve_retriever_end_to_end(bm25_index):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_credentials_in_a_server_url_are_never_echoed(caplog):
+    """Issue 31 defect 11: ``http://alice:s3cret@host`` was printed in errors and logs."""
+    import socket
+
+    from harness.errors import redact_urls
+    from harness.retrieval.base import RetrievalError
+    from harness.retrieval.http_client import HTTPRetriever
+
+    assert redact_urls("at http://alice:s3cret@h:1/x and https://tok@h2/") == "at http://***@h:1/x and https://***@h2/"
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = HTTPRetriever(f"http://alice:s3cret@127.0.0.1:{port}", retries=1, backoff=0.0)
+    with pytest.raises(RetrievalError) as e:
+        r.search(["q"], 1)
+    assert "s3cret" not in str(e.value) and "http://***@127.0.0.1" in str(e.value)
+    assert "s3cret" not in caplog.text and "s3cret" not in r.index_id
