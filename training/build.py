@@ -235,9 +235,14 @@ def claim_run_folder(run: Path, overwrite: bool = False, check_only: bool = Fals
     if not held:
         return
     if not overwrite:
+        try:  # --overwrite is offered only where it would succeed
+            safe_delete.check_removable(run, TRAIN_ENTRIES, kind="train")
+            replace = ", replace it with --overwrite"
+        except safe_delete.NotOursError:
+            replace = ""
         raise ValueError(
             f"run folder {run} is not empty ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}): "
-            f"continue it with --resume {run}, replace it with --overwrite, or pick another --out"
+            f"continue it with --resume {run}{replace}, or pick another --out"
         )
     if check_only:
         safe_delete.check_removable(run, TRAIN_ENTRIES, kind="train", why="--overwrite")

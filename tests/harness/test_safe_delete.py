@@ -273,3 +273,18 @@ def test_claim_takes_a_folder_holding_only_bookkeeping_and_names_another_kind(tm
     (run / f".{MARKER}.tmp-999").write_text("{")
     assert claim(run, "eval") and safe_delete.read_marker(run)["kind"] == "eval"
     assert not claim(run, "train")  # marked, but as another kind of output
+
+
+def test_the_not_empty_hint_offers_overwrite_only_where_it_would_succeed(tmp_path):
+    """Issue 31 defect 11: the hint suggested --overwrite for folders --overwrite refuses."""
+    from training.build import claim_run_folder
+
+    p = foreign_project(tmp_path)
+    with pytest.raises(ValueError, match="not empty") as e:
+        claim_run_folder(p)
+    assert "--overwrite" not in str(e.value) and "pick another --out" in str(e.value)
+    run = tmp_path / "run"
+    claim(run, "train")
+    (run / "metrics.jsonl").write_text("")
+    with pytest.raises(ValueError, match="replace it with --overwrite"):
+        claim_run_folder(run)
