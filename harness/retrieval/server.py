@@ -26,6 +26,7 @@ answers are written with orjson, and concurrent requests are answered together b
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -44,6 +45,9 @@ MAX_BODY_BYTES = 1 << 20
 MAX_QUERIES = 1000
 MAX_QUERY_CHARS = 4096
 FLASHRAG_DEFAULT_TOP_N = 10
+# A request whose body does not arrive within this many seconds (a Content-Length larger than
+# what is sent) gets 408 instead of holding its connection until the client gives up.
+BODY_TIMEOUT_S = 10.0
 
 
 class _Answer:
@@ -213,6 +217,8 @@ class RetrievalApp:
     splits a batch into runs of similar-length queries for a padding encoder.
     """
 
+    body_timeout_s = BODY_TIMEOUT_S  # a body not received within it is answered 408
+
     def __init__(
         self,
         retriever: Retriever,
@@ -290,6 +296,9 @@ class RetrievalApp:
             return _Answer(422, {"detail": str(e)})
         except ConnectionResetError:  # the client left mid-body: nobody to answer
             return _Answer(400, {"detail": "client disconnected"})
+        except TimeoutError:
+            self.metrics.rejected += 1
+            return _Answer(408, {"detail": f"request body not received within {self.body_timeout_s:g} s"})
         except Exception as e:  # the retriever failed: say why, keep serving
             self.metrics.errors += 1
             logger.exception("retrieval failed")
@@ -302,7 +311,7 @@ class RetrievalApp:
                 raise too_large
         chunks, size = [], 0
         while True:
-            message = await receive()
+            message = await asyncio.wait_for(receive(), self.body_timeout_s)  # TimeoutError: 408
             if message["type"] == "http.disconnect":
                 raise ConnectionResetError("client went away")
             chunk = message.get("body", b"")

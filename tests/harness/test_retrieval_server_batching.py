@@ -224,3 +224,28 @@ def test_server_sets_encoder_threads_for_a_cpu_dense_retriever(monkeypatch):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_body_shorter_than_its_content_length_gets_408_not_a_held_connection():
+    """Issue 31 defect 11: a request whose Content-Length exceeds its body was held open until
+    the client gave up; its body read now times out (``body_timeout_s``) with 408."""
+    from harness.retrieval.memory import InMemoryRetriever
+
+    app = create_app(InMemoryRetriever([Doc.from_contents("d1", "t\nx", 0.0)]))
+    app.body_timeout_s = 0.2
+    sent: list[dict] = []
+    first = [{"type": "http.request", "body": b'{"queries": ["x"', "more_body": True}]
+
+    async def receive():  # the rest of the body never comes (the client still holds the socket)
+        if first:
+            return first.pop()
+        await asyncio.Event().wait()
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "path": "/retrieve", "method": "POST", "headers": [(b"content-length", b"100")]}
+    t0 = time.perf_counter()
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 408 and time.perf_counter() - t0 < 2
+    assert b"request body not received within 0.2 s" in sent[1]["body"]
