@@ -39,7 +39,7 @@ name: tiny
 papers: "test"
 model:
   tiny: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
-data: {dataset: demo, split: test, limit: 8}
+data: {dataset: demo, split: test_v1, limit: 8}  # the questions the toy tasks were calibrated on
 rollout:
   method: search_r1
   n_samples: 2
