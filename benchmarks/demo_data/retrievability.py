@@ -66,7 +66,7 @@ def bm25_over(corpus: Path, workdir: Path):
 def retrievability(splits: list[str], ks: tuple[int, ...] = (3, 5)) -> Shares:
     """split → template (and ``all``) → measure → k → share of its questions."""
     from benchmarks.datasets import corpus_path, load_examples
-    from training.synthesize import corpus_titles
+    from harness.retrieval.corpus import iter_corpus
 
     result: Shares = {}
     retrievers: dict[Path, object] = {}
@@ -76,7 +76,7 @@ def retrievability(splits: list[str], ks: tuple[int, ...] = (3, 5)) -> Shares:
             corpus = corpus_path("demo", split)
             if corpus not in retrievers:
                 retrievers[corpus] = bm25_over(corpus, Path(tmp) / str(len(retrievers)))
-            titles = corpus_titles(corpus)
+            titles = {doc.id: doc.title for doc in iter_corpus(corpus)}
             groups: dict[str, list[int]] = defaultdict(list)
             for i, e in enumerate(examples):
                 groups[template_of(e)].append(i)
