@@ -249,3 +249,25 @@ def test_a_body_shorter_than_its_content_length_gets_408_not_a_held_connection()
     asyncio.run(app(scope, receive, send))
     assert sent[0]["status"] == 408 and time.perf_counter() - t0 < 2
     assert b"request body not received within 0.2 s" in sent[1]["body"]
+
+
+def test_a_large_request_is_searched_in_pieces_that_let_a_later_request_in_between():
+    """Issue 31: one maximal request held a small concurrent one until all of it was searched."""
+    rec = SlowRecorder(delay=0.05)
+    big = [f"q{i}" for i in range(10)]
+
+    async def go():
+        b = MicroBatcher(rec, max_batch=4)
+        try:
+            large = asyncio.ensure_future(b.search(big, 2))
+            await asyncio.sleep(0.02)  # the first piece is being searched
+            small = await b.search(["late"], 2)
+            return await large, small
+        finally:
+            b.close()
+
+    large, small = asyncio.run(go())
+    assert large == rec.search(big, 2) and small == rec.search(["late"], 2)  # same answers as one call
+    pieces = [qs for qs, _ in rec.calls[:-2]]  # (the last two calls are the checks above)
+    assert [len(p) for p in pieces] == [4, 1, 4, 2]  # the late request went in after the first piece
+    assert pieces[1] == ["late"]
