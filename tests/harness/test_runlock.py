@@ -102,11 +102,12 @@ def test_eval_refuses_a_run_directory_another_process_writes(tmp_path, holder):
 
 
 def test_train_refuses_a_run_folder_another_process_writes(tmp_path, holder):
+    from tests.training.test_trainer import recipe
+
+    # A recipe that is valid (the run folder is claimed only then) and quick to build: the tiny model.
     run = tmp_path / "run"
     p = holder(run)
-    res = runner.invoke(
-        app, ["train", "-c", "configs/train/smollm2_cpu_sft_demo.yaml", "--out", str(run), "trainer.max_steps=1"]
-    )
+    res = runner.invoke(app, ["train", "-c", str(recipe(tmp_path)), "--out", str(run), "trainer.max_steps=1"])
     text = " ".join(res.output.split())
-    assert res.exit_code != 0 and "RunLockedError" in text and f"pid {p.pid}" in text
+    assert res.exit_code != 0 and "is in use" in text and f"pid {p.pid}" in text, text
     assert sorted(x.name for x in run.iterdir()) == [".harness.lock"]  # nothing written beside the lock
