@@ -251,6 +251,7 @@ def test_windowed_logprobs_match_a_full_forward(tmp_path):
 
 
 def test_a_non_empty_run_folder_is_refused_without_resume_or_overwrite(tmp_path):
+    from harness import safe_delete
     from harness.cli.main import app
 
     f, run = recipe(tmp_path), tmp_path / "run"
@@ -258,8 +259,14 @@ def test_a_non_empty_run_folder_is_refused_without_resume_or_overwrite(tmp_path)
     (run / "metrics.jsonl").write_text('{"step": 1}\n')  # another run's log
     res = CliRunner().invoke(app, ["train", "-c", str(f), "--out", str(run)])
     out = " ".join(res.output.split())
-    assert res.exit_code == 2 and "is not empty" in out and "--resume" in out and "--overwrite" in out
+    # The folder carries no harness marker, so --overwrite would refuse it: the hint does not offer it.
+    assert res.exit_code == 2 and "is not empty" in out and "--resume" in out and "--overwrite" not in out
     assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'  # untouched
+    safe_delete.claim(ours := tmp_path / "ours", "train")  # a run folder harness made: --overwrite would clear it
+    (ours / "metrics.jsonl").write_text('{"step": 1}\n')
+    res = CliRunner().invoke(app, ["train", "-c", str(f), "--out", str(ours)])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 2 and "is not empty" in out and "--resume" in out and "--overwrite" in out, out
     res = CliRunner().invoke(app, ["train", "-c", str(f), "--resume", str(run), "--overwrite"])
     assert res.exit_code == 2 and "give one of them" in " ".join(res.output.split())
     stranger = tmp_path / "notes"
