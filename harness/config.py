@@ -235,12 +235,16 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
 
 
 def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
-    """Build the frozen dataclass ``cls`` from ``data``, checking every key and type."""
+    """Build the frozen dataclass ``cls`` from ``data``, checking every key and type. A key in
+    ``cls.MOVED_KEYS`` (a class variable, key → the key to use) is refused, naming its successor."""
     hints = typing.get_type_hints(cls)
     fields = {config_key(f): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
+    moved: dict[str, str] = getattr(cls, "MOVED_KEYS", {})  # key → the key that owns it now
     for key, value in data.items():
         path = f"{where}.{key}" if where else key
+        if key in moved:
+            raise ConfigError(f"{path!r} is not read here (it would be overridden): set {moved[key]!r} instead")
         if key not in fields:
             close = difflib.get_close_matches(key, list(fields), n=1)
             hint = f"; did you mean {(where + '.' if where else '') + close[0]!r}?" if close else ""

@@ -52,7 +52,7 @@ def _agent_builder(dialect: str):
     def build(backend: Any, retriever: Any, options: dict[str, Any]) -> Any:
         from pipelines.search_agent import AgentConfig, SearchAgent
 
-        cfg = from_dict(AgentConfig, options, where="agent")
+        cfg = options if isinstance(options, AgentConfig) else from_dict(AgentConfig, options, where="agent")
         return SearchAgent(backend, retriever, dialect=dialect, config=cfg, method=dialect)
 
     return build
@@ -87,7 +87,9 @@ def validate_options(name: str, options: dict[str, Any], where: str | None = Non
     return from_dict(BaselineConfig, options, where=where or "baseline")
 
 
-def build_method(name: str, backend: Any, retriever: Any, options: dict[str, Any] | None = None) -> Method:
+def build_method(name: str, backend: Any, retriever: Any, options: Any = None) -> Method:
+    """The method ``name`` over ``backend`` and ``retriever``; ``options``: its options as a dict,
+    or an agent method's already validated ``AgentConfig`` (used as is)."""
     return METHODS.get(name)(backend, retriever, options or {})
 
 

@@ -97,7 +97,7 @@ def build_validation(cfg: TrainConfig, backend: Any, out: Path) -> Validation | 
             "dataset": {"name": first_dataset(cfg), "split": d.val_split, "limit": d.val_limit, "data_dir": d.data_dir},
             "retriever": to_dict(cfg.retriever),
             "backend": {"kind": cfg.rollout.backend.kind, "model": cfg.model.path},
-            "agent": {**cfg.rollout.agent, "temperature": 0.0},
+            "agent": rollout_agent_options(cfg, temperature=0.0),
             "out": str(out / "validation"),
         },
         where="validation",
@@ -106,11 +106,15 @@ def build_validation(cfg: TrainConfig, backend: Any, out: Path) -> Validation | 
     return Validation(run.method, run.examples, run.manifest, tuple(ecfg.metrics), out / "validation")
 
 
-def rollout_agent_options(cfg: TrainConfig) -> dict[str, Any]:
-    """The options RL rollouts build the agent with: ``rollout.agent`` in the dialect's training
-    mode, where a dialect's training code differs from its evaluation (RAG-R1). The recipe test
-    resolves the effective agent from it."""
-    return {"mode": "train", **cfg.rollout.agent}
+def rollout_agent_options(cfg: TrainConfig, temperature: float | None = None) -> dict[str, Any]:
+    """The agent options RL rollouts build the agent with: ``rollout.agent`` (validated when the
+    recipe loaded) with ``rollout.sampling``'s temperature, top_p and max_new_tokens, the values
+    the trainer samples with (``temperature``: validation's, 0). The agent's own seed is left at
+    its default: every rollout gets its seed from ``TrainConfig.rollout_seed``. The recipe test resolves
+    the effective agent from it."""
+    s = cfg.rollout.sampling
+    t = s.temperature if temperature is None else temperature
+    return {**to_dict(cfg.rollout.agent), "max_new_tokens": s.max_new_tokens, "temperature": t, "top_p": s.top_p}
 
 
 def _rl_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
@@ -122,11 +126,12 @@ def _rl_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
     d = cfg.data
     if method_kind(cfg.rollout.method) != "agent":
         raise ValueError(f"rollout.method {cfg.rollout.method!r} is a baseline; RL rolls out an agent dialect")
-    validate_options(cfg.rollout.method, rollout_agent_options(cfg), where="rollout.agent")  # errors name the key
+    # rollout.agent and rollout.sampling were checked when the recipe loaded; this checks them together
+    options = validate_options(cfg.rollout.method, rollout_agent_options(cfg), where="rollout.agent")
     examples = train_examples(cfg)
     retriever = dataset_retriever(cfg.retriever, merged_corpus_dataset(cfg), d.split, d.data_dir)
     backend = backend or rollout_backend(cfg)
-    agent = build_method(cfg.rollout.method, backend, retriever, rollout_agent_options(cfg))
+    agent = build_method(cfg.rollout.method, backend, retriever, options)
     validation = build_validation(cfg, backend, Path(out))
     return Trainer(cfg, agent, examples, out, validate=validation)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from harness.config import require_at_least
 from harness.eval_config import BackendConfig, RetrieverConfig
@@ -68,18 +68,79 @@ class DataConfig:
     val_limit: int | None = 16
 
 
+# ``rollout.agent`` keys that ``rollout.sampling`` owns: setting one there is refused, naming the key to use.
+_SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens", "seed")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """``rollout.sampling``: how every RL rollout samples, the one place the trainer reads it from.
+
+    Rollouts sample at ``temperature`` and ``top_p`` and generate at most ``max_new_tokens`` a
+    turn; the trainer scores tokens at the same temperature (:mod:`training.logprobs`). Each
+    rollout gets its own seed from ``seed`` (None: ``trainer.seed``), the step, the prompt and the
+    sample (:func:`training.rollout.sample_seed`). Validation is greedy with the same ``max_new_tokens``.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256  # per turn (the agent loop's default)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        require_at_least(self, 0, "temperature")
+        require_at_least(self, 1, "max_new_tokens")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class RolloutAgentConfig:
+    """``rollout.agent``: the agent loop's options for RL rollouts and validation, as
+    ``pipelines.search_agent.AgentConfig`` (see it for each key) less the sampling keys, which
+    ``rollout.sampling`` owns (``MOVED_KEYS``: a recipe that sets one here is refused). ``mode``
+    defaults to ``train``: the dialect's training code where it differs from its evaluation
+    (RAG-R1); null is the dialect's default. A test keeps the keys and defaults equal to
+    ``AgentConfig``'s."""
+
+    MOVED_KEYS: ClassVar[dict[str, str]] = {k: f"rollout.sampling.{k}" for k in _SAMPLING_KEYS}
+
+    max_turns: int = 4
+    max_total_tokens: int = 1024
+    max_context: int | None = None
+    min_room: int = 8
+    topk: int = 3
+    max_doc_tokens: int | None = 128
+    max_query_doc_tokens: int | None = None
+    chat: bool = True
+    few_shot: bool = False
+    response_prefix: str = ""
+    final_turn: bool | None = None
+    mode: str | None = "train"
+    max_concurrency: int = 64
+    variant: str = "exact"
+    template: str | None = None
+
+    def __post_init__(self) -> None:
+        require_at_least(self, 0, "max_turns")
+        require_at_least(self, 1, "max_total_tokens", "min_room", "topk", "max_doc_tokens", "max_query_doc_tokens")
+        require_at_least(self, 1, "max_concurrency", "max_context")
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
+    # Sampling moved into ``rollout.sampling``: the old keys are refused with the new one's name.
+    MOVED_KEYS: ClassVar[dict[str, str]] = {"temperature": "rollout.sampling.temperature", "top_p": "rollout.sampling.top_p"}
+
     method: str = "r1_searcher"  # the agent dialect
     n_samples: int = 4  # rollouts per prompt (one GRPO group)
     prompts_per_step: int = 2
-    temperature: float = 1.0
-    top_p: float = 1.0
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
     # The backend rollouts come from, configured as ``harness eval``'s (``kind``, ``url``,
     # ``launch``, ``engine``, ``max_batch_size``, ...). It always serves the policy: its model and
     # dtype are ``model.path`` and ``model.dtype``. ``launch: true`` starts SGLang for the run.
     backend: BackendConfig = field(default_factory=lambda: BackendConfig(max_batch_size=16))
-    agent: dict[str, Any] = field(default_factory=dict)  # AgentConfig overrides
+    agent: RolloutAgentConfig = field(default_factory=RolloutAgentConfig)
     # How weights reach a server: "disk" (a model directory + /update_weights_from_disk, tested
     # against real SGLang) or "distributed" (broadcast over NCCL/gloo, SGLang's
     # /update_weights_from_distributed; tested only against a stand-in, see training.dist_sync).
@@ -363,3 +424,9 @@ class TrainConfig:
     papers: str = ""  # which published settings the recipe follows
     source: RecipeSource = field(default_factory=RecipeSource)  # the original run's values (checked by a test)
     deviations: tuple[Deviation, ...] = ()  # where this recipe differs from ``source``, each with its reason
+
+    @property
+    def rollout_seed(self) -> int:
+        """The seed RL rollouts derive theirs from: ``rollout.sampling.seed``, else ``trainer.seed``."""
+        s = self.rollout.sampling.seed
+        return self.trainer.seed if s is None else s

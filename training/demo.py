@@ -218,12 +218,17 @@ def _train_rl(
     the agent trained is the agent evaluated. Cached like the SFT run."""
     from harness.config import compose
     from training.build import train_cached
-    from training.config import TrainConfig
+    from training.config import RolloutAgentConfig, SamplingConfig, TrainConfig
 
+    agent = data.get("agent", {})
+    # The evaluation's turn length is the rollouts' (rollout.sampling owns it); its temperature,
+    # top_p and seed are evaluation's: rollouts sample as the RL recipe says.
+    loop = {k: v for k, v in agent.items() if k not in RolloutAgentConfig.MOVED_KEYS}
     same_agent = [
         f"model.path={json.dumps(str(sft_model))}",
         f"rollout.method={UNTRAINED}",
-        f"rollout.agent={json.dumps(data.get('agent', {}))}",
+        f"rollout.agent={json.dumps(loop)}",
+        f"rollout.sampling.max_new_tokens={int(agent.get('max_new_tokens', SamplingConfig.max_new_tokens))}",
         f"retriever={json.dumps(data.get('retriever', {}))}",
         f"trainer.out={json.dumps(str(run.parent))}",
     ]

@@ -220,9 +220,7 @@ def _seq_len(cfg: TrainConfig) -> int:
         return cfg.prm.max_len or 4096
     if kind == "sft":
         return cfg.algo.max_len or 4096
-    from pipelines.search_agent import AgentConfig
-
-    total = int(cfg.rollout.agent.get("max_total_tokens", AgentConfig.max_total_tokens)) + PROMPT_TOKENS
+    total = cfg.rollout.agent.max_total_tokens + PROMPT_TOKENS
     return min(total, cfg.algo.max_len) if cfg.algo.max_len else total
 
 

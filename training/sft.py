@@ -87,7 +87,7 @@ class SFTTrainer:
         if cfg.optim.threads:
             torch.set_num_threads(cfg.optim.threads)
         self.tokenizer = sft_tokenizer(cfg)
-        chat = bool(cfg.rollout.agent.get("chat", True))
+        chat = cfg.rollout.agent.chat
         self.data = trajectories if trajectories is not None else load_sources(cfg.sft.sources, self.tokenizer, chat)
         bs = cfg.sft.batch_size
         if bs % self.world:

@@ -86,11 +86,11 @@ def behaviour_logprobs_caveat(cfg: TrainConfig) -> str | None:
     a vLLM server harness did not launch may run with vLLM's default ``raw_logprobs`` (of the
     logits at temperature 1); harness's own launch asks for ``processed_logprobs``
     (``harness.backends.vllm_sync.RL_ARGS``). At temperature 1 (or greedy) both agree."""
-    rb, temperature = cfg.rollout.backend, cfg.rollout.temperature
+    rb, temperature = cfg.rollout.backend, cfg.rollout.sampling.temperature
     if cfg.algo.rollout_correction.kind == "none" or rb.kind != "openai" or rb.launch or temperature in (0, 1):
         return None
     return (
-        f"algo.rollout_correction at rollout.temperature={temperature} on a vLLM server harness did not launch: "
+        f"algo.rollout_correction at rollout.sampling.temperature={temperature} on a vLLM server harness did not launch: "
         f"start it with {' '.join(VLLM_RL_ARGS)}, or its behaviour log-probs are at temperature 1 "
         "(mismatch/abs_log_ratio in the step log shows the gap)"
     )
@@ -165,9 +165,8 @@ class Trainer:
             )
         self.reward_fn = build_reward(a.reward)
         self.sampler = PromptSampler(examples, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
-        self.sampling = SamplingParams(
-            max_new_tokens=agent.config.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
-        )
+        s = cfg.rollout.sampling  # the agent was built with the same values (training.build.rollout_agent_options)
+        self.sampling = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)
         self.step_no = 0  # optimizer steps taken = the policy version the backend serves
         self.async_rollouts: AsyncRollouts | None = None  # trainer.async's producer, from the first step
         # This run's checkpoints carry its id: pruning never touches another run's.
@@ -219,7 +218,7 @@ class Trainer:
                 c.rollout.n_samples,
                 self.sampling,
                 policy_version=self.step_no,
-                seed=c.trainer.seed + self.step_no,
+                seed=c.rollout_seed + self.step_no,
                 group_offset=self.rank * per_rank,
             )
         else:  # 1–2 asynchronously: finished groups from the producer, at most max_staleness versions old
@@ -324,7 +323,7 @@ class Trainer:
         """One prompt's ``n_samples`` rollouts through THE agent (as ``collect`` makes them), seeded
         by the group's submission order, tagged with the version it started on."""
         n, params = self.cfg.rollout.n_samples, self.sampling.with_(logprobs=True)
-        seed = self.cfg.trainer.seed
+        seed = self.cfg.rollout_seed
         return list(
             await asyncio.gather(
                 *(
@@ -375,7 +374,7 @@ class Trainer:
         projection runs over chunks of ``model.logits_chunk_tokens`` tokens from the hidden
         states, so the [b, w, V] logits never exist (:mod:`training.logprobs`). Results are
         zero-padded back to W (those positions are padding, mask 0). They are of the policy that
-        sampled: softmax(logits / ``rollout.temperature``), as verl scores them (greedy rollouts,
+        sampled: softmax(logits / ``rollout.sampling.temperature``), as verl scores them (greedy rollouts,
         temperature 0, are scored at temperature 1).
         """
         L, W = batch.input_ids.shape[1], batch.targets.shape[1] - offset
@@ -388,7 +387,7 @@ class Trainer:
             batch.mask[rows, offset : Lm - 1],
             self.cfg.model.logits_chunk_tokens,
             entropy,
-            self.cfg.rollout.temperature or 1.0,
+            self.cfg.rollout.sampling.temperature or 1.0,
         )
 
         def pad(x: torch.Tensor) -> torch.Tensor:

@@ -104,7 +104,7 @@ def rollout_workload(args: argparse.Namespace, model: str) -> tuple[HFBackend, A
     """The demo's GRPO rollouts of ``args.rl_steps`` steps, as the trainer collects them."""
     from harness.backends.base import SamplingParams
     from pipelines.methods import build_method
-    from training.build import rollout_backend
+    from training.build import rollout_agent_options, rollout_backend
     from training.config import TrainConfig
     from training.examples import merged_corpus_dataset, train_examples
     from training.rewards import build_reward
@@ -114,11 +114,10 @@ def rollout_workload(args: argparse.Namespace, model: str) -> tuple[HFBackend, A
     backend = rollout_backend(cfg)
     retriever = dataset_retriever(cfg.retriever, merged_corpus_dataset(cfg), cfg.data.split, cfg.data.data_dir)
     retriever.search(["warm up"], 3)
-    agent = build_method(cfg.rollout.method, backend, retriever, {"mode": "train", **cfg.rollout.agent})
+    agent = build_method(cfg.rollout.method, backend, retriever, rollout_agent_options(cfg))
     reward = build_reward(cfg.algo.reward)
-    sampling = SamplingParams(
-        max_new_tokens=agent.config.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
-    )
+    s = cfg.rollout.sampling  # as the trainer samples
+    sampling = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)
     examples = train_examples(cfg)
 
     def run() -> tuple[int, float]:
@@ -126,7 +125,7 @@ def rollout_workload(args: argparse.Namespace, model: str) -> tuple[HFBackend, A
         trajs = []
         for step in range(args.rl_steps):
             prompts = sampler.next(cfg.rollout.prompts_per_step)
-            batch = collect(agent, prompts, cfg.rollout.n_samples, sampling, 0, seed=cfg.trainer.seed + step)
+            batch = collect(agent, prompts, cfg.rollout.n_samples, sampling, 0, seed=cfg.rollout_seed + step)
             trajs += batch.trajectories
         return sum(t.n_turns for t in trajs), statistics.mean(reward(t)[0] for t in trajs)
 

@@ -102,10 +102,11 @@ def harness_trainer(args: argparse.Namespace, out: Path) -> tuple[Any, BusyClock
         "rollout.method=search_r1",
         f"rollout.n_samples={args.group_size}",
         f"rollout.prompts_per_step={args.prompts}",
-        "rollout.temperature=1.0",
+        "rollout.sampling.temperature=1.0",
+        f"rollout.sampling.max_new_tokens={args.max_new_tokens}",
         f"rollout.backend.max_batch_size={rows}",
         f"rollout.agent={{variant: small, chat: false, few_shot: {str(args.few_shot).lower()}, max_turns: 0, "
-        f"max_new_tokens: {args.max_new_tokens}, max_total_tokens: {args.max_new_tokens}}}",
+        f"max_total_tokens: {args.max_new_tokens}}}",
         "retriever.kind=bm25",
         "algo.advantage=grpo",
         f"algo.reward={args.reward}",
