@@ -35,7 +35,7 @@ def _args(run: Path) -> list[str]:
         "rollout.prompts_per_step=2",
         "rollout.n_samples=2",
         "algo.ppo_mini_batch_size=4",  # the recipe's 8 rows per update do not fit this 4-row step
-        "rollout.agent.max_new_tokens=16",
+        "rollout.sampling.max_new_tokens=16",
         "data.val_split=null",
         "trainer.max_steps=2",
         "trainer.save_every=0",

@@ -105,7 +105,7 @@ def test_cpu_recipe_schedule_makes_four_updates_and_clips(tmp_path):
             "data.split=test",
             "data.val_split=null",
             "retriever.kind=memory",
-            "rollout.agent.max_new_tokens=8",
+            "rollout.sampling.max_new_tokens=8",
             "rollout.agent.few_shot=false",
             "algo.reward=test_length",
             "optim.lr=1.0e-2",

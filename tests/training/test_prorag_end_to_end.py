@@ -63,8 +63,8 @@ rollout:
   method: prorag
   n_samples: 2
   prompts_per_step: 2
-  temperature: 1.0
-  agent: {max_turns: 1, max_new_tokens: 16, max_total_tokens: 1200, chat: false, max_doc_tokens: 16}
+  sampling: {temperature: 1.0, max_new_tokens: 16}
+  agent: {max_turns: 1, max_total_tokens: 1200, chat: false, max_doc_tokens: 16}
 retriever: {kind: memory}
 algo: {advantage: dual_granularity, loss_agg: dapo, reward: prorag, step_scorer: prm}
 optim: {lr: 1.0e-3, micro_batch_size: 1}

@@ -46,12 +46,12 @@ COMMON = [
 # The rollout correction's parameters that act, per kind (algo.rollout_correction).
 CORRECTION = {"none": [], "tis": ["level", "cap"], "mask": ["level", "lo", "hi"]}
 AGENT = [
-    "max_turns", "max_new_tokens", "max_total_tokens", "max_context", "topk", "max_doc_tokens",
+    "max_turns", "max_total_tokens", "max_context", "topk", "max_doc_tokens",
     "max_query_doc_tokens", "chat", "few_shot", "response_prefix", "final_turn", "mode", "variant", "template",
 ]  # fmt: skip
 RL = [
     "data.dataset", "data.split", "data.file", "rollout.prompts_per_step", "rollout.n_samples",
-    "rollout.temperature", "rollout.top_p", "retriever.topk", "algo.advantage", "algo.reward", "algo.loss_agg",
+    "rollout.sampling.temperature", "rollout.sampling.top_p", "rollout.sampling.max_new_tokens", "retriever.topk", "algo.advantage", "algo.reward", "algo.loss_agg",
     "algo.clip_low", "algo.clip_high", "algo.kl_coef", "algo.kl_in_reward", "algo.entropy_coef", "algo.ppo_epochs",
     "algo.ppo_mini_batch_size", "algo.filter_groups", "algo.shuffle_rows", "algo.max_len",
     *(f"rollout.agent.{k}" for k in AGENT),
@@ -71,7 +71,7 @@ RETRIEVER = [
     *(f"retriever_rl.rl.{k}" for k in
       ("algo", "group_size", "questions_per_step", "steps", "epochs", "lr", "weight_decay", "clip_eps", "kl_coef",
        "kl_in_reward", "reward", "loss_agg", "grad_clip")),
-    *(f"retriever_rl.agent.{k}" for k in (*AGENT, "temperature", "top_p")),
+    *(f"retriever_rl.agent.{k}" for k in (*AGENT, "max_new_tokens", "temperature", "top_p")),
 ]  # fmt: skip
 PPO_KEYS = ("gamma", "lam", "whiten_advantages", "vf_coef", "vf_clip", "value_lr")
 RETRIEVER_PPO = [f"retriever_rl.rl.{k}" for k in PPO_KEYS]
@@ -204,11 +204,11 @@ def plant_default(monkeypatch, cls: type, name: str, value: Any) -> None:
 
 def test_a_default_that_differs_from_the_original_fails(monkeypatch):
     """Plant a default no recipe file writes: the check must now fail, though no recipe changed."""
-    from pipelines.search_agent import AgentConfig
+    from training.config import RolloutAgentConfig
 
     path = "configs/train/search_r1_ppo_qwen2.5_3b.yaml"
     assert check(path, train_config([str(ROOT / path)], [])) == []
-    plant_default(monkeypatch, AgentConfig, "few_shot", True)  # the recipe leaves it to the default
+    plant_default(monkeypatch, RolloutAgentConfig, "few_shot", True)  # the recipe leaves it to the default
     assert "rollout.agent.few_shot = True, the original's is False (no deviation listed)" in check(
         path, train_config([str(ROOT / path)], [])
     )

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from harness.config import compose, from_dict
+from harness.config import ConfigError, compose, from_dict
+from pipelines.methods import validate_options
 from pipelines.search_agent import AgentConfig
-from training.config import TrainConfig
+from training.build import rollout_agent_options
+from training.config import _SAMPLING_KEYS, RolloutAgentConfig, SamplingConfig, TrainConfig
 from training.rewards import build_reward
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "configs" / "train").glob("*.yaml"))
@@ -19,9 +22,48 @@ RECIPES = sorted((Path(__file__).resolve().parents[2] / "configs" / "train").glo
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
 def test_recipe_is_valid(path):
     cfg = compose(TrainConfig, [path])
-    from_dict(AgentConfig, cfg.rollout.agent, where="rollout.agent")
+    validate_options(cfg.rollout.method, rollout_agent_options(cfg), where="rollout.agent")
     build_reward(cfg.algo.reward)
     assert cfg.papers, "each recipe names the published settings it follows"
+
+
+@pytest.mark.parametrize(
+    ("key", "use"),
+    [
+        ("rollout.agent.temperature=0.7", "rollout.sampling.temperature"),
+        ("rollout.agent.top_p=0.9", "rollout.sampling.top_p"),
+        ("rollout.agent.seed=3", "rollout.sampling.seed"),
+        ("rollout.agent.max_new_tokens=64", "rollout.sampling.max_new_tokens"),
+        ("rollout.temperature=0.7", "rollout.sampling.temperature"),
+        ("rollout.top_p=0.9", "rollout.sampling.top_p"),
+    ],
+)
+def test_an_overridden_sampling_key_is_refused_naming_the_key_to_use(key, use):
+    # The rollouts sample with rollout.sampling: the same key elsewhere would be silently overridden.
+    with pytest.raises(ConfigError) as e:
+        compose(TrainConfig, [RECIPES[0]], [key])
+    assert repr(key.split("=")[0]) in str(e.value) and repr(use) in str(e.value)
+
+
+def test_the_rollout_agent_and_sampling_are_the_agent_configs_keys_and_defaults():
+    # rollout.agent + rollout.sampling's per-turn tokens = AgentConfig, key for key, default for
+    # default (mode: RL rollouts run the dialect's training code), so no agent option is lost.
+    agent = {f.name: f.default for f in dataclasses.fields(AgentConfig) if f.name not in _SAMPLING_KEYS}
+    rollout = {f.name: f.default for f in dataclasses.fields(RolloutAgentConfig)}
+    assert rollout == {**agent, "mode": "train"}
+    assert SamplingConfig.max_new_tokens == AgentConfig.max_new_tokens
+    assert set(RolloutAgentConfig.MOVED_KEYS) == set(_SAMPLING_KEYS) <= {f.name for f in dataclasses.fields(AgentConfig)}
+
+
+def test_the_agent_is_built_with_the_sampling_the_trainer_uses(tmp_path):
+    cfg = compose(TrainConfig, [RECIPES[0]], ["rollout.sampling={temperature: 0.7, top_p: 0.9, max_new_tokens: 33}"])
+    built = validate_options(cfg.rollout.method, rollout_agent_options(cfg))
+    assert (built.temperature, built.top_p, built.max_new_tokens, built.mode) == (0.7, 0.9, 33, "train")
+    assert rollout_agent_options(cfg, temperature=0.0)["temperature"] == 0.0  # validation: greedy
+    assert cfg.rollout_seed == cfg.trainer.seed
+    assert compose(TrainConfig, [RECIPES[0]], ["rollout.sampling.seed=7"]).rollout_seed == 7
+    with pytest.raises(ConfigError, match="rollout.sampling.top_p"):
+        compose(TrainConfig, [RECIPES[0]], ["rollout.sampling.top_p=0"])
 
 
 def test_there_is_a_cpu_recipe_and_gpu_recipes():

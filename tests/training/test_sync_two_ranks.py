@@ -30,7 +30,8 @@ rollout:
   n_samples: 2
   prompts_per_step: 2
   backend: {kind: sglang}
-  agent: {max_turns: 1, max_new_tokens: 8, max_total_tokens: 3000, chat: false, max_doc_tokens: 24}
+  sampling: {max_new_tokens: 8}
+  agent: {max_turns: 1, max_total_tokens: 3000, chat: false, max_doc_tokens: 24}
 retriever: {kind: memory}
 algo: {advantage: grpo, reward: sync2_length}
 optim: {lr: 1.0e-2, micro_batch_size: 1, zero_stage: 2}

@@ -44,8 +44,8 @@ rollout:
   method: search_r1
   n_samples: 2
   prompts_per_step: 2
-  temperature: 1.0
-  agent: {max_turns: 1, max_new_tokens: 24, max_total_tokens: 400, chat: false, max_doc_tokens: 32}
+  sampling: {temperature: 1.0, max_new_tokens: 24}
+  agent: {max_turns: 1, max_total_tokens: 400, chat: false, max_doc_tokens: 32}
 retriever: {kind: memory}
 algo: {advantage: grpo, reward: test_letter_a}
 optim: {lr: 1.0e-2, micro_batch_size: 2}
@@ -213,7 +213,7 @@ def test_smollm2_one_step(tmp_path):
             "rollout.prompts_per_step=2",
             "rollout.n_samples=2",
             "algo.ppo_mini_batch_size=4",  # the recipe's 8 rows per update do not fit a 4-row step
-            "rollout.agent.max_new_tokens=8",
+            "rollout.sampling.max_new_tokens=8",
             "algo.reward=test_length",
             "trainer.save_every=0",
             "trainer.progress=false",
@@ -348,7 +348,7 @@ def test_a_rollout_correction_trains_a_step_and_logs_the_mismatch(tmp_path, temp
     temperature both sides score softmax(logits / T) (scored at T = 1, the trainer's side would be
     another policy)."""
     overrides = [f"algo.rollout_correction.{c}" for c in correction]
-    trainer = make(tmp_path, *overrides, "trainer.save_every=0", f"rollout.temperature={temperature}")
+    trainer = make(tmp_path, *overrides, "trainer.save_every=0", f"rollout.sampling.temperature={temperature}")
     assert trainer.loss_fn.corrects == (correction != ["kind=none"])
     m = trainer.step()
     assert m["grad_norm"] > 0 and m["loss"] == m["loss"]
@@ -413,11 +413,11 @@ def test_a_rollout_correction_is_refused_for_a_dialect_that_rewrites_turns(tmp_p
 @pytest.mark.parametrize(
     ("overrides", "warned"),
     [
-        (["rollout.backend.kind=openai", "rollout.temperature=0.7"], True),
-        (["rollout.backend.kind=openai", "rollout.temperature=0.7", "rollout.backend.launch=true"], False),
-        (["rollout.backend.kind=openai", "rollout.temperature=1.0"], False),
-        (["rollout.backend.kind=sglang", "rollout.temperature=0.7"], False),
-        (["rollout.backend.kind=openai", "rollout.temperature=0.7", "algo.rollout_correction.kind=none"], False),
+        (["rollout.backend.kind=openai", "rollout.sampling.temperature=0.7"], True),
+        (["rollout.backend.kind=openai", "rollout.sampling.temperature=0.7", "rollout.backend.launch=true"], False),
+        (["rollout.backend.kind=openai", "rollout.sampling.temperature=1.0"], False),
+        (["rollout.backend.kind=sglang", "rollout.sampling.temperature=0.7"], False),
+        (["rollout.backend.kind=openai", "rollout.sampling.temperature=0.7", "algo.rollout_correction.kind=none"], False),
     ],
 )
 def test_a_vllm_server_harness_did_not_launch_is_warned_of_at_temperatures_other_than_1(tmp_path, overrides, warned):

@@ -30,7 +30,8 @@ rollout:
   method: search_r1
   n_samples: 2
   prompts_per_step: 2
-  agent: {max_turns: 1, max_new_tokens: 24, max_total_tokens: 300, chat: false, max_doc_tokens: 24}
+  sampling: {max_new_tokens: 24}
+  agent: {max_turns: 1, max_total_tokens: 300, chat: false, max_doc_tokens: 24}
 retriever: {kind: memory}
 algo: {advantage: grpo, reward: zero2_letter_a}
 optim: {lr: 1.0e-2, micro_batch_size: 1, zero_stage: 2}
