@@ -1,6 +1,6 @@
 """Asynchronous rollouts: generation that never waits for the trainer, with bounded staleness.
 
-``trainer.async.enabled`` turns :meth:`training.trainer.Trainer.step` from "generate the batch,
+``trainer.async.enabled`` turns :meth:`training.trainer.RLTrainer.step` from "generate the batch,
 then update" into a consumer of :class:`AsyncRollouts`: a producer thread, with its own event
 loop, keeps rollout groups (one prompt's ``n_samples`` rollouts, each a call of THE agent's
 ``arun``, as :func:`training.rollout.collect` makes them) in flight against the rollout backend

@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from benchmarks.evaluate import evaluate
 from harness import safe_delete
@@ -37,6 +37,29 @@ from training.config import TrainConfig
 from training.examples import first_dataset, merged_corpus_dataset, train_examples
 
 logger = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """What every :data:`TRAINERS` entry builds (torchtune's recipe interface, adapted).
+
+    Building one (its registered factory) checks the recipe and loads data and models, and writes
+    nothing. ``step`` runs one training step (the run records open at the first), ``train`` runs to
+    ``trainer.max_steps`` and returns the final output; ``save`` writes a checkpoint of the current
+    step, ``resume`` continues from a run folder's newest one; ``close`` stops whatever the trainer
+    runs in the background. ``step_no``: the steps taken."""
+
+    step_no: int
+
+    def step(self) -> dict[str, float]: ...
+
+    def train(self) -> Path: ...
+
+    def save(self) -> Path: ...
+
+    def resume(self, run_dir: Path) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def rollout_backend(cfg: TrainConfig) -> Any:
@@ -117,11 +140,11 @@ def rollout_agent_options(cfg: TrainConfig, temperature: float | None = None) ->
     return {**to_dict(cfg.rollout.agent), "max_new_tokens": s.max_new_tokens, "temperature": t, "top_p": s.top_p}
 
 
-def _rl_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
+def _rl_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
     """``algo.kind: rl``: the search agent's rollouts (through ``build_method``) on the policy."""
     from benchmarks.build import dataset_retriever
     from pipelines.methods import build_method, method_kind, validate_options
-    from training.trainer import Trainer
+    from training.trainer import RLTrainer
 
     d = cfg.data
     if method_kind(cfg.rollout.method) != "agent":
@@ -133,30 +156,30 @@ def _rl_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
     backend = backend or rollout_backend(cfg)
     agent = build_method(cfg.rollout.method, backend, retriever, options)
     validation = build_validation(cfg, backend, Path(out))
-    return Trainer(cfg, agent, examples, out, validate=validation)
+    return RLTrainer(cfg, agent, examples, out, validate=validation)
 
 
-def _sft_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
+def _sft_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
     from training.sft import SFTTrainer
 
     return SFTTrainer(cfg, out)
 
 
-def _prm_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
+def _prm_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
     from training.prm import PRMTrainer
 
     return PRMTrainer(cfg, out)
 
 
-def _retriever_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
+def _retriever_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
     from training.retriever_rl import RetrieverTrainer
 
     return RetrieverTrainer(cfg, out, backend)
 
 
-# algo.kind → ``build(cfg, out, backend) -> trainer`` (``train() -> final path``, ``step_no``,
-# ``resume(run)``). Info: ``rollout_engine``: rolls out through ``rollout.backend`` (which
-# ``launch: true`` starts for the run); ``next``: what to do with the final output.
+# algo.kind → ``build(cfg, out, backend) -> Trainer`` (:class:`Trainer`). Info: ``rollout_engine``:
+# rolls out through ``rollout.backend`` (which ``launch: true`` starts for the run); ``next``: what
+# to do with the final output.
 TRAINERS: Registry = Registry("trainer (algo.kind)")
 TRAINERS.register("rl", _rl_trainer, rollout_engine=True, next="eval it with harness eval --model {final}")
 TRAINERS.register("sft", _sft_trainer, next="eval it with harness eval --model {final}")
@@ -173,7 +196,7 @@ TRAINERS.register(
 )
 
 
-def make_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
+def make_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
     """The trainer of ``cfg.algo.kind`` (:data:`TRAINERS`), to write into ``out``; ``backend``: an
     already built rollout backend (e.g. one pointing at a launched engine). Building it checks the
     recipe and loads the data and the model, and writes nothing: a trainer writes its run folder
@@ -181,7 +204,7 @@ def make_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
     return TRAINERS.get(cfg.algo.kind)(cfg, Path(out), backend)
 
 
-def build_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Any:
+def build_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
     """:func:`make_trainer`, then a new (or empty) ``out`` is marked as harness's, so
     ``--overwrite`` can later prove what it deletes: a recipe that fails to build claims nothing."""
     trainer = make_trainer(cfg, out, backend)
@@ -261,7 +284,7 @@ def train(
     resume: bool = False,
     say: Callable[[str], None] = logger.info,
     overwrite: bool = False,
-) -> tuple[Any, Path]:
+) -> tuple[Trainer, Path]:
     """Train ``cfg`` into ``run`` with its :data:`TRAINERS` entry, continuing from the run's last
     checkpoint when ``resume``; returns (the trainer, its final output). When the trainer rolls
     out through ``rollout.backend`` and that says ``launch: true``, the engine is started for the
@@ -347,19 +370,18 @@ def _identity(config: Any) -> Any:
 def train_cached(cfg: TrainConfig, run: str | Path) -> tuple[Path, bool]:
     """Train ``cfg`` into ``run`` unless ``run`` already holds a final model trained with this
     config (its ``config.json``, compared without the :data:`EXECUTION_ONLY` options); returns the
-    final model folder and whether it trained now. A ``run`` of any other config is cleared first
-    (a cached demo or stage never mixes recipes), through :func:`harness.safe_delete.clear`: only
-    a harness training run is ever cleared."""
+    final model folder and whether it trained now. Training is :func:`train`'s (the engine launch,
+    the run-folder claim); a ``run`` of any other config is cleared first (a cached demo or stage
+    never mixes recipes), as ``--overwrite`` clears: only a harness training run is ever cleared."""
     run = Path(run)
     final, recorded = run / "final", run / "config.json"
     wanted = _identity(json.loads(json.dumps(to_dict(cfg))))  # as config.json holds it (tuples as lists)
-    with run_lock(run, "train"):
+    with run_lock(run, "train"):  # re-entrant: train() takes it again
         if final.is_dir() and recorded.exists() and _identity(_as_current(recorded)) == wanted:
             return final, False
         if safe_delete.check_removable(run, TRAIN_ENTRIES, kind="train"):
             logger.info("retraining: %s holds no final model of this config", run)
-            safe_delete.clear(run, TRAIN_ENTRIES, kind="train", why="retraining")
-        return Path(build_trainer(cfg, run).train()), True
+        return train(cfg, run, overwrite=True)[1], True
 
 
 def rollout_engine(cfg: Any) -> tuple[str, Any]:

@@ -130,7 +130,7 @@ class RolloutAgentConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     # Sampling moved into ``rollout.sampling``: the old keys are refused with the new one's name.
-    MOVED_KEYS: ClassVar[dict[str, str]] = {"temperature": "rollout.sampling.temperature", "top_p": "rollout.sampling.top_p"}
+    MOVED_KEYS: ClassVar[dict[str, str]] = {k: f"rollout.sampling.{k}" for k in ("temperature", "top_p")}
 
     method: str = "r1_searcher"  # the agent dialect
     n_samples: int = 4  # rollouts per prompt (one GRPO group)

@@ -317,6 +317,9 @@ class PRMTrainer:
         self.sampler.load(state["sampler"])
         self.guard.load(state.get("nonfinite"))
 
+    def close(self) -> None:
+        """Nothing runs in the background of this trainer: nothing to stop."""
+
 
 # ---- saving, loading, scoring -----------------------------------------------------------------
 def save_prm(model: Any, tokenizer: Any, out: Path, cfg: TrainConfig, metrics: dict[str, float]) -> Path:

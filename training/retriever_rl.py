@@ -297,6 +297,7 @@ class RetrieverRL:
         self.rng = random.Random(cfg.seed)
         self.step_no = 0
         self._synced: Path | None = None
+        self._order: list[Example] = []  # questions left of the current shuffled pass
 
     def step(self, examples: Sequence[Example]) -> StepResult:
         """One rollout batch (G samples per question) and ``epochs`` optimiser passes over it."""
@@ -392,21 +393,33 @@ class RetrieverRL:
         if not examples:
             raise ValueError("no training questions")
         self.out.mkdir(parents=True, exist_ok=True)
-        order: list[Example] = []
         with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as log:
             for _ in range(self.cfg.steps):
-                if len(order) < self.cfg.questions_per_step:
-                    more = list(examples)
-                    self.rng.shuffle(more)
-                    order.extend(more)
-                batch, order = order[: self.cfg.questions_per_step], order[self.cfg.questions_per_step :]
-                res = self.step(batch)
-                log.write(json.dumps({"step": res.step, **res.metrics}) + "\n")
-                log.flush()
-                logger.info("step %d: %s", res.step, {k: round(v, 4) for k, v in res.metrics.items()})
+                res = self.logged_step(examples, log)
                 if on_step is not None:
                     on_step(res)
-                self.guard.stop_if_diverged()
+        return self.finish()
+
+    def logged_step(self, examples: Sequence[Example], log: Any) -> StepResult:
+        """The next ``questions_per_step`` questions of shuffled passes over ``examples``, one
+        :meth:`step` on them, its metrics written to ``log``; stops a diverged run."""
+        if not examples:
+            raise ValueError("no training questions")
+        if len(self._order) < self.cfg.questions_per_step:
+            more = list(examples)
+            self.rng.shuffle(more)
+            self._order.extend(more)
+        n = self.cfg.questions_per_step
+        batch, self._order = self._order[:n], self._order[n:]
+        res = self.step(batch)
+        log.write(json.dumps({"step": res.step, **res.metrics}) + "\n")
+        log.flush()
+        logger.info("step %d: %s", res.step, {k: round(v, 4) for k, v in res.metrics.items()})
+        self.guard.stop_if_diverged()
+        return res
+
+    def finish(self) -> Path:
+        """Write the trained encoder (and the value head) into the run folder; returns ``encoder/``."""
         check_finite(self.tower.state_dict(), f"not writing the encoder {self.out / 'encoder'}")
         if self.value_head is not None:  # for resuming / inspection; evaluation needs only the encoder
             from training.checkpoint import write_safetensors
@@ -520,24 +533,56 @@ class RetrieverTrainer:
         from training.examples import train_examples
 
         self.cfg, self.out = cfg, Path(out)
-        self.step_no = 0
         # Built here, before the run folder is claimed: a recipe that fails to build leaves none.
         self.retriever, self.runner = build_from_config(cfg, backend)
         self.examples = train_examples(cfg)
+        t = cfg.trainer
+        self.rl = RetrieverRL(self.retriever, self.runner, cfg.retriever_rl.rl, self.out, t.max_nonfinite_steps)
+        self._log: Any = None  # metrics.jsonl, opened by the first step
+
+    @property
+    def step_no(self) -> int:
+        return self.rl.step_no
 
     def resume(self, run_dir: Path) -> None:
         raise ValueError("algo.kind: retriever does not resume from checkpoints (not implemented); start a new run")
 
-    def train(self) -> Path:
-        from harness.config import to_dict
+    def save(self) -> Path:
+        raise NotImplementedError(
+            "algo.kind: retriever writes no resumable checkpoint (not implemented): its output is encoder/ at the end"
+        )
 
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.json").write_text(json.dumps(to_dict(self.cfg), indent=2) + "\n", encoding="utf-8")
-        t = self.cfg.trainer
-        rl = RetrieverRL(self.retriever, self.runner, self.cfg.retriever_rl.rl, self.out, t.max_nonfinite_steps)
-        encoder = rl.train(self.examples)
-        self.step_no = rl.step_no
-        return encoder
+    def _start(self) -> None:
+        """The run's records, once: ``config.json`` and the open ``metrics.jsonl``."""
+        if self._log is None:
+            from harness.config import to_dict
+
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "config.json").write_text(json.dumps(to_dict(self.cfg), indent=2) + "\n", encoding="utf-8")
+            self._log = open(self.out / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+
+    def step(self) -> dict[str, float]:
+        """One step of :class:`RetrieverRL` on the next questions; its metrics."""
+        self._start()
+        return self.rl.logged_step(self.examples, self._log).metrics
+
+    def train(self) -> Path:
+        """Run ``retriever_rl.rl.steps`` steps; returns the trained encoder's folder."""
+        if not self.examples:
+            raise ValueError("no training questions")
+        self._start()
+        try:
+            while self.step_no < self.cfg.retriever_rl.rl.steps:
+                self.step()
+        finally:
+            self.close()
+        return self.rl.finish()
+
+    def close(self) -> None:
+        """Close the run's metrics log."""
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
 
 def harr_filter(

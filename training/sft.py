@@ -224,3 +224,6 @@ class SFTTrainer:
         self.sampler.load(state["sampler"])
         self.guard.load(state.get("nonfinite"))
         logger.info("resumed SFT from %s at step %d", ckpt, self.step_no)
+
+    def close(self) -> None:
+        """Nothing runs in the background of this trainer: nothing to stop."""

@@ -1,4 +1,4 @@
-"""The training loop. :meth:`Trainer.step` reads top to bottom:
+"""The training loop. :meth:`RLTrainer.step` reads top to bottom:
 
 sample prompts → rollouts (THE search agent) → rewards → collate (role-based loss mask, group
 ids) → forward (reference log-probs, values, old log-probs once before any update) → advantages
@@ -90,14 +90,16 @@ def behaviour_logprobs_caveat(cfg: TrainConfig) -> str | None:
     if cfg.algo.rollout_correction.kind == "none" or rb.kind != "openai" or rb.launch or temperature in (0, 1):
         return None
     return (
-        f"algo.rollout_correction at rollout.sampling.temperature={temperature} on a vLLM server harness did not launch: "
+        f"algo.rollout_correction at rollout.sampling.temperature={temperature} on a vLLM server harness "
+        "did not launch: "
         f"start it with {' '.join(VLLM_RL_ARGS)}, or its behaviour log-probs are at temperature 1 "
         "(mismatch/abs_log_ratio in the step log shows the gap)"
     )
 
 
-class Trainer:
-    """Holds the collaborators (agent, engines, reward, sampler, log); see the module docstring."""
+class RLTrainer:
+    """``algo.kind: rl`` (a :class:`training.build.Trainer`): holds the collaborators (agent,
+    engines, reward, sampler, log); see the module docstring."""
 
     # Guards the sampler's position between the async producer and a checkpoint; a real lock only
     # once trainer.async's producer runs (:meth:`_start_async`).

@@ -144,7 +144,7 @@ def test_demo_training_is_skipped_only_for_the_same_recipe(tmp_path, monkeypatch
             (run / "final").mkdir(parents=True)
             return run / "final"
 
-    monkeypatch.setattr("training.build.build_trainer", lambda c, r: built.append(c) or Trainer())
+    monkeypatch.setattr("training.build.make_trainer", lambda c, r, backend=None: built.append(c) or Trainer())
     three = compose(TrainConfig, [TRAIN_CONFIG], [source, "trainer.max_steps=3"])
     assert train_cached(three, run) == (run / "final", True)
     assert built[0].trainer.max_steps == 3 and not (run / "config.json").exists()  # the old run was cleared

@@ -155,9 +155,9 @@ def _stub_trainer(out, run_id, keep=2, save_every=0, minutes=0.0, max_steps=100)
     from types import SimpleNamespace
 
     from training.divergence import NonFiniteGuard
-    from training.trainer import Trainer
+    from training.trainer import RLTrainer
 
-    t = Trainer.__new__(Trainer)
+    t = RLTrainer.__new__(RLTrainer)
     t.guard = NonFiniteGuard(5)
     t.out, t.run_id, t.rank, t.critic, t.step_no, t.tokenizer = out, run_id, 0, None, 0, None
     t.policy = engine()

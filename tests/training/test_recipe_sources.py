@@ -51,7 +51,8 @@ AGENT = [
 ]  # fmt: skip
 RL = [
     "data.dataset", "data.split", "data.file", "rollout.prompts_per_step", "rollout.n_samples",
-    "rollout.sampling.temperature", "rollout.sampling.top_p", "rollout.sampling.max_new_tokens", "retriever.topk", "algo.advantage", "algo.reward", "algo.loss_agg",
+    "rollout.sampling.temperature", "rollout.sampling.top_p", "rollout.sampling.max_new_tokens",
+    "retriever.topk", "algo.advantage", "algo.reward", "algo.loss_agg",
     "algo.clip_low", "algo.clip_high", "algo.kl_coef", "algo.kl_in_reward", "algo.entropy_coef", "algo.ppo_epochs",
     "algo.ppo_mini_batch_size", "algo.filter_groups", "algo.shuffle_rows", "algo.max_len",
     *(f"rollout.agent.{k}" for k in AGENT),

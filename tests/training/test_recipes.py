@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import ConfigError, compose, from_dict
+from harness.config import ConfigError, compose
 from pipelines.methods import validate_options
 from pipelines.search_agent import AgentConfig
 from training.build import rollout_agent_options
@@ -52,7 +52,8 @@ def test_the_rollout_agent_and_sampling_are_the_agent_configs_keys_and_defaults(
     rollout = {f.name: f.default for f in dataclasses.fields(RolloutAgentConfig)}
     assert rollout == {**agent, "mode": "train"}
     assert SamplingConfig.max_new_tokens == AgentConfig.max_new_tokens
-    assert set(RolloutAgentConfig.MOVED_KEYS) == set(_SAMPLING_KEYS) <= {f.name for f in dataclasses.fields(AgentConfig)}
+    agent_keys = {f.name for f in dataclasses.fields(AgentConfig)}
+    assert set(RolloutAgentConfig.MOVED_KEYS) == set(_SAMPLING_KEYS) <= agent_keys
 
 
 def test_the_agent_is_built_with_the_sampling_the_trainer_uses(tmp_path):

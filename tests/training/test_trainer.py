@@ -417,7 +417,10 @@ def test_a_rollout_correction_is_refused_for_a_dialect_that_rewrites_turns(tmp_p
         (["rollout.backend.kind=openai", "rollout.sampling.temperature=0.7", "rollout.backend.launch=true"], False),
         (["rollout.backend.kind=openai", "rollout.sampling.temperature=1.0"], False),
         (["rollout.backend.kind=sglang", "rollout.sampling.temperature=0.7"], False),
-        (["rollout.backend.kind=openai", "rollout.sampling.temperature=0.7", "algo.rollout_correction.kind=none"], False),
+        (
+            ["rollout.backend.kind=openai", "rollout.sampling.temperature=0.7", "algo.rollout_correction.kind=none"],
+            False,
+        ),
     ],
 )
 def test_a_vllm_server_harness_did_not_launch_is_warned_of_at_temperatures_other_than_1(tmp_path, overrides, warned):
