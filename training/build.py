@@ -294,7 +294,7 @@ def train(
     claims it (:func:`claim_run_folder`, which ``overwrite`` lets clear it). A
     rank of a multi-rank run ends its process groups when its training ends well
     (:func:`training.engine.end_distributed`)."""
-    from training.trainer import check_config
+    from training.config import check_ranks
 
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))  # as the launcher set
     b = cfg.rollout.backend
@@ -302,7 +302,7 @@ def train(
     with contextlib.ExitStack() as stack:
         stack.enter_context(sigterm_as_exit())
         if launch:
-            check_config(cfg, world)  # the recipe is checked before an engine takes a minute to start
+            check_ranks(cfg, world)  # the recipe is checked before an engine takes a minute to start
             if world > 1:
                 # Every rank would start its own engine; one shared server is what RL needs.
                 raise ValueError(

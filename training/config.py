@@ -425,8 +425,105 @@ class TrainConfig:
     source: RecipeSource = field(default_factory=RecipeSource)  # the original run's values (checked by a test)
     deviations: tuple[Deviation, ...] = ()  # where this recipe differs from ``source``, each with its reason
 
+    def __post_init__(self) -> None:
+        if self.algo.kind == "rl":
+            check_rl_recipe(self)
+
     @property
     def rollout_seed(self) -> int:
         """The seed RL rollouts derive theirs from: ``rollout.sampling.seed``, else ``trainer.seed``."""
         s = self.rollout.sampling.seed
         return self.trainer.seed if s is None else s
+
+
+# ---- the RL recipe's checks across sections ------------------------------------------------------
+# Every rank count: when the recipe loads (TrainConfig.__post_init__). A given rank count: when the
+# trainer is built for it, and before ``rollout.backend.launch`` starts an engine (``training.build``).
+
+
+def check_rl_recipe(cfg: TrainConfig) -> None:
+    """The RL recipe's checks that hold whatever the rank count (``ValueError`` naming the key):
+    an ``algo`` option its advantage estimator would drop, and an update schedule that cannot
+    split the step's batch."""
+    # Deferred: the estimators' registry imports torch, kept off the CLI's start-up.
+    from training.advantages import ADVANTAGES
+
+    a = cfg.algo
+    adv_info = ADVANTAGES.info(a.advantage)  # an unknown estimator: the registry's error
+    if a.kl_in_reward and not adv_info.get("kl_in_reward"):
+        raise ValueError(
+            f"algo.kl_in_reward=true does not apply to algo.advantage={a.advantage} (it would be "
+            "dropped silently); set algo.kl_in_reward=false and use a KL loss term (algo.kl_coef > 0)"
+        )
+    if a.critic_warmup and not adv_info.get("needs_critic"):
+        raise ValueError(f"algo.critic_warmup={a.critic_warmup} needs a critic (algo.advantage: gae)")
+    batch = cfg.rollout.prompts_per_step * cfg.rollout.n_samples  # rows per step, all ranks
+    mini = a.ppo_mini_batch_size or batch
+    if batch % mini:
+        raise ValueError(
+            f"algo.ppo_mini_batch_size={mini} must divide the step's batch "
+            f"(rollout.prompts_per_step × n_samples = {batch})"
+        )
+    if a.filter_groups:
+        if mini < batch:
+            raise ValueError(
+                "algo.filter_groups=true needs one mini-batch of one micro-batch per step: set "
+                "algo.ppo_mini_batch_size=null"
+            )
+        if a.advantage == "gae":
+            raise ValueError("algo.filter_groups=true applies to group-relative advantages, not gae")
+
+
+def check_ranks(cfg: TrainConfig, world: int) -> None:
+    """The RL recipe's checks for ``world`` ranks (``ValueError`` naming the key): each rank rolls
+    out whole groups and trains whole micro-batches."""
+    if cfg.rollout.prompts_per_step % world:
+        raise ValueError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must divide by {world} ranks")
+    mini_batch_rows(cfg, world)
+    if cfg.algo.filter_groups:
+        check_filter_groups(cfg, world)
+    if cfg.trainer.async_.enabled and world > 1:
+        raise NotImplementedError(
+            "trainer.async with several ranks is not implemented (each rank would need its own "
+            "producer and the same number of groups per step); run it on one rank"
+        )
+
+
+def mini_batch_rows(cfg: TrainConfig, world: int) -> int:
+    """Rows per optimizer step on one rank (``algo.ppo_mini_batch_size / world``), checked to split
+    the step's batch into equal mini-batches of whole micro-batches (so DeepSpeed's accumulation
+    boundary falls exactly at each mini-batch's end)."""
+    batch = cfg.rollout.prompts_per_step * cfg.rollout.n_samples  # rows per step, all ranks
+    mini = cfg.algo.ppo_mini_batch_size or batch
+    mb = cfg.optim.micro_batch_size
+    if batch % mini or mini % world:
+        raise ValueError(
+            f"algo.ppo_mini_batch_size={mini} must divide the step's batch "
+            f"(rollout.prompts_per_step × n_samples = {batch}) and be divisible by {world} ranks"
+        )
+    per_rank = mini // world
+    if per_rank > mb and per_rank % mb:
+        raise ValueError(
+            f"algo.ppo_mini_batch_size / ranks = {per_rank} rows must be a multiple of optim.micro_batch_size={mb}"
+        )
+    return per_rank
+
+
+def updates_per_training_step(cfg: TrainConfig, world: int) -> int:
+    """Optimizer steps one training step (one rollout batch) makes: ``ppo_epochs`` × mini-batches."""
+    batch = cfg.rollout.prompts_per_step * cfg.rollout.n_samples  # rows per step, all ranks
+    return cfg.algo.ppo_epochs * (batch // (mini_batch_rows(cfg, world) * world))
+
+
+def check_filter_groups(cfg: TrainConfig, world: int) -> None:
+    """``algo.filter_groups`` makes the batch size vary per step, so a step must be one mini-batch
+    of one micro-batch (DeepSpeed's gradient accumulation counts a fixed number of micro-steps),
+    and the advantage must be group-relative."""
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.n_samples // world  # rows per step on this rank
+    if mini_batch_rows(cfg, world) < rows or cfg.optim.micro_batch_size < rows:
+        raise ValueError(
+            f"algo.filter_groups=true needs one mini-batch of one micro-batch per step: set "
+            f"algo.ppo_mini_batch_size=null and optim.micro_batch_size>={rows} (rows per step per rank)"
+        )
+    if cfg.algo.advantage == "gae":
+        raise ValueError("algo.filter_groups=true applies to group-relative advantages, not gae")

@@ -1,10 +1,12 @@
-"""The training loop. :meth:`RLTrainer.step` reads top to bottom:
+"""The RL training loop (``algo.kind: rl``). :meth:`RLTrainer.step` reads top to bottom:
 
 sample prompts → rollouts (THE search agent) → rewards → collate (role-based loss mask, group
 ids) → forward (reference log-probs, values, old log-probs once before any update) → advantages
 → ``ppo_epochs`` passes over ``ppo_mini_batch_size`` mini-batches, one DeepSpeed optimizer step
 each (gradient accumulation over micro-batches) → weight sync into the rollout backend → log →
 checkpoint → periodic validation (the eval path, ``benchmarks.evaluate``; see ``training.build``).
+This module builds the trainer and runs the step around the update; the update itself (forwards,
+advantages, mini-batches, losses) is :class:`training.rl_update.RLUpdate`, its base.
 
 Asynchronously (``trainer.async``; :mod:`training.async_rollout`) the first two steps become a
 take of finished groups from a producer that keeps generating during the update, at most
@@ -26,7 +28,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,22 +37,20 @@ import torch
 from harness.backends.base import SamplingParams
 from harness.backends.vllm_sync import RL_ARGS as VLLM_RL_ARGS
 from training import losses
-from training.advantages import ADVANTAGES, AdvantageInputs, step_score_tensor
+from training.advantages import ADVANTAGES
 from training.async_rollout import AsyncRollouts
-from training.batch import Batch, collate
+from training.batch import collate
 from training.checkpoint import export_hf, resume_checkpoint, save_and_prune
-from training.config import TrainConfig
+from training.config import TrainConfig, check_ranks, mini_batch_rows, updates_per_training_step
 from training.dist_sync import DistributedWeightSync
-from training.divergence import NonFiniteGuard, poisoned, update_applied
+from training.divergence import NonFiniteGuard
 from training.engine import (
     ValueHead,
-    autocast,
     build_model,
     engine_device,
     frozen_copy,
     full_state_dict,
     initialize,
-    optimizer_step,
     rank_and_world,
 )
 from training.logging_utils import (
@@ -62,23 +61,13 @@ from training.logging_utils import (
     release_freed_memory,
     rollout_metrics,
 )
-from training.logprobs import window_token_stats
-from training.lora import adapters_disabled, apply_lora, base_model, lora_critic, merged_state_dict, save_adapter
+from training.lora import apply_lora, base_model, lora_critic, merged_state_dict, save_adapter
 from training.rewards import algo_step_scorer, build_reward
+from training.rl_update import RLUpdate
 from training.rollout import PromptSampler, RolloutBatch, collect, sample_seed
 from training.weight_sync import rank_safe_sync, sync_weights
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Forward:
-    """No-grad forward results over the batch's response window (target positions ``offset``..T−1)."""
-
-    offset: int  # first target position with a model token in any row; earlier logits are never needed
-    ref_logp: torch.Tensor | None  # [B, W] reference log-probs (KL), W = T − offset
-    values: torch.Tensor | None  # [B, W] critic values (PPO)
-    old_logp: torch.Tensor | None  # [B, W] pre-update policy log-probs, when advantages need them
 
 
 def behaviour_logprobs_caveat(cfg: TrainConfig) -> str | None:
@@ -97,7 +86,7 @@ def behaviour_logprobs_caveat(cfg: TrainConfig) -> str | None:
     )
 
 
-class RLTrainer:
+class RLTrainer(RLUpdate):
     """``algo.kind: rl`` (a :class:`training.build.Trainer`): holds the collaborators (agent,
     engines, reward, sampler, log); see the module docstring."""
 
@@ -111,7 +100,7 @@ class RLTrainer:
         self.cfg, self.agent, self.out, self.validate = cfg, agent, Path(out), validate
         self.backend, self.tokenizer = agent.backend, agent.tokenizer
         self.rank, self.world = rank_and_world()
-        check_config(cfg, self.world)
+        check_ranks(cfg, self.world)  # the rest was checked when the recipe loaded
         self.advantage_fn = ADVANTAGES.get(cfg.algo.advantage)
         adv_info = ADVANTAGES.info(cfg.algo.advantage)
         seed_everything(cfg.trainer.seed)
@@ -359,187 +348,11 @@ class RLTrainer:
             self.async_rollouts.close()
             self.async_rollouts = None
 
-    # ---- the pieces --------------------------------------------------------------------------
+    # ---- batches and devices -------------------------------------------------------------------
     @property
     def pad_id(self) -> int:
         tok = self.tokenizer
         return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-
-    def _logprobs(
-        self, model: Any, batch: Batch, rows: slice, offset: int, entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs of the targets in the window, and the entropy if asked.  → [b, W], [b, W] | None
-
-        Three savings, all exact: the micro-batch is cut to its own longest row (the batch is
-        padded to the longest row of the whole step); only the window from ``offset`` on is
-        scored (prompt positions never carry loss), and only at model tokens; and the vocabulary
-        projection runs over chunks of ``model.logits_chunk_tokens`` tokens from the hidden
-        states, so the [b, w, V] logits never exist (:mod:`training.logprobs`). Results are
-        zero-padded back to W (those positions are padding, mask 0). They are of the policy that
-        sampled: softmax(logits / ``rollout.sampling.temperature``), as verl scores them (greedy rollouts,
-        temperature 0, are scored at temperature 1).
-        """
-        L, W = batch.input_ids.shape[1], batch.targets.shape[1] - offset
-        Lm = min(L, max(int(batch.attention_mask[rows].sum(1).max()), offset + 2))  # this micro-batch's length
-        st = window_token_stats(
-            model,
-            batch.input_ids[rows, :Lm],
-            batch.attention_mask[rows, :Lm],
-            batch.targets[rows, offset : Lm - 1],  # [b, w], w = Lm − 1 − offset
-            batch.mask[rows, offset : Lm - 1],
-            self.cfg.model.logits_chunk_tokens,
-            entropy,
-            self.cfg.rollout.sampling.temperature or 1.0,
-        )
-
-        def pad(x: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.pad(x, (0, W - x.shape[1]))  # [b, W]
-
-        return pad(st.logp), pad(st.entropy) if st.entropy is not None else None
-
-    def _slices(self, batch: Batch) -> list[slice]:
-        B, mb = batch.input_ids.shape[0], self.cfg.optim.micro_batch_size
-        return [slice(i, min(i + mb, B)) for i in range(0, B, mb)]
-
-    @torch.no_grad()
-    def forward(self, batch: Batch) -> Forward:
-        """Everything the advantages and losses need from models other than the training forward."""
-        a = self.cfg.algo
-        if self.loss_fn.corrects and not batch.has_rollout_logprobs:
-            raise ValueError(
-                f"algo.rollout_correction.kind={a.rollout_correction.kind} needs the backend's logprob of every "
-                "model token, but this batch has model tokens without backend logprobs (a backend that returns "
-                "none, or a dialect that rewrites a turn and re-encodes it); set algo.rollout_correction.kind=none"
-            )
-        offset = max(0, int(batch.response_start.min()) - 1)
-        slices = self._slices(batch)
-
-        def cat(fn: Callable[[slice], torch.Tensor]) -> torch.Tensor:
-            return torch.cat([fn(s) for s in slices])
-
-        ref = None
-        if self.ref is not None:  # not a DeepSpeed engine: bf16 autocast on CUDA when the run is bf16
-            with autocast(self.device, self.cfg.optim.bf16 or self.cfg.model.dtype == "bfloat16"):
-                ref = cat(lambda s: self._logprobs(self.ref, batch, s, offset)[0].float())
-        elif self.ref_is_base:
-            with adapters_disabled(self.policy):
-                ref = cat(lambda s: self._logprobs(self.policy, batch, s, offset)[0].float())
-        values = None
-        if self.critic is not None:
-            values = cat(lambda s: self.critic(batch.input_ids[s], batch.attention_mask[s])[:, offset:-1])
-        # Old log-probs are computed ONCE, before any update. With one epoch and one mini-batch the
-        # training forward runs before the only optimizer step, so it yields them for free; with
-        # several updates per batch (or advantages that read them) a separate pass is needed.
-        # Either way they are the policy before this step's update: what the rollout correction
-        # compares the backend's log-probs with (AReaL's proximal policy), so it needs no pass of its own.
-        old = None
-        if self.updates_per_step > 1 or (ref is not None and a.kl_in_reward):
-            old = cat(lambda s: self._logprobs(self.policy, batch, s, offset)[0])
-        return Forward(offset, ref, values, old)
-
-    def _mini_batches(self, batch: Batch) -> list[list[slice]]:
-        """The batch's mini-batches (``mini_rows`` rows each), each a list of micro-batch slices.
-
-        Every mini-batch has the same number of micro-batches, equal to DeepSpeed's
-        ``gradient_accumulation_steps``, so the optimizer steps exactly at each mini-batch's end."""
-        B, mb = batch.input_ids.shape[0], self.cfg.optim.micro_batch_size
-        rows = min(self.mini_rows, B)
-        out = []
-        for start in range(0, B, rows):
-            end = min(start + rows, B)
-            out.append([slice(i, min(i + mb, end)) for i in range(start, end, mb)])
-        return out
-
-    def advantages(self, batch: Batch, trajs: list, fwd: Forward) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-token advantages [B, W] (and returns [B, W] for PPO's critic), from the registered estimator."""
-        a, m = self.cfg.algo, batch.mask[:, fwd.offset :]  # [B, W]
-        over = batch.response_mask[:, fwd.offset :] if a.gae_over == "response" else m  # [B, W] GAE's tokens
-        x = AdvantageInputs(batch.rewards, batch.group_ids, over, values=fwd.values)
-        if fwd.ref_logp is not None and a.kl_in_reward:  # −β·k1_t of the pre-update policy, per model token
-            x.kl_reward = losses.kl_reward(fwd.old_logp, fwd.ref_logp, m, a.kl_coef)
-        if self.step_scorer is not None:
-            scores = step_score_tensor(trajs, self.step_scorer, batch.mask.shape[1])[:, fwd.offset :]  # [B, W]
-            x.step_scores = scores.to(self.device)
-        return self.advantage_fn(x, a)
-
-    def update(self, batch: Batch, fwd: Forward, adv: torch.Tensor, returns: torch.Tensor | None) -> dict[str, float]:
-        """verl's schedule: ``ppo_epochs`` passes over the batch's mini-batches, one optimizer step per
-        mini-batch (DeepSpeed accumulates its micro-batches). During ``critic_warmup`` steps only
-        the critic learns. Stats are means over micro-batches; ``clip_frac/epoch_k`` per epoch."""
-        a, o = self.cfg.algo, fwd.offset
-        mask = batch.mask[:, o:]  # [B, W]
-        old = fwd.old_logp.clone() if fwd.old_logp is not None else torch.zeros_like(mask)  # [B, W]
-        have_old = fwd.old_logp is not None
-        value_mask = batch.response_mask[:, o:] if a.gae_over == "response" else mask  # [B, W] the critic's tokens
-        train_policy = self.step_no >= a.critic_warmup
-        gas = self.policy.gradient_accumulation_steps()
-        # The LRs this training step runs at (the schedule moves once per training step), logged as verl does.
-        lrs = {"lr": float(self.policy.get_lr()[0])}
-        if self.critic is not None:
-            lrs["critic_lr"] = float(self.critic.get_lr()[0])
-        acc: dict[str, list[float]] = {}
-        policy_steps = 0
-        for epoch in range(a.ppo_epochs):
-            for mini in self._mini_batches(batch):
-                rows = slice(mini[0].start, mini[-1].stop)
-                mini_tokens = float(mask[rows].sum())  # DAPO's denominator: the optimizer step's tokens
-                for s in mini:
-                    st: dict[str, float] = {}
-                    if train_policy:
-                        st = self._policy_micro_step(batch, s, fwd, adv, old, have_old, mask, mini_tokens, gas)
-                        policy_steps += int("grad_norm" in st)
-                        if a.ppo_epochs > 1:
-                            st[f"clip_frac/epoch_{epoch + 1}"] = st["clip_frac"]
-                    if self.critic is not None:
-                        st.update(self._critic_step(batch, s, fwd, returns, value_mask))
-                    for k, v in st.items():
-                        acc.setdefault(k, []).append(v)
-            have_old = True
-        if train_policy and policy_steps != self.updates_per_step:  # the LR schedule assumes this count
-            raise RuntimeError(
-                f"{policy_steps} policy optimizer steps this training step, expected {self.updates_per_step}"
-            )
-        out = {k: float(np.mean(v)) for k, v in acc.items()}
-        out["policy_updates"] = float(policy_steps)  # optimizer steps this batch (0 in critic warm-up)
-        if batch.has_rollout_logprobs and (train_policy or fwd.old_logp is not None):
-            # The backend's log-probs vs the pre-update policy's over the whole batch: sync health,
-            # and what the rollout correction acted on (algo.rollout_correction).
-            out.update(losses.mismatch_stats(old, batch.rollout_logprobs[:, o:], mask, self.loss_fn.correction))
-        return {**out, **lrs}
-
-    def _policy_micro_step(
-        self,
-        batch: Batch,
-        s: slice,
-        fwd: Forward,
-        adv: torch.Tensor,
-        old: torch.Tensor,
-        have_old: bool,
-        mask: torch.Tensor,
-        mini_tokens: float,
-        gas: int,
-    ) -> dict[str, float]:
-        """Forward, loss and backward of one micro-batch; DeepSpeed steps on the mini-batch's last."""
-        o = fwd.offset
-        logp, ent = self._logprobs(self.policy, batch, s, o, self._wants_entropy())  # [b, W], [b, W] | None
-        if not have_old:
-            old[s] = logp.detach()  # one update per batch: this forward precedes the only optimizer step
-        ref = fwd.ref_logp[s] if fwd.ref_logp is not None else None
-        # Rollout correction: the backend's log-probs are the behaviour policy's (per token), old the proximal.
-        behav = batch.rollout_logprobs[s, o:] if self.loss_fn.corrects else None  # [b, W]
-        loss, st = self.loss_fn(logp, old[s], adv[s], mask[s], ent, ref, mini_tokens, gas, behav)
-        self.policy.backward(poisoned(loss))
-        gn = self._optimizer_step(self.policy)
-        if gn is not None:
-            st["grad_norm"] = gn
-        st["loss"] = float(loss.detach())
-        return st
-
-    def _wants_entropy(self) -> bool:
-        """Entropy is computed when the loss has a term for it, else on logging steps only
-        (``trainer.entropy_every``; the step being trained is ``step_no + 1``)."""
-        every = self.cfg.trainer.entropy_every
-        return self.loss_fn.needs_entropy or (every > 0 and (self.step_no + 1) % every == 0)
 
     def _place_rollout_model(self) -> None:
         """An in-process rollout model (the hf backend) generates on the engine's device."""
@@ -557,21 +370,6 @@ class RLTrainer:
             out["mem/gpu_reserved_gb"] = torch.cuda.memory_reserved(self.device) / 2**30
             torch.cuda.reset_peak_memory_stats(self.device)
         return out
-
-    def _critic_step(self, batch: Batch, s: slice, fwd: Forward, returns: torch.Tensor, mask: torch.Tensor) -> dict:
-        """One micro-batch of PPO's clipped value loss."""
-        v = self.critic(batch.input_ids[s], batch.attention_mask[s])[:, fwd.offset : -1]  # [b, W]
-        vloss, st = losses.value_loss(v, fwd.values[s], returns[s], mask[s], self.cfg.algo.vf_clip)
-        self.critic.backward(poisoned(self.cfg.algo.vf_coef * vloss))
-        self._optimizer_step(self.critic)
-        return {**st, "value_loss": float(vloss.detach())}
-
-    def _optimizer_step(self, engine: Any) -> float | None:
-        """:func:`training.engine.optimizer_step`, counting a step skipped as non-finite."""
-        gn = optimizer_step(engine)
-        if gn is not None and not update_applied(engine):
-            self._skipped_updates += 1
-        return gn
 
     # ---- sync, checkpoints, validation ------------------------------------------------------
     def _start(self) -> None:
@@ -684,70 +482,6 @@ class RLTrainer:
         if self.log is not None:
             self.log.write(self.step_no, {f"val/{k}": float(v) for k, v in val.items() if isinstance(v, int | float)})
         return val
-
-
-def check_config(cfg: TrainConfig, world: int) -> None:
-    """The RL recipe checks that need no model, data or backend (``ValueError`` naming the key):
-    ``training.build`` runs them before it claims a run folder or starts an engine."""
-    a = cfg.algo
-    if cfg.rollout.prompts_per_step % world:
-        raise ValueError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must divide by {world} ranks")
-    adv_info = ADVANTAGES.info(a.advantage)  # an unknown estimator: the registry's error
-    if a.kl_in_reward and not adv_info.get("kl_in_reward"):
-        raise ValueError(
-            f"algo.kl_in_reward=true does not apply to algo.advantage={a.advantage} (it would be "
-            "dropped silently); set algo.kl_in_reward=false and use a KL loss term (algo.kl_coef > 0)"
-        )
-    mini_batch_rows(cfg, world)
-    if a.filter_groups:
-        check_filter_groups(cfg, world)
-    if a.critic_warmup and not adv_info.get("needs_critic"):
-        raise ValueError(f"algo.critic_warmup={a.critic_warmup} needs a critic (algo.advantage: gae)")
-    if cfg.trainer.async_.enabled and world > 1:
-        raise NotImplementedError(
-            "trainer.async with several ranks is not implemented (each rank would need its own "
-            "producer and the same number of groups per step); run it on one rank"
-        )
-
-
-def mini_batch_rows(cfg: TrainConfig, world: int) -> int:
-    """Rows per optimizer step on one rank (``algo.ppo_mini_batch_size / world``), checked to split
-    the step's batch into equal mini-batches of whole micro-batches (so DeepSpeed's accumulation
-    boundary falls exactly at each mini-batch's end)."""
-    batch = cfg.rollout.prompts_per_step * cfg.rollout.n_samples  # rows per step, all ranks
-    mini = cfg.algo.ppo_mini_batch_size or batch
-    mb = cfg.optim.micro_batch_size
-    if batch % mini or mini % world:
-        raise ValueError(
-            f"algo.ppo_mini_batch_size={mini} must divide the step's batch "
-            f"(rollout.prompts_per_step × n_samples = {batch}) and be divisible by {world} ranks"
-        )
-    per_rank = mini // world
-    if per_rank > mb and per_rank % mb:
-        raise ValueError(
-            f"algo.ppo_mini_batch_size / ranks = {per_rank} rows must be a multiple of optim.micro_batch_size={mb}"
-        )
-    return per_rank
-
-
-def updates_per_training_step(cfg: TrainConfig, world: int) -> int:
-    """Optimizer steps one training step (one rollout batch) makes: ``ppo_epochs`` × mini-batches."""
-    batch = cfg.rollout.prompts_per_step * cfg.rollout.n_samples  # rows per step, all ranks
-    return cfg.algo.ppo_epochs * (batch // (mini_batch_rows(cfg, world) * world))
-
-
-def check_filter_groups(cfg: TrainConfig, world: int) -> None:
-    """``algo.filter_groups`` makes the batch size vary per step, so a step must be one mini-batch
-    of one micro-batch (DeepSpeed's gradient accumulation counts a fixed number of micro-steps),
-    and the advantage must be group-relative."""
-    rows = cfg.rollout.prompts_per_step * cfg.rollout.n_samples // world  # rows per step on this rank
-    if mini_batch_rows(cfg, world) < rows or cfg.optim.micro_batch_size < rows:
-        raise ValueError(
-            f"algo.filter_groups=true needs one mini-batch of one micro-batch per step: set "
-            f"algo.ppo_mini_batch_size=null and optim.micro_batch_size>={rows} (rows per step per rank)"
-        )
-    if cfg.algo.advantage == "gae":
-        raise ValueError("algo.filter_groups=true applies to group-relative advantages, not gae")
 
 
 def informative_rows(group_ids: list[int], rewards: list[float]) -> list[int]:

@@ -8,8 +8,7 @@ import torch
 
 from harness.config import ConfigError, compose, from_dict
 from tests.training.test_trainer import make, recipe
-from training.config import AlgoConfig, TrainConfig
-from training.trainer import mini_batch_rows
+from training.config import AlgoConfig, TrainConfig, mini_batch_rows
 
 
 def cfg(tmp_path, *overrides: str) -> TrainConfig:
@@ -22,11 +21,39 @@ def test_mini_batch_rows_by_hand(tmp_path):
     assert mini_batch_rows(cfg(tmp_path, "algo.ppo_mini_batch_size=2", "optim.micro_batch_size=1"), 1) == 2
     assert mini_batch_rows(cfg(tmp_path, "algo.ppo_mini_batch_size=4"), 2) == 2  # 4 rows over 2 ranks
     with pytest.raises(ValueError, match="must divide the step's batch"):
-        mini_batch_rows(cfg(tmp_path, "algo.ppo_mini_batch_size=3"), 1)
+        mini_batch_rows(cfg(tmp_path, "algo.ppo_mini_batch_size=4"), 3)  # 4 rows over 3 ranks
     with pytest.raises(ValueError, match="multiple of optim.micro_batch_size"):
         mini_batch_rows(
             cfg(tmp_path, "rollout.prompts_per_step=3", "algo.ppo_mini_batch_size=6", "optim.micro_batch_size=4"), 1
         )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["algo.advantage=dual_granularity", "algo.kl_coef=0.01", "algo.kl_in_reward=true"], "does not apply to"),
+        (["algo.critic_warmup=1"], "algo.critic_warmup=1 needs a critic"),
+        (["algo.ppo_mini_batch_size=3"], "must divide the step's batch"),
+        (["algo.filter_groups=true", "algo.ppo_mini_batch_size=2"], "one mini-batch of one micro-batch"),
+        (["algo.filter_groups=true", "optim.micro_batch_size=4", "algo.advantage=gae"], "group-relative"),
+    ],
+)
+def test_the_rl_recipe_checks_fire_when_the_recipe_loads(tmp_path, overrides, says):
+    """The checks that hold for any rank count are the config's own: nothing is built first."""
+    with pytest.raises(ConfigError, match=says):
+        cfg(tmp_path, *overrides)
+    assert cfg(tmp_path, *overrides, "algo.kind=sft").algo.kind == "sft"  # RL options only bind RL recipes
+
+
+def test_the_rank_checks_run_for_the_rank_count(tmp_path):
+    from training.config import check_ranks
+
+    three = cfg(tmp_path, "rollout.prompts_per_step=3")  # loads: one rank rolls out 3 prompts
+    check_ranks(three, 1)
+    with pytest.raises(ValueError, match="rollout.prompts_per_step=3 must divide by 2 ranks"):
+        check_ranks(three, 2)
+    with pytest.raises(NotImplementedError, match="trainer.async with several ranks"):
+        check_ranks(cfg(tmp_path, "trainer.async.enabled=true"), 2)
 
 
 def test_epochs_checks_and_no_alias():
@@ -191,7 +218,7 @@ def test_informative_rows_by_hand():
 
 
 def test_filter_groups_needs_one_micro_batch_and_a_group_advantage(tmp_path):
-    from training.trainer import check_filter_groups
+    from training.config import check_filter_groups
 
     one = "optim.micro_batch_size=4"  # the tiny recipe: 4 rows per step
     check_filter_groups(cfg(tmp_path, "algo.filter_groups=true", one), 1)

@@ -163,7 +163,7 @@ def test_dual_granularity_step_advantages_come_from_the_prm(trained, tmp_path):
     assert not torch.allclose(adv, rule)  # not the rule scorer's
     # The trainer builds this scorer from the recipe keys and its advantages are these.
     from tests.training.test_trainer import make
-    from training.trainer import Forward
+    from training.rl_update import Forward
 
     trainer = make(
         tmp_path,

@@ -213,8 +213,8 @@ def test_a_default_that_differs_from_the_original_fails(monkeypatch):
     assert "rollout.agent.few_shot = True, the original's is False (no deviation listed)" in check(
         path, train_config([str(ROOT / path)], [])
     )
-    plant_default(monkeypatch, AlgoConfig, "filter_groups", True)  # a training default too
-    assert any(p.startswith("algo.filter_groups = True") for p in check(path, train_config([str(ROOT / path)], [])))
+    plant_default(monkeypatch, AlgoConfig, "shuffle_rows", True)  # a training default too
+    assert any(p.startswith("algo.shuffle_rows = True") for p in check(path, train_config([str(ROOT / path)], [])))
 
 
 def test_an_unlisted_relevant_default_fails(tmp_path):

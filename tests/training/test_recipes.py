@@ -137,7 +137,7 @@ def test_recipe_dry_run_on_tiny_stand_ins(path):
 
 
 def _divides(cfg: TrainConfig, world: int) -> bool:
-    from training.trainer import mini_batch_rows
+    from training.config import mini_batch_rows
 
     try:
         mini_batch_rows(cfg, world)
