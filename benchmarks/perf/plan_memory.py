@@ -34,8 +34,10 @@ def recipe(micro_batch: int, seq: int, bf16: bool, checkpointing: bool) -> list[
         "optim.zero_stage=0",
         f"optim.micro_batch_size={micro_batch}",
         "algo.kl_coef=0.0",
-        "algo.max_len=null",
-        f"rollout.agent.max_total_tokens={seq - PROMPT_TOKENS}",
+        # The plan's sequence is min(prompt + max_total_tokens, algo.max_len): exactly seq, also
+        # under the prompt's PROMPT_TOKENS (the agent's token budget is at least 1).
+        f"algo.max_len={seq}",
+        f"rollout.agent.max_total_tokens={max(1, seq - PROMPT_TOKENS)}",
     ]
 
 
