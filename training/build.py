@@ -120,7 +120,7 @@ def build_validation(cfg: TrainConfig, backend: Any, out: Path) -> Validation | 
             "dataset": {"name": first_dataset(cfg), "split": d.val_split, "limit": d.val_limit, "data_dir": d.data_dir},
             "retriever": to_dict(cfg.retriever),
             "backend": {"kind": cfg.rollout.backend.kind, "model": cfg.model.path},
-            "agent": rollout_agent_options(cfg, temperature=0.0),
+            "agent": rollout_agent_options(cfg, validation=True),
             "out": str(out / "validation"),
         },
         where="validation",
@@ -129,15 +129,19 @@ def build_validation(cfg: TrainConfig, backend: Any, out: Path) -> Validation | 
     return Validation(run.method, run.examples, run.manifest, tuple(ecfg.metrics), out / "validation")
 
 
-def rollout_agent_options(cfg: TrainConfig, temperature: float | None = None) -> dict[str, Any]:
+def rollout_agent_options(cfg: TrainConfig, validation: bool = False) -> dict[str, Any]:
     """The agent options RL rollouts build the agent with: ``rollout.agent`` (validated when the
-    recipe loaded) with ``rollout.sampling``'s temperature, top_p and max_new_tokens, the values
-    the trainer samples with (``temperature``: validation's, 0). The agent's own seed is left at
-    its default: every rollout gets its seed from ``TrainConfig.rollout_seed``. The recipe test resolves
-    the effective agent from it."""
-    s = cfg.rollout.sampling
-    t = s.temperature if temperature is None else temperature
-    return {**to_dict(cfg.rollout.agent), "max_new_tokens": s.max_new_tokens, "temperature": t, "top_p": s.top_p}
+    recipe loaded) in the dialect's training mode (unless ``rollout.agent.mode`` says another),
+    with ``rollout.sampling``'s temperature, top_p and max_new_tokens, the values the trainer
+    samples with. The agent's own seed is left at its default: every rollout gets its seed from
+    ``TrainConfig.rollout_seed``. ``validation``: the validation agent's instead, greedy in the
+    dialect's default mode, with the same turn length. The recipe test resolves the effective
+    agent from it."""
+    s, options = cfg.rollout.sampling, to_dict(cfg.rollout.agent)
+    if validation:
+        return {**options, "max_new_tokens": s.max_new_tokens, "temperature": 0.0}
+    mode = options["mode"] or "train"
+    return {**options, "mode": mode, "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p}
 
 
 def _rl_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:

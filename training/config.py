@@ -99,9 +99,8 @@ class RolloutAgentConfig:
     """``rollout.agent``: the agent loop's options for RL rollouts and validation, as
     ``pipelines.search_agent.AgentConfig`` (see it for each key) less the sampling keys, which
     ``rollout.sampling`` owns (``MOVED_KEYS``: a recipe that sets one here is refused). ``mode``
-    defaults to ``train``: the dialect's training code where it differs from its evaluation
-    (RAG-R1); null is the dialect's default. A test keeps the keys and defaults equal to
-    ``AgentConfig``'s."""
+    null: rollouts run the dialect's training code where it differs from its evaluation (RAG-R1),
+    validation its default. A test keeps the keys and defaults equal to ``AgentConfig``'s."""
 
     MOVED_KEYS: ClassVar[dict[str, str]] = {k: f"rollout.sampling.{k}" for k in _SAMPLING_KEYS}
 
@@ -116,7 +115,7 @@ class RolloutAgentConfig:
     few_shot: bool = False
     response_prefix: str = ""
     final_turn: bool | None = None
-    mode: str | None = "train"
+    mode: str | None = None
     max_concurrency: int = 64
     variant: str = "exact"
     template: str | None = None

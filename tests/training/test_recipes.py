@@ -47,10 +47,9 @@ def test_an_overridden_sampling_key_is_refused_naming_the_key_to_use(key, use):
 
 def test_the_rollout_agent_and_sampling_are_the_agent_configs_keys_and_defaults():
     # rollout.agent + rollout.sampling's per-turn tokens = AgentConfig, key for key, default for
-    # default (mode: RL rollouts run the dialect's training code), so no agent option is lost.
+    # default, so no agent option is lost.
     agent = {f.name: f.default for f in dataclasses.fields(AgentConfig) if f.name not in _SAMPLING_KEYS}
-    rollout = {f.name: f.default for f in dataclasses.fields(RolloutAgentConfig)}
-    assert rollout == {**agent, "mode": "train"}
+    assert {f.name: f.default for f in dataclasses.fields(RolloutAgentConfig)} == agent
     assert SamplingConfig.max_new_tokens == AgentConfig.max_new_tokens
     agent_keys = {f.name for f in dataclasses.fields(AgentConfig)}
     assert set(RolloutAgentConfig.MOVED_KEYS) == set(_SAMPLING_KEYS) <= agent_keys
@@ -60,7 +59,11 @@ def test_the_agent_is_built_with_the_sampling_the_trainer_uses(tmp_path):
     cfg = compose(TrainConfig, [RECIPES[0]], ["rollout.sampling={temperature: 0.7, top_p: 0.9, max_new_tokens: 33}"])
     built = validate_options(cfg.rollout.method, rollout_agent_options(cfg))
     assert (built.temperature, built.top_p, built.max_new_tokens, built.mode) == (0.7, 0.9, 33, "train")
-    assert rollout_agent_options(cfg, temperature=0.0)["temperature"] == 0.0  # validation: greedy
+    # validation: greedy, in the dialect's default mode, with the rollouts' turn length
+    val = rollout_agent_options(cfg, validation=True)
+    assert (val["temperature"], val["mode"], val["max_new_tokens"], "top_p" in val) == (0.0, None, 33, False)
+    explicit = compose(TrainConfig, [RECIPES[0]], ["rollout.agent.mode=eval"])
+    assert rollout_agent_options(explicit)["mode"] == rollout_agent_options(explicit, validation=True)["mode"] == "eval"
     assert cfg.rollout_seed == cfg.trainer.seed
     assert compose(TrainConfig, [RECIPES[0]], ["rollout.sampling.seed=7"]).rollout_seed == 7
     with pytest.raises(ConfigError, match="rollout.sampling.top_p"):
