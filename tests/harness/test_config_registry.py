@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import pytest
 
@@ -38,14 +39,14 @@ def test_overrides_parse_yaml_scalars_into_nested_paths():
 
 
 def test_from_dict_types_and_unknown_keys():
-    cfg = from_dict(Outer, {"inner": {"k": 7}, "rate": 2, "tags": "a,b", "maybe": None})
+    cfg = from_dict(_Outer, {"inner": {"k": 7}, "rate": 2, "tags": "a,b", "maybe": None})
     assert cfg == Outer(inner=Inner(k=7), rate=2.0, tags=["a", "b"])
     with pytest.raises(ConfigError, match=r"unknown config key 'inner.kk'; did you mean 'inner.k'\?"):
-        from_dict(Outer, {"inner": {"kk": 1}})
+        from_dict(_Outer, {"inner": {"kk": 1}})
     with pytest.raises(ConfigError, match="inner.k: expected an integer"):
-        from_dict(Outer, {"inner": {"k": "three"}})
+        from_dict(_Outer, {"inner": {"k": "three"}})
     with pytest.raises(ConfigError, match="flag: expected true/false"):
-        from_dict(Outer, {"flag": "yes please"})
+        from_dict(_Outer, {"flag": "yes please"})
 
 
 def test_compose_files_then_overrides(tmp_path):
@@ -87,3 +88,21 @@ def test_registry_lazy_targets_and_did_you_mean():
         reg.get("doubel")
     with pytest.raises(RegistryError, match="already registered"):
         reg.register("double", double)
+
+
+@dataclass(frozen=True)
+class _Inner:
+    MOVED_KEYS: ClassVar[dict[str, str]] = {"temperature": "outer.sampling.temperature"}
+    turns: int = 1
+
+
+@dataclass(frozen=True)
+class _Outer:
+    inner: _Inner = field(default_factory=_Inner)
+
+
+def test_a_moved_key_is_refused_naming_its_successor():
+    assert from_dict(_Outer, {"inner": {"turns": 2}}).inner.turns == 2
+    with pytest.raises(ConfigError, match="'outer.inner.temperature' is not read here .* 'outer.sampling.temperature'"):
+        from_dict(_Outer, {"inner": {"temperature": 0.7}}, where="outer")
+    assert "MOVED_KEYS" not in to_dict(_Outer())["inner"]  # a class variable, not a key
