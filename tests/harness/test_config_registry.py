@@ -39,14 +39,14 @@ def test_overrides_parse_yaml_scalars_into_nested_paths():
 
 
 def test_from_dict_types_and_unknown_keys():
-    cfg = from_dict(_Outer, {"inner": {"k": 7}, "rate": 2, "tags": "a,b", "maybe": None})
+    cfg = from_dict(Outer, {"inner": {"k": 7}, "rate": 2, "tags": "a,b", "maybe": None})
     assert cfg == Outer(inner=Inner(k=7), rate=2.0, tags=["a", "b"])
     with pytest.raises(ConfigError, match=r"unknown config key 'inner.kk'; did you mean 'inner.k'\?"):
-        from_dict(_Outer, {"inner": {"kk": 1}})
+        from_dict(Outer, {"inner": {"kk": 1}})
     with pytest.raises(ConfigError, match="inner.k: expected an integer"):
-        from_dict(_Outer, {"inner": {"k": "three"}})
+        from_dict(Outer, {"inner": {"k": "three"}})
     with pytest.raises(ConfigError, match="flag: expected true/false"):
-        from_dict(_Outer, {"flag": "yes please"})
+        from_dict(Outer, {"flag": "yes please"})
 
 
 def test_compose_files_then_overrides(tmp_path):
@@ -91,18 +91,18 @@ def test_registry_lazy_targets_and_did_you_mean():
 
 
 @dataclass(frozen=True)
-class _Inner:
+class _Moved:
     MOVED_KEYS: ClassVar[dict[str, str]] = {"temperature": "outer.sampling.temperature"}
     turns: int = 1
 
 
 @dataclass(frozen=True)
-class _Outer:
-    inner: _Inner = field(default_factory=_Inner)
+class _Holder:
+    inner: _Moved = field(default_factory=_Moved)
 
 
 def test_a_moved_key_is_refused_naming_its_successor():
-    assert from_dict(_Outer, {"inner": {"turns": 2}}).inner.turns == 2
+    assert from_dict(_Holder, {"inner": {"turns": 2}}).inner.turns == 2
     with pytest.raises(ConfigError, match="'outer.inner.temperature' is not read here .* 'outer.sampling.temperature'"):
-        from_dict(_Outer, {"inner": {"temperature": 0.7}}, where="outer")
-    assert "MOVED_KEYS" not in to_dict(_Outer())["inner"]  # a class variable, not a key
+        from_dict(_Holder, {"inner": {"temperature": 0.7}}, where="outer")
+    assert "MOVED_KEYS" not in to_dict(_Holder())["inner"]  # a class variable, not a key
