@@ -1,9 +1,10 @@
-"""The names of ``harness``'s commands, in one registry: the CLI (``harness.cli.main``) attaches a
-command under each name with its help text, and stage chains (:mod:`training.stages`) accept a
-stage's command only if it is registered here with ``stage=True``.
+"""``harness``'s commands, in one table: each name with its help text and the dotted path of the
+function (or typer group) that runs it. The CLI (``harness.cli.main``) attaches every command from
+this table, in its order; stage chains (:mod:`training.stages`) accept a stage's command only if it
+is registered here with ``stage=True``.
 
-Kept free of the CLI's code (a name and a line of help each), so the library can read it
-without importing ``harness.cli``.
+The table names its targets as text (``"eval_cmd:eval_command"``, under ``harness.cli``), so the library can
+read it without importing ``harness.cli``.
 """
 
 from __future__ import annotations
@@ -15,42 +16,79 @@ from harness.registry import Registry
 
 @dataclass(frozen=True)
 class Command:
-    """A command's one-line help; ``stage``: a chain stage may run it (a finite run that leaves
-    an output; servers, the demo and chains themselves are not stages); ``group``: it groups
-    subcommands (``harness data synthesize``, ...)."""
+    """A command's one-line help; ``target``: ``"module:attribute"`` under ``harness.cli`` of the
+    function (or, for a group, the ``typer.Typer``) that runs it; ``stage``: a chain stage may run it (a finite run
+    that leaves an output; servers, the demo and chains themselves are not stages); ``group``: it
+    groups subcommands (``harness data synthesize``, ...)."""
 
     help: str
+    target: str
     stage: bool = True
     group: bool = False
 
 
 COMMANDS: Registry[Command] = Registry("harness command")
 
-for _name, _help, _stage, _group in (
-    ("eval", "Run methods on datasets; one run directory per (method, dataset).", True, False),
+# In the order `harness --help` lists them (HELP_ORDER).
+_TABLE = (
+    ("eval", Command("Run methods on datasets; one run directory per (method, dataset).", "eval_cmd:eval_command")),
     (
         "train",
-        "Train with a recipe: RL (GRPO / PPO / Reinforce++) on DeepSpeed, or algo.kind sft, prm or retriever.",
-        True,
-        False,
+        Command(
+            "Train with a recipe: RL (GRPO / PPO / Reinforce++) on DeepSpeed, or algo.kind sft, prm or retriever.",
+            "train_cmd:train_command",
+        ),
     ),
-    ("report", "Leaderboards with confidence intervals, plots and a trajectory browser.", True, False),
-    ("data", "Data tools: synthesize SFT trajectories, MCTS, RFT's filter, HARR's question filter.", True, True),
-    ("stages", "Run a chain of harness stages (SFT → PRM → RFT → RL), resuming where it stopped.", False, True),
-    ("index", "Build and inspect retrieval indexes.", True, True),
-    ("serve", "Serve a retriever or a model over HTTP.", False, True),
-    ("datasets", "List the registered datasets, their splits and where each is read from.", True, False),
-    ("prompt", "Show exactly what a model sees under a method's dialect.", True, False),
-    ("replicate", "Run a seed system's replication card; print the paper's numbers beside ours.", True, False),
+    (
+        "report",
+        Command("Leaderboards with confidence intervals, plots and a trajectory browser.", "report_cmd:report_command"),
+    ),
+    (
+        "data",
+        Command(
+            "Data tools: synthesize SFT trajectories, MCTS, RFT's filter, HARR's question filter.",
+            "data_cmd:app",
+            group=True,
+        ),
+    ),
+    (
+        "stages",
+        Command(
+            "Run a chain of harness stages (SFT → PRM → RFT → RL), resuming where it stopped.",
+            "stages_cmd:app",
+            stage=False,
+            group=True,
+        ),
+    ),
+    ("index", Command("Build and inspect retrieval indexes.", "index_cmd:app", group=True)),
+    ("serve", Command("Serve a retriever or a model over HTTP.", "serve_cmd:app", stage=False, group=True)),
+    (
+        "datasets",
+        Command(
+            "List the registered datasets, their splits and where each is read from.", "datasets_cmd:datasets_command"
+        ),
+    ),
+    ("prompt", Command("Show exactly what a model sees under a method's dialect.", "prompt_cmd:prompt_command")),
+    (
+        "replicate",
+        Command(
+            "Run a seed system's replication card; print the paper's numbers beside ours.",
+            "replicate_cmd:replicate_command",
+        ),
+    ),
     (
         "demo",
-        "The mission on the shipped demo: baselines, untrained agent, SFT warm-up, trained agent, report.",
-        False,
-        False,
+        Command(
+            "The mission on the shipped demo: baselines, untrained agent, SFT warm-up, trained agent, report.",
+            "demo_cmd:demo_command",
+            stage=False,
+        ),
     ),
-    ("score", "Score any JSONL prediction file (EM, F1, acc, cover_em).", True, False),
-):
-    COMMANDS.register(_name, Command(_help, _stage, _group))
+    ("score", Command("Score any JSONL prediction file (EM, F1, acc, cover_em).", "score_cmd:score_command")),
+)
+for _name, _command in _TABLE:
+    COMMANDS.register(_name, _command)
+HELP_ORDER: tuple[str, ...] = tuple(name for name, _ in _TABLE)
 
 
 def stage_commands() -> list[str]:

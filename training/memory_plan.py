@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.config import compose, load_yaml
 from training.config import TrainConfig
+from training.stages import Stage, load_chain
 
 logger = logging.getLogger(__name__)
 
@@ -381,12 +383,8 @@ def plan_recipe(
     """Plans for a recipe file: a training recipe gives one; a stage chain one per ``train``
     stage (its model path from the stage that produces it); an eval or MCTS config none (they
     train nothing). The CLI's ``--plan``."""
-    import yaml
-
-    from harness.config import compose
-
     first = Path(files[0])
-    raw = yaml.safe_load(first.read_text()) or {}
+    raw = load_yaml(first)
     if "stages" in raw:
         return _plan_chain(first, gpus, gpu_mem_gb, arch)
     if not _is_train_recipe(raw):
@@ -403,30 +401,18 @@ def _is_train_recipe(raw: dict[str, Any]) -> bool:
 
 def _produced_by(path: str, depth: int = 0) -> str:
     """A ``model.path`` that an earlier recipe writes (``RUN/final``, a chain stage's output) is
-    traced back to the architecture that recipe starts from."""
+    traced back to the architecture that recipe starts from: through the shipped recipes' run
+    folders (``trainer.out/name``, or ``trainer.out`` itself: the demo's recipes name the folders
+    ``harness demo`` trains into) and the shipped chains' train stages."""
     if Path(path).expanduser().exists() or depth > 5 or not path.startswith("runs/"):
         return path
-    import yaml
-
-    from harness.config import compose
-
     run = str(Path(path).parent if Path(path).name == "final" else Path(path))
-    repo = ARCH_DIR.parents[1]
-    from training.demo import trained_runs
-
-    for folder, recipe in trained_runs().items():  # `make demo` trains into folders of its own
-        if run == str(folder):
-            return _produced_by(compose(TrainConfig, [str(repo / recipe)], []).model.path, depth + 1)
-    root = repo / "configs" / "train"
-    for f in sorted(root.rglob("*.yaml")):
-        raw = yaml.safe_load(f.read_text()) or {}
+    for f in sorted((ARCH_DIR.parents[1] / "configs" / "train").rglob("*.yaml")):
+        raw = load_yaml(f)
         if "stages" in raw:
-            from training.stages import load_chain
-
-            chain = load_chain(f)
-            for st in chain.stages:
-                if st.output == run and "-c" in st.run:
-                    return _produced_by(_stage_model(list(st.run)), depth + 1)
+            for st in load_chain(f).stages:
+                if st.output == run and st.command == ("train",) and st.config:
+                    return _produced_by(_stage_config(st).model.path, depth + 1)
         elif _is_train_recipe(raw):
             cfg = compose(TrainConfig, [str(f)], [])
             # trainer.out/name is the default run folder; trainer.out itself when run with --out trainer.out
@@ -435,30 +421,24 @@ def _produced_by(path: str, depth: int = 0) -> str:
     return path
 
 
-def _stage_model(argv: list[str]) -> str:
-    """The model path a ``train -c RECIPE [k=v ...]`` stage trains from."""
-    import yaml
+# Overrides that name training data, not the model's size: left out of a stage's plan, since the
+# data a chain's earlier stage writes does not exist when the chain is planned.
+_DATA_KEYS = ("sft.sources", "prm.data")
 
-    sets = [x for x in argv if x.startswith("model.path=")]
-    if sets:
-        return sets[-1].split("=", 1)[1]
-    raw = yaml.safe_load(Path(argv[argv.index("-c") + 1]).read_text()) or {}
-    return (raw.get("model") or {}).get("path", "smollm2-135m-instruct")
+
+def _stage_config(stage: Stage, *, model_path: bool = True) -> TrainConfig:
+    """A ``train`` stage's recipe through the config loader: its config files and its overrides,
+    less the data ones (and less ``model.path=`` when not ``model_path``)."""
+    skip = _DATA_KEYS if model_path else (*_DATA_KEYS, "model.path=")
+    return compose(TrainConfig, list(stage.config), [x for x in stage.set if not x.startswith(skip)])
 
 
 def _plan_chain(chain_file: Path, gpus: int, gpu_mem_gb: float, arch: str | None) -> list[Plan]:
-    from harness.config import compose
-    from training.stages import load_chain
-
-    chain = load_chain(chain_file)
     out = []
-    for st in chain.stages:
-        if list(st.run)[:1] != ["train"] or "-c" not in list(st.run):
+    for st in load_chain(chain_file).stages:
+        if st.command != ("train",) or not st.config:
             continue
-        recipe = list(st.run)[list(st.run).index("-c") + 1]
-        sets = [x for x in list(st.run)[1:] if "=" in x and not x.startswith("-") and "." in x.split("=", 1)[0]]
-        sets = [x for x in sets if not x.startswith(("sft.sources", "prm.data"))]  # data, not memory
-        cfg = compose(TrainConfig, [recipe], [x for x in sets if not x.startswith("model.path=")])
-        path = arch or _produced_by(_stage_model(list(st.run)))
-        out.append(plan(cfg, gpus, gpu_mem_gb, path if path != cfg.model.path else None, f"{chain_file}:{st.name}"))
+        base = _stage_config(st, model_path=False)  # the recipe's own model, sized by the one it trains
+        path = arch or _produced_by(_stage_config(st).model.path)
+        out.append(plan(base, gpus, gpu_mem_gb, path if path != base.model.path else None, f"{chain_file}:{st.name}"))
     return out

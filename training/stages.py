@@ -7,18 +7,23 @@ A chain file (``configs/train/prorag/chain.yaml``)::
     vars: {model: Qwen/Qwen3-8B}    # --set model=... overrides
     stages:
       - name: sft
-        run: [train, -c, configs/train/prorag/sft.yaml, --out, "{self.output}", "model.path={vars.model}"]
-        output: "{workdir}/sft"
+        command: train                              # a harness command (and subcommand)
+        config: [configs/train/prorag/sft.yaml]     # its config files (-c each)
+        set: ["model.path={vars.model}"]            # its config overrides (key=value)
+        output: "{workdir}/sft"                     # passed as --out
         rerun_args: [--overwrite]   # appended when a half-finished output is run again
       - name: sample
-        run: [eval, --model, "{stage.sft.output}/final", --out, "{self.output}", --n-samples, "4"]
+        command: eval
+        args: [--model, "{stage.sft.output}/final", --n-samples, "4"]   # its other options
         output: "{workdir}/samples"
 
-``run`` is the argument list after ``harness`` (its first word must be a command that
-:data:`harness.commands.COMMANDS` registers as a stage); placeholders are ``{workdir}``,
-``{vars.NAME}``, ``{self.output}`` and ``{stage.NAME.output}`` of an EARLIER stage. Anything
-else in braces that looks like a placeholder is an error; braces with other text
-(``[{kind: run, path: X}]``) are left alone.
+A stage is data: ``command`` (its first word one that :data:`harness.commands.COMMANDS` registers
+as a stage), ``config`` and ``set`` (what a reader such as the memory planner loads through the
+config loader), ``args`` (the command's other options) and ``output``; the runner builds the
+argument list (:attr:`Stage.argv`: ``COMMAND -c CONFIG... ARGS... --out OUTPUT SET...``).
+Placeholders, in any of them, are ``{workdir}``, ``{vars.NAME}``, ``{self.output}`` and
+``{stage.NAME.output}`` of an EARLIER stage. Anything else in braces that looks like a placeholder
+is an error; braces with other text (``[{kind: run, path: X}]``) are left alone.
 
 State, per stage, from its marker ``WORKDIR/.stages/NAME.json`` (written atomically):
 
@@ -65,7 +70,7 @@ logger = logging.getLogger(__name__)
 STATE_DIR = ".stages"
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w-]*(?:\.[\w-]+)*)\}")
 _NAME = re.compile(r"^[A-Za-z0-9_][\w-]*$")
-_STAGE_KEYS = {"name", "run", "output", "rerun_args"}
+_STAGE_KEYS = {"name", "command", "config", "set", "args", "output", "rerun_args"}
 _CHAIN_KEYS = {"name", "workdir", "vars", "stages", "papers", "description"}
 
 
@@ -75,11 +80,23 @@ class StageError(RuntimeError):
 
 @dataclass(frozen=True)
 class Stage:
+    """One resolved stage (placeholders filled): what it runs, as fields; :attr:`argv` builds the
+    command line."""
+
     name: str
-    run: tuple[str, ...]  # resolved arguments after `harness`
-    output: str  # resolved path
+    command: tuple[str, ...]  # the harness command and subcommand: ("train",), ("data", "mcts")
+    output: str  # resolved path, passed as --out
+    config: tuple[str, ...] = ()  # config files, each passed as -c
+    set: tuple[str, ...] = ()  # config overrides key=value, passed last
+    args: tuple[str, ...] = ()  # the command's other arguments
     rerun_args: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()  # earlier stages whose output its arguments name ({stage.NAME.output})
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """The arguments after ``harness`` that run this stage."""
+        configs = [a for c in self.config for a in ("-c", c)]
+        return (*self.command, *configs, *self.args, "--out", self.output, *self.set)
 
 
 @dataclass(frozen=True)
@@ -155,9 +172,9 @@ def load_chain(path: str | Path, workdir: str | None = None, variables: dict[str
 
 def _read_stage(raw: Any, where: str, values: dict[str, str], earlier: set[str]) -> Stage:
     if not isinstance(raw, dict):
-        raise StageError(f"{where}: a stage is a mapping with name, run, output")
+        raise StageError(f"{where}: a stage is a mapping with name, command, output (and config, set, args)")
     unknown = set(raw) - _STAGE_KEYS
-    missing = {"name", "run", "output"} - set(raw)
+    missing = {"name", "command", "output"} - set(raw)
     if unknown or missing:
         raise StageError(
             f"{where}: {'unknown key(s) ' + ', '.join(sorted(unknown)) if unknown else ''}"
@@ -167,23 +184,39 @@ def _read_stage(raw: Any, where: str, values: dict[str, str], earlier: set[str])
     where = f"{where} ({name})"
     if not _NAME.match(name) or name in earlier:
         raise StageError(f"{where}: stage names are unique words (letters, digits, _ and -)")
-    run, rerun = raw["run"], raw.get("rerun_args") or []
-    if not isinstance(run, list) or not run or not isinstance(rerun, list):
-        raise StageError(f"{where}: 'run' (and 'rerun_args') must be lists of arguments")
+    lists = {k: raw.get(k) or [] for k in ("config", "set", "args", "rerun_args")}
+    bad = [k for k, v in lists.items() if not isinstance(v, list)]
+    if bad:
+        raise StageError(f"{where}: {', '.join(bad)} must be list(s) of arguments")
+    command = str(raw["command"]).split()
     commands = stage_commands()
-    if str(run[0]) not in commands:
-        raise StageError(f"{where}: run must start with a harness command ({', '.join(commands)}), not {run[0]!r}")
+    if not command or command[0] not in commands:
+        raise StageError(
+            f"{where}: command must be a harness stage command ({', '.join(commands)}), not {raw['command']!r}"
+        )
+    sets = [str(x) for x in lists["set"]]
+    not_kv = [x for x in sets if "=" not in x]
+    if not_kv:
+        raise StageError(f"{where}: set: each item is key=value, not {not_kv[0]!r}")
     output = _substitute(str(raw["output"]), values, f"{where}: output")
     if not output.strip():
         raise StageError(f"{where}: empty output")
     local = {**values, "self.output": output}
-    named = (m.group(1) for a in [*run, *rerun, raw["output"]] for m in _PLACEHOLDER.finditer(str(a)))
+    texts = [*command, *(str(a) for v in lists.values() for a in v), str(raw["output"])]
+    named = (m.group(1) for a in texts for m in _PLACEHOLDER.finditer(a))
     needs = tuple(dict.fromkeys(k.split(".")[1] for k in named if k.startswith("stage.")))
+
+    def resolved(key: str) -> tuple[str, ...]:
+        return tuple(_substitute(str(a), local, f"{where}: {key}") for a in lists[key])
+
     return Stage(
         name,
-        tuple(_substitute(str(a), local, f"{where}: run") for a in run),
+        tuple(command),
         output,
-        tuple(_substitute(str(a), local, f"{where}: rerun_args") for a in rerun),
+        resolved("config"),
+        resolved("set"),
+        resolved("args"),
+        resolved("rerun_args"),
         needs,
     )
 
@@ -381,7 +414,7 @@ def _run_chain(chain: Chain, executor: Executor, dry_run: bool) -> list[StageOut
             logger.info("stage %s: done (output %s), skipped", stage.name, stage.output)
             outcomes.append(StageOutcome(stage.name, state, ran=False))
             continue
-        argv = list(stage.run) + (list(stage.rerun_args) if state == "partial" else [])
+        argv = list(stage.argv) + (list(stage.rerun_args) if state == "partial" else [])
         if dry_run:
             outcomes.append(StageOutcome(stage.name, state, ran=False))
             continue
@@ -419,7 +452,7 @@ def _run_chain(chain: Chain, executor: Executor, dry_run: bool) -> list[StageOut
 def _warn_if_changed(chain: Chain, stage: Stage) -> None:
     m = read_marker(chain, stage) or {}
     done_with = [a for a in m.get("argv", [])[1:]]
-    if done_with[: len(stage.run)] != list(stage.run):
+    if done_with[: len(stage.argv)] != list(stage.argv):
         logger.warning(
             "stage %s is done, but with other arguments than the chain now gives (%s); delete %s to run it again",
             stage.name,

@@ -9,7 +9,6 @@ from typing import Any
 import typer
 
 from harness.cli.common import console, fail
-from training.demo import METHODS_CONFIG, RL_CONFIG, TRAIN_CONFIG
 
 
 class _Terminal:
@@ -34,9 +33,13 @@ class _Terminal:
 
 def demo_command(
     out: str = typer.Option("runs/demo", "--out", help="Folder for every step's output (cached between runs)."),
-    methods_config: str = typer.Option(METHODS_CONFIG, "--methods-config", help="Eval config of all methods."),
-    train_config: str = typer.Option(TRAIN_CONFIG, "--train-config", help="The SFT recipe."),
-    rl_config: str = typer.Option(RL_CONFIG, "--rl-config", help="The RL recipe (from the SFT model)."),
+    # Defaults None, the demo's own (training.demo): importing it here would put training.build's
+    # import (about 0.6 s) into every `harness --help`.
+    methods_config: str = typer.Option(
+        None, "--methods-config", help="Eval config of all methods (default: the demo's, configs/methods/)."
+    ),
+    train_config: str = typer.Option(None, "--train-config", help="The SFT recipe (default: the demo's)."),
+    rl_config: str = typer.Option(None, "--rl-config", help="The RL recipe, from the SFT model (default: the demo's)."),
     rl_overrides: list[str] = typer.Option(
         None, "--rl", help="key.path=value override of the RL recipe (repeatable), e.g. --rl trainer.max_steps=4."
     ),
@@ -50,17 +53,17 @@ def demo_command(
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides of the SFT recipe."),
 ) -> None:
     """Baselines, untrained agent, SFT warm-up, SFT agent, RL, RL agent, report; see training.demo."""
-    from training.demo import run_demo
+    from training.demo import METHODS_CONFIG, RL_CONFIG, TRAIN_CONFIG, run_demo
 
     try:
         run_demo(
             _Terminal(),
             out,
-            methods_config,
-            train_config,
+            methods_config or METHODS_CONFIG,
+            train_config or TRAIN_CONFIG,
             threads or None,
             list(overrides or []),
-            rl_config,
+            rl_config or RL_CONFIG,
             rl_overrides,
         )
     except (ValueError, KeyError, FileNotFoundError, RuntimeError, OSError) as e:

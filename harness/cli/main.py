@@ -1,31 +1,18 @@
 """``harness``: the command-line entry point.
 
 Each command lives in its own module under ``harness.cli`` and is attached under its name in
-:data:`harness.commands.COMMANDS` (with that registry's help text); heavy imports happen inside
+:data:`harness.commands.COMMANDS` (that table names each command's help text and function); heavy imports happen inside
 the command functions so that ``harness --help`` stays fast.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import typer
 
-from harness.cli import (
-    data_cmd,
-    datasets_cmd,
-    demo_cmd,
-    eval_cmd,
-    index_cmd,
-    prompt_cmd,
-    replicate_cmd,
-    report_cmd,
-    score_cmd,
-    serve_cmd,
-    stages_cmd,
-    train_cmd,
-)
-from harness.commands import COMMANDS
+from harness.commands import COMMANDS, HELP_ORDER
 
 app = typer.Typer(
     name="harness",
@@ -34,22 +21,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-# What each registered command runs, in the order `harness --help` lists them.
-COMMAND_FUNCTIONS = {
-    "eval": eval_cmd.eval_command,
-    "train": train_cmd.train_command,
-    "report": report_cmd.report_command,
-    "data": data_cmd.app,
-    "stages": stages_cmd.app,
-    "index": index_cmd.app,
-    "serve": serve_cmd.app,
-    "datasets": datasets_cmd.datasets_command,
-    "prompt": prompt_cmd.prompt_command,
-    "replicate": replicate_cmd.replicate_command,
-    "demo": demo_cmd.demo_command,
-    "score": score_cmd.score_command,
-}
 
 
 @app.callback()
@@ -60,10 +31,10 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
         logging.getLogger(pkg).setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
-if set(COMMAND_FUNCTIONS) != set(COMMANDS.names()):  # a command registered but not attached, or the reverse
-    raise RuntimeError(f"harness.commands and harness.cli.main disagree: {set(COMMAND_FUNCTIONS) ^ set(COMMANDS)}")
-for _name, _target in COMMAND_FUNCTIONS.items():
+for _name in HELP_ORDER:  # every command from the one table, harness.commands.COMMANDS
     _command = COMMANDS.get(_name)
+    _module, _attr = _command.target.split(":")
+    _target = getattr(importlib.import_module(f"harness.cli.{_module}"), _attr)
     if _command.group:
         app.add_typer(_target, name=_name, help=_command.help)
     else:

@@ -39,7 +39,7 @@ def _table(ch, states: dict[str, str]) -> None:
     for col in ("stage", "state", "output", "command"):
         table.add_column(col, overflow="fold")
     for s in ch.stages:
-        table.add_row(s.name, states[s.name], escape(s.output), escape("harness " + " ".join(s.run)))
+        table.add_row(s.name, states[s.name], escape(s.output), escape("harness " + " ".join(s.argv)))
     console.print(table)
 
 

@@ -23,8 +23,7 @@ COORDINATED = ("mcts_config", "prm_config")
 
 
 def config_args(stage):
-    run = list(stage.run)
-    return run[run.index("-c") + 1] if "-c" in run else None
+    return stage.config[0] if stage.config else None
 
 
 @pytest.mark.parametrize("path", CHAINS, ids=lambda p: p.parent.name + "/" + p.name)
@@ -39,17 +38,17 @@ def test_chain_resolves_and_its_configs_compose(path, monkeypatch):
             continue
         # Option keys owned by the PRM module (vars named *_key) are left to its configs.
         foreign = tuple(v + "=" for k, v in chain.vars.items() if k.endswith("_key"))
-        overrides = [a for a in stage.run if "=" in a and not a.startswith("-") and not a.startswith(foreign)]
-        if stage.run[0] == "train":
+        overrides = [a for a in stage.set if not a.startswith(foreign)]
+        if stage.command[0] == "train":
             assert compose(TrainConfig, [cfg], overrides).papers
-        elif stage.run[0] == "eval":
+        elif stage.command[0] == "eval":
             compose(EvalConfig, [cfg], overrides)
 
 
 def test_prorag_chain_feeds_sft_to_everything_then_rft_to_rl():
     chain = load_chain(REPO / "configs/train/prorag/chain.yaml", workdir="W")
     assert chain.names == ["sft", "mcts", "prm", "sample", "rft_set", "rft", "rl"]
-    run = {s.name: " ".join(s.run) for s in chain.stages}
+    run = {s.name: " ".join(s.argv) for s in chain.stages}
     assert "--model W/sft/final" in run["mcts"] and "model.path=W/sft/final" in run["prm"]
     assert "--model W/sft/final" in run["sample"] and "--n-samples 1" in run["sample"]
     assert "rft-filter W/samples" in run["rft_set"] and "--step-scorer prm" in run["rft_set"]
@@ -58,7 +57,7 @@ def test_prorag_chain_feeds_sft_to_everything_then_rft_to_rl():
     assert "model.path=W/rft/final" in run["rl"] and "=W/prm/final" in run["rl"]
     # --set reaches the commands (K samples instead of ProRAG's one).
     k4 = load_chain(REPO / "configs/train/prorag/chain.yaml", workdir="W", variables={"k": "4"})
-    assert "--n-samples 4" in " ".join(k4.stage("sample").run)
+    assert "--n-samples 4" in " ".join(k4.stage("sample").argv)
 
 
 def test_prorag_recipes_carry_the_papers_settings():
@@ -76,8 +75,8 @@ def test_prorag_recipes_carry_the_papers_settings():
 def test_rag_r1_chain_runs_ppo_from_the_sft_model():
     chain = load_chain(REPO / "configs/train/rag_r1/chain.yaml", workdir="W")
     assert chain.names == ["sft", "ppo"]
-    assert "model.path=W/sft/final" in chain.stage("ppo").run
-    assert "configs/train/rag_r1_ppo.yaml" in chain.stage("ppo").run
+    assert "model.path=W/sft/final" in chain.stage("ppo").set
+    assert "configs/train/rag_r1_ppo.yaml" in chain.stage("ppo").config
 
 
 def test_dry_run_lists_every_stage_without_running_any(tmp_path, monkeypatch):

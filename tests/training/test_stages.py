@@ -22,14 +22,18 @@ workdir: {workdir}
 vars: {{size: "3", tag: "t-{{workdir}}"}}
 stages:
   - name: first
-    run: [data, make, --n, "{{vars.size}}", --out, "{{self.output}}"]
+    command: data make
+    args: [--n, "{{vars.size}}"]
     output: "{{workdir}}/first.txt"
   - name: second
-    run: [train, --in, "{{stage.first.output}}", --out, "{{self.output}}", "sft.sources=[{{kind: run, path: x}}]"]
+    command: train
+    args: [--in, "{{stage.first.output}}"]
+    set: ["sft.sources=[{{kind: run, path: x}}]"]
     output: "{{workdir}}/second"
     rerun_args: [--overwrite]
   - name: third
-    run: [eval, --in, "{{stage.second.output}}/final", --out, "{{self.output}}"]
+    command: eval
+    args: [--in, "{{stage.second.output}}/final"]
     output: "{{workdir}}/third.txt"
 """
 
@@ -65,10 +69,11 @@ def test_placeholders_resolve_and_braces_of_yaml_flow_are_left_alone(tmp_path):
     ch = load_chain(write_chain(tmp_path), variables={"size": "5"})
     work = str(tmp_path / "work")
     assert ch.names == ["first", "second", "third"]
-    assert ch.stage("first").run == ("data", "make", "--n", "5", "--out", f"{work}/first.txt")
+    assert ch.stage("first").argv == ("data", "make", "--n", "5", "--out", f"{work}/first.txt")
     second = ch.stage("second")
-    assert second.run[2] == f"{work}/first.txt" and second.run[-1] == "sft.sources=[{kind: run, path: x}]"
-    assert ch.stage("third").run[2] == f"{work}/second/final"
+    assert second.args == ("--in", f"{work}/first.txt") and second.set == ("sft.sources=[{kind: run, path: x}]",)
+    assert second.argv[-1] == "sft.sources=[{kind: run, path: x}]" and second.command == ("train",)
+    assert ch.stage("third").argv[2] == f"{work}/second/final"
     assert ch.vars["tag"] == f"t-{work}"
     assert load_chain(write_chain(tmp_path), workdir="elsewhere").stage("second").output == "elsewhere/second"
 
@@ -89,8 +94,10 @@ def test_wrong_placeholders_are_named(tmp_path, bad, message):
 
 
 def test_bad_chains_are_refused_with_where(tmp_path):
-    with pytest.raises(StageError, match="must start with a harness command"):
-        load_chain(write_chain(tmp_path, CHAIN.replace("[data, make", "[rm, make")))
+    with pytest.raises(StageError, match="command must be a harness stage command"):
+        load_chain(write_chain(tmp_path, CHAIN.replace("command: data make", "command: rm make")))
+    with pytest.raises(StageError, match="set: each item is key=value"):
+        load_chain(write_chain(tmp_path, CHAIN.replace('["sft.sources', '[--overwrite, "sft.sources')))
     with pytest.raises(StageError, match="missing output"):
         load_chain(write_chain(tmp_path, CHAIN.replace('    output: "{{workdir}}/first.txt"\n', "")))
     with pytest.raises(StageError, match="no var 'sz'"):
@@ -147,13 +154,14 @@ name: evals
 workdir: {workdir}
 stages:
   - name: eval_base
-    run: [eval, --out, "{{self.output}}"]
+    command: eval
     output: "{{workdir}}/eval_base.txt"
   - name: sft
-    run: [train, --out, "{{self.output}}"]
+    command: train
     output: "{{workdir}}/sft"
   - name: eval_sft
-    run: [eval, --in, "{{stage.sft.output}}/final", --out, "{{self.output}}"]
+    command: eval
+    args: [--in, "{{stage.sft.output}}/final"]
     output: "{{workdir}}/eval_sft.txt"
 """
 
@@ -226,13 +234,15 @@ name: real
 workdir: {tmp_path / "work"}
 stages:
   - name: sample
-    run: [eval, --method, research, --dataset, demo, --limit, "3", --backend, scripted, --script, "{script}",
-          --retriever, memory, --n-samples, "2", --out, "{{self.output}}", agent.temperature=0.5,
-          agent.max_total_tokens=100000]
+    command: eval
+    args: [--method, research, --dataset, demo, --limit, "3", --backend, scripted, --script, "{script}",
+           --retriever, memory, --n-samples, "2"]
+    set: [agent.temperature=0.5, agent.max_total_tokens=100000]
     output: "{{workdir}}/samples"
   - name: rft
-    run: [data, rft-filter, "{{stage.sample.output}}/research-demo-test-k2", --out, "{{self.output}}",
-          --step-scorer, rule, --step-agg, mean, --step-threshold, "0.0"]
+    command: data rft-filter
+    args: ["{{stage.sample.output}}/research-demo-test-k2", --step-scorer, rule, --step-agg, mean,
+           --step-threshold, "0.0"]
     output: "{{workdir}}/rft"
 """
     )
@@ -266,8 +276,9 @@ def test_sigterm_to_the_runner_stops_the_running_stage(tmp_path):
 workdir: {tmp_path / "work"}
 stages:
   - name: slow
-    run: [eval, --method, research, --dataset, demo, --limit, "1", --backend, scripted, --script, "{script}",
-          --retriever, memory, --out, "{{self.output}}"]
+    command: eval
+    args: [--method, research, --dataset, demo, --limit, "1", --backend, scripted, --script, "{script}",
+           --retriever, memory]
     output: "{{workdir}}/slow"
 """
     )
