@@ -253,7 +253,10 @@ def report(out: Path, figure: Path | None) -> None:
     before = json.loads((out / "heldout_before.json").read_text())
     curves: dict[str, dict[int, list[float]]] = {}
     secs: dict[str, list[float]] = {}
+    done = {(h["side"], h["seed"]) for h in held}  # finished runs only (a killed run has no held-out)
     for r in steps:
+        if (r["side"], r["seed"]) not in done:
+            continue
         curves.setdefault(r["side"], {}).setdefault(r["seed"], []).append(r["reward_mean"])
         secs.setdefault(r["side"], []).append(r["step_s"])
     print(
@@ -277,7 +280,7 @@ def report(out: Path, figure: Path | None) -> None:
         print(
             f"| {side} | {len(rows)} | {100 * statistics.fmean(before['scores']):.1f} | "
             f"{100 * ci.mean:.1f} [{100 * ci.low:.1f}, {100 * ci.high:.1f}] | "
-            f"{100 * d.diff:+.1f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}] (p>={d.p_greater:.3f} one-sided) | "
+            f"{100 * d.diff:+.1f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}] (one-sided p={d.p_greater:.3f}) | "
             f"{gain:+.3f} | {half if half is not None else 'not reached'} | {statistics.median(secs[side]):.1f} |"
         )
         for seed, sc in sorted(after_by[side].items()):
