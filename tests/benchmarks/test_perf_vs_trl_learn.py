@@ -58,7 +58,7 @@ def test_report_pairs_each_side_with_the_checkpoint_before(tmp_path, capsys):
     assert (tmp_path / "fig.png").stat().st_size > 0
 
 
-@pytest.mark.slow  # both trainers for 2 tiny steps and 2 held-out questions: ~30-60 s of one core
+@pytest.mark.slow  # both trainers, 2 tiny steps, 2 held-out questions: 58 s measured at load ~2
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is absent: pip install -e '.[compare]'")
 def test_the_learning_benchmark_runs_in_ci_size(tmp_path):
     cmd = [
