@@ -86,7 +86,8 @@ class BusyClock:
 
 
 # ---------------------------------------------------------------------------------------- harness
-def harness_trainer(args: argparse.Namespace, out: Path) -> tuple[Any, BusyClock]:
+def harness_trainer(args: argparse.Namespace, out: Path, extra: tuple[str, ...] = ()) -> tuple[Any, BusyClock]:
+    """The harness's GRPO trainer with the settings above; ``extra`` overrides come last (they win)."""
     from harness.config import compose
     from training.build import build_trainer
     from training.config import TrainConfig
@@ -124,6 +125,7 @@ def harness_trainer(args: argparse.Namespace, out: Path) -> tuple[Any, BusyClock
         "trainer.eval_every=0",
         "trainer.progress=false",
         f"trainer.out={out}",
+        *extra,
     ]
     cfg = compose(TrainConfig, [], overrides)
     trainer = build_trainer(cfg, out)
@@ -235,7 +237,15 @@ def trl_reward(name: str, group_size: int, sink: list[float]) -> Any:
 class TRLSide:
     """TRL's ``GRPOTrainer.train()`` on a worker thread, released one step at a time."""
 
-    def __init__(self, args: argparse.Namespace, prompts: list[str], answers: list[list[str]], out: Path) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        prompts: list[str],
+        answers: list[list[str]],
+        out: Path,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """``extra``: GRPOConfig fields that replace the defaults below (a seed, the data order)."""
         import torch
         from datasets import Dataset
         from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -277,9 +287,10 @@ class TRLSide:
             logging_steps=10**6,
             save_strategy="no",
             report_to=[],
-            seed=0,
+            **({} if extra and "seed" in extra else {"seed": 0}),
             dataloader_num_workers=0,
             disable_tqdm=True,
+            **(extra or {}),
         )
         data = Dataset.from_dict({"prompt": prompts, "answers": answers})
         self.trainer = GRPOTrainer(
