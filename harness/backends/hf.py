@@ -436,10 +436,13 @@ class _Running:
 
     def _admit(self, reqs: list[_Request]) -> None:
         """Prefill ``reqs`` together, pick their first tokens, and join the rows still going."""
+        from harness.backends.hf_kv import grow_in_place
+
         torch, b = self.torch, self.b
         with torch.inference_mode():
             past, mask, next_pos, logits = self._prefill(reqs)
             b.continuous = b.continuous and _joinable(past)
+            grow_in_place(past)  # decode steps then write their column in place, not torch.cat
             if b.reuses_prefixes:
                 for i, r in enumerate(reqs):
                     if r.cached < len(r.input_ids):  # else the cache holds all of it already
@@ -586,6 +589,8 @@ class _Running:
 
     def _trim(self) -> None:
         """Drop leading cache columns no row owns any more (left by rows that left)."""
+        from harness.backends.hf_kv import GrowingLayer
+
         if not self.b.continuous:
             return
         owned = self.mask.any(0).nonzero()
@@ -594,7 +599,10 @@ class _Running:
             return
         self.mask = self.mask[:, first:]
         for layer in self.past.layers:
-            layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+            if isinstance(layer, GrowingLayer):
+                layer.drop_front(first)  # keeps its buffer
+            else:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
 
 
 def _cache_kwarg(model: Any) -> str:
@@ -624,8 +632,10 @@ def _joinable(past: Any) -> bool:
     """Whether rows can be joined to this cache (plain per-layer key/value tensors)."""
     from transformers.cache_utils import DynamicLayer
 
+    from harness.backends.hf_kv import GrowingLayer
+
     layers = getattr(past, "layers", None)
-    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+    return bool(layers) and all(type(layer) in (DynamicLayer, GrowingLayer) for layer in layers)
 
 
 @functools.cache
