@@ -8,44 +8,18 @@ retriever.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-from harness.backends.base import SamplingParams
 from harness.config import from_dict
 from harness.registry import Registry
-from harness.types import Example, Trajectory
 from pipelines.baselines.flashrag_methods import BASELINES, WITHOUT_RETRIEVAL
+from pipelines.method import Method
+
+__all__ = ["AGENT_METHODS", "METHODS", "Method", "build_method", "method_kind", "needs_retriever", "validate_options"]
 
 METHODS: Registry = Registry("method")
 
 AGENT_METHODS = ("research", "search_r1", "r1_searcher", "rag_r1", "prorag")
-
-
-@runtime_checkable
-class Method(Protocol):
-    """What ``harness eval`` (``benchmarks.evaluate``) and RL rollouts (``training.rollout``) call.
-
-    ``arun`` runs one (example, sample) and never raises (errors are recorded on the trajectory);
-    ``run_examples`` runs many concurrently, calling ``on_done`` as each finishes and skipping
-    the (example id, sample index) pairs in ``skip``.
-    """
-
-    method: str
-
-    async def arun(
-        self, example: Example, sample_index: int = 0, sampling: SamplingParams | None = None, policy_version: int = 0
-    ) -> Trajectory: ...
-
-    def run_examples(
-        self,
-        examples: Sequence[Example],
-        n_samples: int = 1,
-        sampling: SamplingParams | None = None,
-        policy_version: int = 0,
-        on_done: Callable[[Trajectory], None] | None = None,
-        skip: set[tuple[str, int]] | None = None,
-    ) -> list[Trajectory]: ...
 
 
 def _agent_builder(dialect: str):

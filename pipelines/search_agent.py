@@ -27,7 +27,7 @@ import logging
 import re
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,9 +37,9 @@ from harness.errors import error_kind
 from harness.retrieval.base import Retriever
 from harness.retrieval.state import accepts_state, state_for
 from harness.types import Doc, Example, SearchRecord, Segment, Trajectory
-from pipelines.concurrency import run_bounded
 from pipelines.dialects import Dialect, resolve_dialect
 from pipelines.flashrag_compat import FlashRAGGenerator, from_flashrag_dataset, pipeline_base, safe_config
+from pipelines.method import Method
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class AgentConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
-class SearchAgent(pipeline_base()):  # type: ignore[misc]
+class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
     """The loop for one dialect over a backend and a retriever; a FlashRAG pipeline (see module docstring).
 
     ``flashrag_config``: the FlashRAG ``Config`` its ``BasicPipeline`` side uses (its
@@ -148,38 +148,9 @@ class SearchAgent(pipeline_base()):  # type: ignore[misc]
         )
         return params.with_(**overrides) if overrides else params
 
-    def run_examples(
-        self,
-        examples: Sequence[Example],
-        n_samples: int = 1,
-        sampling: SamplingParams | None = None,
-        policy_version: int = 0,
-        on_done: Callable[[Trajectory], None] | None = None,
-        skip: set[tuple[str, int]] | None = None,
-    ) -> list[Trajectory]:
-        """Run every (example, sample) concurrently; returns trajectories in input order.
-
-        ``on_done`` is called as each item finishes (completion order) — the eval path streams
-        trajectories to disk with it. ``skip`` holds (example id, sample index) already done.
-        """
-        return asyncio.run(self.arun_examples(examples, n_samples, sampling, policy_version, on_done, skip))
-
-    async def arun_examples(
-        self,
-        examples: Sequence[Example],
-        n_samples: int = 1,
-        sampling: SamplingParams | None = None,
-        policy_version: int = 0,
-        on_done: Callable[[Trajectory], None] | None = None,
-        skip: set[tuple[str, int]] | None = None,
-    ) -> list[Trajectory]:
-        skip = skip or set()
-
-        async def one(ex: Example, j: int) -> Trajectory:
-            return await self.arun(ex, sample_index=j, sampling=sampling, policy_version=policy_version)
-
-        todo = [(ex, j) for ex in examples for j in range(n_samples) if (ex.id, j) not in skip]
-        return await run_bounded(one, todo, self.config.max_concurrency, on_done)
+    @property
+    def max_concurrency(self) -> int:
+        return self.config.max_concurrency
 
     async def arun(
         self,

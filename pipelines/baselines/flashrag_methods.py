@@ -21,7 +21,7 @@ import contextlib
 import io
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +31,8 @@ from harness.config import require_at_least
 from harness.errors import error_kind
 from harness.retrieval.base import Retriever
 from harness.types import Example, Segment, Trajectory
-from pipelines.concurrency import run_bounded
 from pipelines.flashrag_compat import FlashRAGGenerator, FlashRAGRetriever, safe_config, to_flashrag_dataset
+from pipelines.method import ItemRunner, Method
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class _NoRetriever:
         raise RuntimeError("this method was built without a retriever")
 
 
-class FlashRAGBaseline:
+class FlashRAGBaseline(Method):
     """One FlashRAG baseline as a harness method (``pipelines.methods.Method``)."""
 
     def __init__(
@@ -129,37 +129,20 @@ class FlashRAGBaseline:
         self.pipeline = _build(name, self.config, self.generator, self.retriever, self.options)
 
     # ---- the method protocol -----------------------------------------------------------------
-    def run_examples(
-        self,
-        examples: Sequence[Example],
-        n_samples: int = 1,
-        sampling: SamplingParams | None = None,
-        policy_version: int = 0,
-        on_done: Callable[[Trajectory], None] | None = None,
-        skip: set[tuple[str, int]] | None = None,
-    ) -> list[Trajectory]:
-        """Run every (example, sample) not in ``skip``, up to ``max_concurrency`` at once;
-        ``on_done`` is called as each finishes. Returns trajectories in input order."""
-        return asyncio.run(self.arun_examples(examples, n_samples, sampling, policy_version, on_done, skip))
+    @property
+    def max_concurrency(self) -> int:
+        return self.options.max_concurrency
 
-    async def arun_examples(
-        self,
-        examples: Sequence[Example],
-        n_samples: int = 1,
-        sampling: SamplingParams | None = None,
-        policy_version: int = 0,
-        on_done: Callable[[Trajectory], None] | None = None,
-        skip: set[tuple[str, int]] | None = None,
-    ) -> list[Trajectory]:
-        skip = skip or set()
-        todo = [(ex, j) for ex in examples for j in range(n_samples) if (ex.id, j) not in skip]
-        limit = self.options.max_concurrency
-        with ThreadPoolExecutor(limit, thread_name_prefix=f"baseline-{self.name}") as pool:
+    @contextlib.asynccontextmanager
+    async def item_runner(self) -> AsyncIterator[ItemRunner]:
+        # FlashRAG's pipelines are synchronous: each item runs on a thread of a pool that lives
+        # as long as the run.
+        with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix=f"baseline-{self.name}") as pool:
 
-            async def one(ex: Example, j: int) -> Trajectory:
-                return await self._arun_on(pool, ex, j, sampling, policy_version)
+            async def one(ex: Example, j: int, sampling: SamplingParams | None, version: int) -> Trajectory:
+                return await self._arun_on(pool, ex, j, sampling, version)
 
-            return await run_bounded(one, todo, limit, on_done)
+            yield one
 
     async def arun(
         self,
