@@ -313,16 +313,23 @@ name: faults
 workdir: {workdir}
 stages:
   - name: sample
-    run: {run}
+    command: eval
+    args: {args}
     output: "{{workdir}}/samples"
 """
 
 
+def stage_args(tmp: Path, *extra: str) -> str:
+    """:func:`eval_args` as a chain stage's ``args`` (JSON): the runner adds the command and ``--out``."""
+    argv = eval_args(tmp, Path("OUT"), *extra)
+    i = argv.index("--out")
+    return json.dumps(argv[1:i] + argv[i + 2 :])
+
+
 @fault("a stage's marker is lost (stale output)", "output moved aside to .stale-<time>/, not deleted; said so")
 def stage_stale(tmp: Path) -> tuple[bool, str]:
-    run = json.dumps(eval_args(tmp, Path("{self.output}"), "--retriever", "memory", "--limit", "1"))
     chain = tmp / "chain.yaml"
-    chain.write_text(CHAIN.format(workdir=tmp / "work", run=run))
+    chain.write_text(CHAIN.format(workdir=tmp / "work", args=stage_args(tmp, "--retriever", "memory", "--limit", "1")))
     first = harness("stages", "run", str(chain), cwd=tmp)
     (tmp / "work" / ".stages" / "sample.json").unlink()  # the marker is lost
     second = harness("stages", "run", str(chain), cwd=tmp)
@@ -336,9 +343,8 @@ def stage_stale(tmp: Path) -> tuple[bool, str]:
 @fault("the stage runner is killed (kill -9)", "the running stage dies with it (within 2 s)")
 def stage_runner_killed(tmp: Path) -> tuple[bool, str]:
     with RetrievalServer(delay_s=1.0) as server:
-        run = json.dumps(eval_args(tmp, Path("{self.output}"), *http(server.url)))
         chain = tmp / "chain.yaml"
-        chain.write_text(CHAIN.format(workdir=tmp / "work", run=run))
+        chain.write_text(CHAIN.format(workdir=tmp / "work", args=stage_args(tmp, *http(server.url))))
         runner = spawn("stages", "run", str(chain), cwd=tmp)
         lock = tmp / "work" / "samples" / RUN / ".harness.lock"  # the stage's eval writes its pid there
         if not wait_for(lambda: lock.exists() and lock.stat().st_size > 0, 300):
@@ -501,7 +507,8 @@ rollout:
   method: search_r1
   n_samples: 2
   prompts_per_step: 2
-  agent: {max_turns: 1, max_new_tokens: 16, max_total_tokens: 400, chat: false, max_doc_tokens: 32}
+  sampling: {max_new_tokens: 16}
+  agent: {max_turns: 1, max_total_tokens: 400, chat: false, max_doc_tokens: 32}
 retriever: {kind: memory}
 algo: {advantage: grpo}
 optim: {lr: 1.0e-2, micro_batch_size: 2, threads: 1}
