@@ -76,3 +76,20 @@ class ServerThread:
     def __exit__(self, *exc):
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """One tiny model behind two hf backends: prefix reuse on, and off (the reference); the prefix
+    cache's and the in-place KV layer's tests compare against it."""
+    from harness.backends.hf import HFBackend
+    from harness.tokenization import byte_tokenizer
+    from tests.harness.test_backend_hf import _tiny_llama
+
+    tok = byte_tokenizer()
+    model = _tiny_llama(tok, seed=0, max_positions=512)
+    on = HFBackend(model_obj=model, tokenizer=tok, max_batch_size=8)
+    off = HFBackend(model_obj=model, tokenizer=tok, max_batch_size=8, prefix_cache_tokens=0)
+    yield on, off, model, tok
+    on.close()
+    off.close()

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
-import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
 import harness.backends.hf_kv as hf_kv
 from harness.backends.base import SamplingParams
-from harness.backends.hf import HFBackend, _Request, _Running
+from harness.backends.hf import _Request, _Running
 from harness.backends.hf_kv import MIN_ROOM, GrowingLayer
-from harness.tokenization import byte_tokenizer
-from tests.harness.test_backend_hf import _tiny_llama, gather, ids
+from tests.harness.test_backend_hf import gather, ids
+from tests.harness.test_backend_hf_prefix import _same
 
 
 def _kv(b: int, q: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,23 +66,6 @@ def test_dropping_columns_and_rows_keeps_the_buffer_and_outside_assignments_are_
     assert layer.capacity == 0 and layer.get_seq_length() == 0
 
 
-@pytest.fixture(scope="module")
-def backends():
-    tok = byte_tokenizer()
-    model = _tiny_llama(tok, seed=0, max_positions=512)
-    on = HFBackend(model_obj=model, tokenizer=tok, max_batch_size=8)
-    off = HFBackend(model_obj=model, tokenizer=tok, max_batch_size=8, prefix_cache_tokens=0)
-    yield on, off, tok
-    on.close()
-    off.close()
-
-
-def _same(a, b):
-    assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
-    if b.logprobs is not None:
-        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
-
-
 def _mixed_run(backend, tok, base, warm_tokens, check=None):
     """A running row, then one admission mixing a long cached prefix, a short one and none, of
     different lengths, greedy and sampled, with logprobs; rows leave at different steps."""
@@ -107,8 +89,8 @@ def _mixed_run(backend, tok, base, warm_tokens, check=None):
     return [r.future.result(timeout=0) for r in reqs]
 
 
-def test_the_backend_decodes_as_with_transformers_own_layer(backends, monkeypatch):
-    on, off, tok = backends
+def test_the_backend_decodes_as_with_transformers_own_layer(pair, monkeypatch):
+    on, off, _, tok = pair
     base = ids(tok, "the shared beginning of a long context, then more")
     buffers: list[int] = []
 
@@ -133,8 +115,8 @@ def test_the_backend_decodes_as_with_transformers_own_layer(backends, monkeypatc
     assert singles[0].token_ids == got[1].token_ids
 
 
-def test_batched_rows_of_different_lengths_and_seeded_samples_match_the_old_layer(backends, monkeypatch):
-    _, off, tok = backends
+def test_batched_rows_of_different_lengths_and_seeded_samples_match_the_old_layer(pair, monkeypatch):
+    _, off, _, tok = pair
     prompts = [ids(tok, t) for t in ("hello world", "a", "the quick brown fox jumps over", "xyz 1 2 3")]
     greedy = SamplingParams(max_new_tokens=30, logprobs=True)
     sampled = SamplingParams(max_new_tokens=30, temperature=0.8, top_p=0.9, seed=7, logprobs=True)

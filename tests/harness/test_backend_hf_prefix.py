@@ -67,18 +67,6 @@ def test_cache_evicts_least_recently_used_within_its_budget():
         PrefixCache(-1)
 
 
-@pytest.fixture(scope="module")
-def pair():
-    """One tiny model behind two backends: prefix reuse on, and off (the reference)."""
-    tok = byte_tokenizer()
-    model = _tiny_llama(tok, seed=0, max_positions=512)
-    on = HFBackend(model_obj=model, tokenizer=tok, max_batch_size=8)
-    off = HFBackend(model_obj=model, tokenizer=tok, max_batch_size=8, prefix_cache_tokens=0)
-    yield on, off, model, tok
-    on.close()
-    off.close()
-
-
 def _same(a, b):
     assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
     if b.logprobs is not None:
