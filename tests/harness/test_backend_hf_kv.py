@@ -6,17 +6,14 @@ rows leaving."""
 
 from __future__ import annotations
 
-from concurrent.futures import Future
-
 import torch
 from transformers.cache_utils import DynamicLayer
 
 import harness.backends.hf_kv as hf_kv
 from harness.backends.base import SamplingParams
-from harness.backends.hf import _Request, _Running
 from harness.backends.hf_kv import MIN_ROOM, GrowingLayer
 from tests.harness.test_backend_hf import gather, ids
-from tests.harness.test_backend_hf_prefix import _same
+from tests.harness.test_backend_hf_prefix import _same, join_mid_decode
 
 
 def _kv(b: int, q: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,18 +72,7 @@ def _mixed_run(backend, tok, base, warm_tokens, check=None):
         (base[:8] + ids(tok, "X different"), SamplingParams(max_new_tokens=14)),
         (ids(tok, "zzz cold"), SamplingParams(max_new_tokens=25, temperature=1.0, seed=2, logprobs=True)),
     ]
-    reqs = [_Request(p, sp, Future()) for p, sp in specs]
-    with backend._lock:
-        state = _Running(backend)
-        state.admit(reqs[:1])
-        for _ in range(4):
-            state.step()
-        state.admit(reqs[1:])
-        while state.rows:
-            if check:
-                check(state)
-            state.step()
-    return [r.future.result(timeout=0) for r in reqs]
+    return join_mid_decode(backend, specs, each_step=check)
 
 
 def test_the_backend_decodes_as_with_transformers_own_layer(pair, monkeypatch):

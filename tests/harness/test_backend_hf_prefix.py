@@ -73,6 +73,27 @@ def _same(a, b):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
+def join_mid_decode(backend, specs, admitted=None, each_step=None):
+    """Decode the first of ``specs`` (prompt ids, sampling) alone for 4 steps, then admit the rest
+    into the running batch and decode until every row has left; returns the completions in order.
+    ``admitted(state, reqs)`` runs right after the admission, ``each_step(state)`` before each
+    later step."""
+    reqs = [_Request(p, sp, Future()) for p, sp in specs]
+    with backend._lock:
+        state = _Running(backend)
+        state.admit(reqs[:1])
+        for _ in range(4):
+            state.step()
+        state.admit(reqs[1:])
+        if admitted:
+            admitted(state, reqs)
+        while state.rows:
+            if each_step:
+                each_step(state)
+            state.step()
+    return [r.future.result(timeout=0) for r in reqs]
+
+
 def test_next_turns_reuse_the_finished_rows_kv_and_are_token_exact(pair):
     on, off, _, tok = pair
     on.prefix_cache.clear()
@@ -121,20 +142,14 @@ def test_rows_from_cached_prefixes_of_different_lengths_batch_and_join_exactly(p
         (base[:8] + ids(tok, "X different"), SamplingParams(max_new_tokens=14)),  # short hit
         (ids(tok, "zzz cold"), SamplingParams(max_new_tokens=6, temperature=1.0, seed=2)),  # no hit
     ]
-    reqs = [_Request(p, sp, Future()) for p, sp in specs]
-    with on._lock:
-        state = _Running(on)
-        state.admit(reqs[:1])
-        for _ in range(4):
-            state.step()
-        state.admit(reqs[1:])
+
+    def admitted(state, reqs):
         assert [r.cached for r in reqs[1:]] == [len(base) + len(warm.token_ids) - 1, 8, 0]
         # Compacted: the widest row fills the cache, with no columns left over from the prefill's layout.
         assert state.mask.shape[1] == max(int(m.sum()) for m in state.mask)
-        while state.rows:
-            state.step()
-    for r, (p, sp) in zip(reqs, specs, strict=True):
-        _same(r.future.result(timeout=0), gather(off, [p], sp)[0])
+
+    for got, (p, sp) in zip(join_mid_decode(on, specs, admitted), specs, strict=True):
+        _same(got, gather(off, [p], sp)[0])
 
 
 def test_prefill_asks_for_the_last_positions_logits_only(pair):
