@@ -121,11 +121,18 @@ def namespaces_work() -> bool:
     return subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False).returncode == 0
 
 
-def in_mount_namespace(script: str, timeout: float) -> subprocess.CompletedProcess:
+def in_mount_namespace(
+    script: str, timeout: float, expect: list[str]
+) -> tuple[subprocess.CompletedProcess, list[str], list[str]]:
     """Run the shell ``script`` in a private user and mount namespace (``unshare -rm``: its mounts
-    are seen by nothing outside it), from the repository, output captured."""
+    are seen by nothing outside it), from the repository, output captured. Returns the process,
+    the exit codes the script echoed (``echo EXIT $?``), and what went unsaid: each ``expect``
+    text missing from the output, and ``a traceback`` when one was printed."""
     argv = ["unshare", "-rm", "sh", "-c", script]
-    return subprocess.run(argv, cwd=REPO, env=_env(None), capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(argv, cwd=REPO, env=_env(None), capture_output=True, text=True, timeout=timeout)
+    said = flat(r.stdout + r.stderr)
+    wrong = [f"missing {e}" for e in expect if e not in said] + (["a traceback"] if "Traceback" in said else [])
+    return r, re.findall(r"EXIT (\d+)", r.stdout), wrong
 
 
 def eval_script(tmp: Path) -> Path:
@@ -560,17 +567,14 @@ def train_disks(tmp: Path) -> tuple[bool, str]:
         f"{cli} -c {recipe} --out {ro}/run; echo EXIT $?; {cli} --resume {run} trainer.max_steps=3; echo EXIT $?; "
         f"{cli} -c {recipe} --out {full}/run trainer.max_steps=2; echo EXIT $?"
     )
-    r = in_mount_namespace(script, timeout=900)
-    said = flat(r.stdout + r.stderr)
-    codes = re.findall(r"EXIT (\d+)", r.stdout)
     expect = [
         f"cannot write {ro}/run: Read-only file system",
         f"cannot write {run}/.harness.lock: Read-only file system",
         "model.safetensors: cannot be written",
     ]
-    missing = [e for e in expect if e not in said]
-    ok = codes == ["2", "2", "2"] and not missing and "Traceback" not in said
-    return ok, f"exits {codes}; " + ("all three name the path" if not missing else f"missing {missing[0][-60:]}")
+    _, codes, wrong = in_mount_namespace(script, 900, expect)
+    ok = codes == ["2", "2", "2"] and not wrong
+    return ok, f"exits {codes}; " + ("all three name the path" if not wrong else wrong[0][-70:])
 
 
 @fault(
@@ -720,17 +724,12 @@ def eval_disks(tmp: Path) -> tuple[bool, str]:
         f"{cli.replace('OUT', str(ro))}; echo EXIT $?; {cli.replace('OUT', str(full))}; echo EXIT $?; "
         f"wc -l < {full}/{RUN}/scores.jsonl; echo LINES"
     )
-    r = in_mount_namespace(script, timeout=600)
-    said = flat(r.stdout + r.stderr)
-    codes = re.findall(r"EXIT (\d+)", r.stdout)
-    kept = re.search(r"(\d+)\s+LINES", r.stdout)
     expect = [f"{ro}/{RUN} is on a read-only file system; pick another --out", "the disk is full (writing"]
-    missing = [e for e in expect if e not in said]
-    ok = codes == ["2", "2"] and not missing and "Traceback" not in said and kept is not None and int(kept.group(1)) > 0
+    r, codes, wrong = in_mount_namespace(script, 600, expect)
+    kept = re.search(r"(\d+)\s+LINES", r.stdout)
+    ok = codes == ["2", "2"] and not wrong and kept is not None and int(kept.group(1)) > 0
     lines = kept.group(1) if kept else "?"
-    return ok, f"exits {codes}; " + (
-        f"both name the path; {lines} items kept" if not missing else f"missing {missing[0][-50:]}"
-    )
+    return ok, f"exits {codes}; " + (f"both name the path; {lines} items kept" if not wrong else wrong[0][-60:])
 
 
 # ---- running ----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from benchmarks.faults import foreign_project, snapshot
 from benchmarks.tiny_recipes import sft_recipe
 from harness import safe_delete
 from harness.cli.main import app
@@ -20,19 +21,6 @@ from harness.runlog import RUN_ENTRIES
 from harness.safe_delete import MARKER, NotOursError, check_removable, claim, clear, remove
 
 runner = CliRunner()
-
-
-def foreign_project(root: Path) -> Path:
-    """The issue's reproduction: ``mkdir -p P/src; echo '{}' > P/config.json; echo x > P/src/main.py``."""
-    p = root / "P"
-    (p / "src").mkdir(parents=True)
-    (p / "config.json").write_text("{}")
-    (p / "src" / "main.py").write_text("x\n")
-    return p
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
 
 
 def test_train_overwrite_refuses_a_foreign_folder_and_leaves_it_untouched(tmp_path):
