@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from benchmarks import tiny_recipes
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_RECIPE = "configs/train/smollm2_cpu_sft_demo.yaml"
@@ -109,6 +112,27 @@ def foreign_project(root: Path) -> Path:
     (p / "config.json").write_text("{}")
     (p / "src" / "main.py").write_text("x\n")
     return p
+
+
+def namespaces_work() -> bool:
+    """Whether this machine lets an unprivileged process mount in a user namespace of its own."""
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False).returncode == 0
+
+
+def in_mount_namespace(
+    script: str, timeout: float, expect: list[str]
+) -> tuple[subprocess.CompletedProcess, list[str], list[str]]:
+    """Run the shell ``script`` in a private user and mount namespace (``unshare -rm``: its mounts
+    are seen by nothing outside it), from the repository, output captured. Returns the process,
+    the exit codes the script echoed (``echo EXIT $?``), and what went unsaid: each ``expect``
+    text missing from the output, and ``a traceback`` when one was printed."""
+    argv = ["unshare", "-rm", "sh", "-c", script]
+    r = subprocess.run(argv, cwd=REPO, env=_env(None), capture_output=True, text=True, timeout=timeout)
+    said = flat(r.stdout + r.stderr)
+    wrong = [f"missing {e}" for e in expect if e not in said] + (["a traceback"] if "Traceback" in said else [])
+    return r, re.findall(r"EXIT (\d+)", r.stdout), wrong
 
 
 def eval_script(tmp: Path) -> Path:
@@ -377,31 +401,9 @@ def datasets_no_dir(tmp: Path) -> tuple[bool, str]:
     return ok, f"exit {r.returncode}; {'points to --data-dir' if '--data-dir DIR' in out else out[-60:]}"
 
 
-SFT_RECIPE = """
-name: sft-fault
-model:
-  tiny: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
-algo: {kind: sft}
-sft: {batch_size: 2, sources: [{kind: chat, path: DATA}]}
-optim: {lr: 1.0e-3, micro_batch_size: 2, threads: 1}
-trainer: {max_steps: 4, save_every: 1, keep_checkpoints: 2, tensorboard: false, progress: false}
-"""
-
-
 def sft_recipe(tmp: Path) -> Path:
-    """:data:`SFT_RECIPE` on four chat records, written under ``tmp``."""
-    chat = [
-        {
-            "messages": [
-                {"role": "user", "content": f"Q{i}?"},
-                {"role": "assistant", "content": f"<answer>A{i}</answer>"},
-            ]
-        }
-        for i in range(4)
-    ]
-    (tmp / "chat.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chat))
-    (tmp / "sft.yaml").write_text(SFT_RECIPE.replace("DATA", str(tmp / "chat.jsonl")))
-    return tmp / "sft.yaml"
+    """The tiny SFT recipe (4 steps, a checkpoint every step, 2 kept) on four chat records, under ``tmp``."""
+    return tiny_recipes.sft_recipe(tmp, name="sft-fault")
 
 
 @fault("SFT: keep_checkpoints=2, newest checkpoint damaged, --resume", "2 kept; falls back; metrics 1,2,3,4 once")
@@ -498,22 +500,17 @@ def resume_fails(tmp: Path) -> tuple[bool, str]:
     return ok, f"exit {r.returncode}; records {'unchanged' if after == before else 'CHANGED'}"
 
 
-RL_RECIPE = """
-name: rl-fault
-model:
-  tiny: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
-data: {dataset: demo, split: test, limit: 8}
-rollout:
-  method: search_r1
-  n_samples: 2
-  prompts_per_step: 2
-  sampling: {max_new_tokens: 16}
-  agent: {max_turns: 1, max_total_tokens: 400, chat: false, max_doc_tokens: 32}
-retriever: {kind: memory}
-algo: {advantage: grpo}
-optim: {lr: 1.0e-2, micro_batch_size: 2, threads: 1}
-trainer: {max_steps: 2, save_every: 1, tensorboard: false, progress: false, async: {enabled: true}}
-"""
+# One turn, 2 samples of 2 prompts a step, 2 steps, a checkpoint every step, rollouts overlapping training.
+RL_RECIPE = tiny_recipes.grpo_recipe(
+    "rl-fault",
+    "rollout.sampling.max_new_tokens=16",
+    "rollout.agent.max_total_tokens=400",
+    "rollout.agent.max_doc_tokens=32",
+    "optim.micro_batch_size=2",
+    "optim.threads=1",
+    "trainer.save_every=1",
+    "trainer.async.enabled=true",
+)
 
 
 @fault("async train, then --resume (trainer.async; issue 31)", "both exit 0 (no abort at exit), final written")
@@ -555,8 +552,7 @@ def train_messages(tmp: Path) -> tuple[bool, str]:
 
 @fault("train on a read-only --out, --resume of a read-only run, a full disk (issue 31)", "messages naming the path")
 def train_disks(tmp: Path) -> tuple[bool, str]:
-    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False) if _has("unshare") else None
-    if probe is None or probe.returncode != 0:
+    if not namespaces_work():
         return True, "skipped: no unprivileged mount namespaces here (unshare -rm)"
     recipe, run = sft_recipe(tmp), tmp / "run"
     first = harness("train", "-c", str(recipe), "--out", str(run), "trainer.max_steps=2", cwd=tmp)
@@ -571,25 +567,14 @@ def train_disks(tmp: Path) -> tuple[bool, str]:
         f"{cli} -c {recipe} --out {ro}/run; echo EXIT $?; {cli} --resume {run} trainer.max_steps=3; echo EXIT $?; "
         f"{cli} -c {recipe} --out {full}/run trainer.max_steps=2; echo EXIT $?"
     )
-    r = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", script], cwd=REPO, env=_env(None), capture_output=True, text=True, timeout=900
-    )
-    said = flat(r.stdout + r.stderr)
-    codes = re.findall(r"EXIT (\d+)", r.stdout)
     expect = [
         f"cannot write {ro}/run: Read-only file system",
         f"cannot write {run}/.harness.lock: Read-only file system",
         "model.safetensors: cannot be written",
     ]
-    missing = [e for e in expect if e not in said]
-    ok = codes == ["2", "2", "2"] and not missing and "Traceback" not in said
-    return ok, f"exits {codes}; " + ("all three name the path" if not missing else f"missing {missing[0][-60:]}")
-
-
-def _has(tool: str) -> bool:
-    import shutil
-
-    return shutil.which(tool) is not None
+    _, codes, wrong = in_mount_namespace(script, 900, expect)
+    ok = codes == ["2", "2", "2"] and not wrong
+    return ok, f"exits {codes}; " + ("all three name the path" if not wrong else wrong[0][-70:])
 
 
 @fault(
@@ -727,8 +712,7 @@ def split_escapes(tmp: Path) -> tuple[bool, str]:
 
 @fault("eval on a read-only --out, and a disk that fills mid-run (issue 31)", "messages naming the path; data kept")
 def eval_disks(tmp: Path) -> tuple[bool, str]:
-    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False) if _has("unshare") else None
-    if probe is None or probe.returncode != 0:
+    if not namespaces_work():
         return True, "skipped: no unprivileged mount namespaces here (unshare -rm)"
     ro, full = tmp / "ro", tmp / "full"
     ro.mkdir(), full.mkdir()
@@ -740,19 +724,12 @@ def eval_disks(tmp: Path) -> tuple[bool, str]:
         f"{cli.replace('OUT', str(ro))}; echo EXIT $?; {cli.replace('OUT', str(full))}; echo EXIT $?; "
         f"wc -l < {full}/{RUN}/scores.jsonl; echo LINES"
     )
-    r = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", script], cwd=REPO, env=_env(None), capture_output=True, text=True, timeout=600
-    )
-    said = flat(r.stdout + r.stderr)
-    codes = re.findall(r"EXIT (\d+)", r.stdout)
-    kept = re.search(r"(\d+)\s+LINES", r.stdout)
     expect = [f"{ro}/{RUN} is on a read-only file system; pick another --out", "the disk is full (writing"]
-    missing = [e for e in expect if e not in said]
-    ok = codes == ["2", "2"] and not missing and "Traceback" not in said and kept is not None and int(kept.group(1)) > 0
+    r, codes, wrong = in_mount_namespace(script, 600, expect)
+    kept = re.search(r"(\d+)\s+LINES", r.stdout)
+    ok = codes == ["2", "2"] and not wrong and kept is not None and int(kept.group(1)) > 0
     lines = kept.group(1) if kept else "?"
-    return ok, f"exits {codes}; " + (
-        f"both name the path; {lines} items kept" if not missing else f"missing {missing[0][-50:]}"
-    )
+    return ok, f"exits {codes}; " + (f"both name the path; {lines} items kept" if not wrong else wrong[0][-60:])
 
 
 # ---- running ----------------------------------------------------------------------------------

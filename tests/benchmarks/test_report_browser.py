@@ -9,6 +9,8 @@ Needs: ``apt-get install -y chromium`` and ``pip install playwright`` (never ``p
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,23 @@ FLAGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium binary (Debian package `chromium`); `make browser` installs it"
+)
+
+
+@contextmanager
+def chromium_page(errors: list[str]) -> Iterator:
+    """A page in the system's headless Chromium, 1400x1800; uncaught page errors go to ``errors``."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (PyPI) not installed")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            yield page
+        finally:
+            browser.close()
 
 
 @pytest.fixture(scope="module")
@@ -40,28 +59,19 @@ def report_html(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    CHROMIUM is None, reason="no chromium binary (Debian package `chromium`); `make browser` installs it"
-)
+@needs_chromium
 def test_report_renders_in_chromium(report_html):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (PyPI) not installed")
     errors: list[str] = []
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1800})
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            # Offline at view time: any request leaving the file is an error.
-            page.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort())
-            page.goto(report_html.as_uri())
-            _check_tables(page)
-            _check_charts(page)
-            _check_browser(page)
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
-        finally:
-            browser.close()
+    with chromium_page(errors) as page:
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        # Offline at view time: any request leaving the file is an error.
+        page.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort())
+        page.goto(report_html.as_uri())
+        _check_tables(page)
+        _check_charts(page)
+        _check_browser(page)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
     assert errors == []
 
 
@@ -169,50 +179,41 @@ def _inside(a: dict) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    CHROMIUM is None, reason="no chromium binary (Debian package `chromium`); `make browser` installs it"
-)
+@needs_chromium
 def test_charts_label_methods_and_nothing_hides_or_is_cut(crowded_html):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (PyPI) not installed")
     errors: list[str] = []
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1800})
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(crowded_html.as_uri())
-            methods = {"naive", "research", "standard", LONG}
-            # Scatter: one chart per dataset, every point labelled with its method (not the dataset).
-            labels = _boxes(page, "#scatter text.point-label")
-            assert {x["text"] for x in labels} == methods
-            points = _boxes(page, "#scatter circle.point")
-            assert len(points) == 5 and {x["method"] for x in points} == methods
-            for chart in {x["chart"] for x in points}:
-                mine = [x for x in points if x["chart"] == chart]
-                for i, a in enumerate(mine):  # markers at one place are spread: each shows
-                    for b in mine[i + 1 :]:
-                        centre = abs((a["x0"] + a["x1"]) - (b["x0"] + b["x1"])) / 2
-                        centre = max(centre, abs((a["y0"] + a["y1"]) - (b["y0"] + b["y1"])) / 2)
-                        assert centre >= 6, (a["method"], b["method"])
-                texts = [x for x in labels if x["chart"] == chart]
-                for i, a in enumerate(texts):
-                    assert _inside(a), a["text"]
-                    assert not any(_overlap(a, b) for b in texts[i + 1 :]), a["text"]
-                    assert not any(_overlap(a, m) for m in mine), a["text"]  # no label on a marker
-            # Bars: full labels (wrapped, never cut), inside the chart, not overlapping.
-            bars = _boxes(page, "#bars text.bar-label")
-            assert sorted(x["text"].replace(" ", "") for x in bars) == sorted(
-                m.replace(" ", "") for m in ["naive", "naive", "research", "standard", LONG]
-            )
-            for i, a in enumerate(bars):
+    with chromium_page(errors) as page:
+        page.goto(crowded_html.as_uri())
+        methods = {"naive", "research", "standard", LONG}
+        # Scatter: one chart per dataset, every point labelled with its method (not the dataset).
+        labels = _boxes(page, "#scatter text.point-label")
+        assert {x["text"] for x in labels} == methods
+        points = _boxes(page, "#scatter circle.point")
+        assert len(points) == 5 and {x["method"] for x in points} == methods
+        for chart in {x["chart"] for x in points}:
+            mine = [x for x in points if x["chart"] == chart]
+            for i, a in enumerate(mine):  # markers at one place are spread: each shows
+                for b in mine[i + 1 :]:
+                    centre = abs((a["x0"] + a["x1"]) - (b["x0"] + b["x1"])) / 2
+                    centre = max(centre, abs((a["y0"] + a["y1"]) - (b["y0"] + b["y1"])) / 2)
+                    assert centre >= 6, (a["method"], b["method"])
+            texts = [x for x in labels if x["chart"] == chart]
+            for i, a in enumerate(texts):
                 assert _inside(a), a["text"]
-                assert not any(_overlap(a, b) for b in bars[i + 1 :] if b["chart"] == a["chart"]), a["text"]
-            # Training curves: a chart per logged quantity, the run's line in each.
-            charts = page.locator("#curves svg")
-            assert charts.count() == 3 and page.locator("#training").is_visible()
-            assert page.locator('#curves path.curve[data-run="rl"]').count() == 3
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "report-crowded.png"), full_page=True)
-        finally:
-            browser.close()
+                assert not any(_overlap(a, b) for b in texts[i + 1 :]), a["text"]
+                assert not any(_overlap(a, m) for m in mine), a["text"]  # no label on a marker
+        # Bars: full labels (wrapped, never cut), inside the chart, not overlapping.
+        bars = _boxes(page, "#bars text.bar-label")
+        assert sorted(x["text"].replace(" ", "") for x in bars) == sorted(
+            m.replace(" ", "") for m in ["naive", "naive", "research", "standard", LONG]
+        )
+        for i, a in enumerate(bars):
+            assert _inside(a), a["text"]
+            assert not any(_overlap(a, b) for b in bars[i + 1 :] if b["chart"] == a["chart"]), a["text"]
+        # Training curves: a chart per logged quantity, the run's line in each.
+        charts = page.locator("#curves svg")
+        assert charts.count() == 3 and page.locator("#training").is_visible()
+        assert page.locator('#curves path.curve[data-run="rl"]').count() == 3
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "report-crowded.png"), full_page=True)
     assert errors == []

@@ -78,6 +78,17 @@ class ServerThread:
         self.thread.join(timeout=10)
 
 
+@pytest.fixture
+def replay():
+    """A :class:`~tests.helpers.replay_server.Replay` server on loopback, its ``url`` set."""
+    from tests.helpers.replay_server import Replay
+
+    r = Replay()
+    with ServerThread(r.app()) as server:
+        r.url = server.url
+        yield r
+
+
 @pytest.fixture(scope="module")
 def pair():
     """One tiny model behind two hf backends: prefix reuse on, and off (the reference); the prefix

@@ -11,26 +11,13 @@ import torch
 from harness.backends.base import SamplingParams, WeightUpdate
 from harness.backends.hf import HFBackend
 from harness.tokenization import byte_tokenizer
+from tests.helpers.models import random_llama
 
 
 def _tiny_llama(tok, seed, max_positions):
     """A random 2-layer Llama over the byte tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max_positions,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-    )
-    return LlamaForCausalLM(cfg)
+    special = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id}
+    return random_llama(len(tok), seed, max_position_embeddings=max_positions, **special)
 
 
 @pytest.fixture(scope="module")

@@ -11,22 +11,13 @@ import pytest
 from harness.backends.base import BackendError, SamplingParams
 from harness.backends.openai import OpenAIBackend
 from harness.tokenization import byte_tokenizer
-from tests.harness.conftest import ServerThread, free_port
-from tests.helpers.replay_server import Replay
+from tests.harness.conftest import free_port
 
 TOK = byte_tokenizer()
 
 
 def choice(text, finish="stop", **extra):
     return {"choices": [{"index": 0, "text": text, "finish_reason": finish, **extra}], "usage": {"prompt_tokens": 3}}
-
-
-@pytest.fixture
-def replay():
-    r = Replay()
-    with ServerThread(r.app()) as server:
-        r.url = server.url
-        yield r
 
 
 def gen(replay, params, **kw):

@@ -30,14 +30,6 @@ def smol_tokenizer():
     return AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct"))
 
 
-@pytest.fixture
-def replay():
-    r = Replay()
-    with ServerThread(r.app()) as server:
-        r.url = server.url
-        yield r
-
-
 def backend(replay, tok, **kw):
     kw.setdefault("retries", 2)
     kw.setdefault("backoff", 0.01)

@@ -12,29 +12,28 @@ from harness.retrieval.base import CachedRetriever
 from harness.retrieval.corpus import CorpusError, read_corpus
 from harness.retrieval.index import IndexLoadError, build_index, load_index, read_manifest
 
+BAD_CORPORA = [  # (the file's text, what the error says)
+    ('{"id": "a", "contents": "T\\nx"}\n{"id": "a", "contents": "T\\ny"}\n', r"c.jsonl:2: duplicate id 'a'"),
+    ('{"id": "a"}\n', r"c.jsonl:1: missing 'contents'"),
+    ("{oops\n", r"c.jsonl:1: malformed JSON"),
+    ("", "empty corpus"),
+    ("[1, 2]\n", r"c.jsonl:1: expected an object"),
+    ('{"id": "a", "contents": "T\\nx"}\n\n{"id": null, "contents": "T\\ny"}\n', r"c.jsonl:3: 'id' must be"),
+]
 
-def test_corpus_errors(tmp_path):
+
+@pytest.mark.parametrize(("text", "says"), BAD_CORPORA)
+def test_a_bad_corpus_says_what_and_where(tmp_path, text, says):
     p = tmp_path / "c.jsonl"
-    p.write_text('{"id": "a", "contents": "T\\nx"}\n{"id": "a", "contents": "T\\ny"}\n')
-    with pytest.raises(CorpusError, match=r"c.jsonl:2: duplicate id 'a'"):
+    p.write_text(text)
+    with pytest.raises(CorpusError, match=says):
         read_corpus(p)
-    p.write_text('{"id": "a"}\n')
-    with pytest.raises(CorpusError, match=r"c.jsonl:1: missing 'contents'"):
-        read_corpus(p)
-    p.write_text("{oops\n")
-    with pytest.raises(CorpusError, match=r"c.jsonl:1: malformed JSON"):
-        read_corpus(p)
-    p.write_text("")
-    with pytest.raises(CorpusError, match="empty corpus"):
-        read_corpus(p)
-    p.write_text("[1, 2]\n")
-    with pytest.raises(CorpusError, match=r"c.jsonl:1: expected an object"):
-        read_corpus(p)
-    p.write_text('{"id": "a", "contents": "T\\nx"}\n\n{"id": null, "contents": "T\\ny"}\n')
-    with pytest.raises(CorpusError, match=r"c.jsonl:3: 'id' must be"):
-        read_corpus(p)
+
+
+def test_corpus_not_found_and_both_record_forms(tmp_path):
     with pytest.raises(CorpusError, match="not found"):
         read_corpus(tmp_path / "nope.jsonl")
+    p = tmp_path / "c.jsonl"
     p.write_text('{"id": 1, "contents": "Ünï\\nSão"}\n{"id": "b", "title": "B", "text": "split form"}\n')
     d, b = read_corpus(p)
     assert (d.id, d.title, d.text) == ("1", "Ünï", "São")

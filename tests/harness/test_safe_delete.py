@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from benchmarks.faults import foreign_project, snapshot
+from benchmarks.tiny_recipes import sft_recipe
 from harness import safe_delete
 from harness.cli.main import app
 from harness.fsutil import atomic_dir
@@ -19,19 +21,6 @@ from harness.runlog import RUN_ENTRIES
 from harness.safe_delete import MARKER, NotOursError, check_removable, claim, clear, remove
 
 runner = CliRunner()
-
-
-def foreign_project(root: Path) -> Path:
-    """The issue's reproduction: ``mkdir -p P/src; echo '{}' > P/config.json; echo x > P/src/main.py``."""
-    p = root / "P"
-    (p / "src").mkdir(parents=True)
-    (p / "config.json").write_text("{}")
-    (p / "src" / "main.py").write_text("x\n")
-    return p
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
 
 
 def test_train_overwrite_refuses_a_foreign_folder_and_leaves_it_untouched(tmp_path):
@@ -169,26 +158,9 @@ def test_eval_run_dirs_are_marked_and_demo_refuses_a_foreign_one(tmp_path):
     assert (p / "src" / "main.py").exists()
 
 
-TINY_SFT = """
-name: sft-nested
-model:
-  tiny: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
-algo: {kind: sft}
-sft: {batch_size: 2, sources: [{kind: chat, path: DATA}]}
-optim: {lr: 1.0e-3, micro_batch_size: 2, threads: 1}
-trainer: {max_steps: 2, save_every: 1, keep_checkpoints: 2, tensorboard: false, progress: false}
-"""
-
-
 def tiny_sft_run(tmp_path: Path) -> tuple[Path, Path]:
     """A training run made by ``harness train`` (a tiny SFT, two checkpoints and ``final/``)."""
-    chat = [
-        {"messages": [{"role": "user", "content": f"Q{i}?"}, {"role": "assistant", "content": f"A{i}"}]}
-        for i in range(2)
-    ]
-    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chat))
-    recipe = tmp_path / "sft.yaml"
-    recipe.write_text(TINY_SFT.replace("DATA", str(tmp_path / "chat.jsonl")))
+    recipe = sft_recipe(tmp_path, "trainer.max_steps=2", name="sft-nested")
     run = tmp_path / "run"
     res = runner.invoke(app, ["train", "-c", str(recipe), "--out", str(run)])
     assert res.exit_code == 0, res.output

@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from typing import get_args
 
 import pytest
 
 from harness.backends.scripted import ScriptedBackend
-from harness.types import FINISH_REASONS, Example
+from harness.types import FINISH_REASONS, Example, FinishReason
 from pipelines.search_agent import AgentConfig, SearchAgent
 
 Q = Example("q1", "Which river flows through the birthplace of the inventor of the glass harp-clock?", ("Lunne",))
@@ -252,14 +253,9 @@ def test_an_error_is_recorded_on_the_item_and_others_go_on(toy_retriever):
 
 
 def test_every_finish_reason_is_known():
-    assert set(FINISH_REASONS) - {"paused"} == {
-        "answer",
-        "eos_without_answer",
-        "max_turns",
-        "max_tokens",
-        "context_overflow",
-        "error",
-    }
+    """The runtime tuple and the type a trajectory's ``finish_reason`` is checked against name the
+    same reasons, in the same order."""
+    assert FINISH_REASONS == get_args(FinishReason)
 
 
 def test_slow_item_does_not_hold_others_back(toy_retriever):

@@ -290,7 +290,7 @@ def test_whitening_is_over_every_ranks_tokens(tmp_path):
     exactly what one process whitening all four gives."""
     import torch.multiprocessing as mp
 
-    from tests.training.test_zero2_two_ranks import free_port
+    from harness.engines import free_port
 
     x = torch.tensor([[1.0, 2.0, 9.0], [3.0, 0.0, 0.0], [10.0, 12.0, 0.0], [-4.0, 5.0, 6.0]])  # [4, 3]
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])

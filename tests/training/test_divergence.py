@@ -11,6 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from benchmarks import tiny_recipes
 from tests.training.test_checkpoint import engine
 from training.checkpoint import checkpoints, export_hf, save_and_prune
 from training.divergence import DivergenceError, NonFiniteGuard, poisoned, update_applied
@@ -87,26 +88,9 @@ def test_non_finite_weights_are_never_written_and_prune_nothing(tmp_path):
 
 
 # ---- the trainers ------------------------------------------------------------------------------
-SFT = """
-name: sft-diverge
-model:
-  tiny: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
-algo: {kind: sft}
-sft: {batch_size: 2, sources: [{kind: chat, path: DATA}]}
-optim: {lr: 1.0e-3, micro_batch_size: 2, threads: 1}
-trainer: {max_steps: 20, save_every: 2, keep_checkpoints: 2, tensorboard: false, progress: false}
-"""
-
-
 def sft_recipe(tmp_path: Path) -> Path:
-    chat = [
-        {"messages": [{"role": "user", "content": f"Q{i}?"}, {"role": "assistant", "content": f"<answer>{i}</answer>"}]}
-        for i in range(4)
-    ]
-    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chat))
-    f = tmp_path / "sft.yaml"
-    f.write_text(SFT.replace("DATA", str(tmp_path / "chat.jsonl")))
-    return f
+    """The tiny SFT recipe for 20 steps, a checkpoint every 2 (the newest 2 kept)."""
+    return tiny_recipes.sft_recipe(tmp_path, "trainer.max_steps=20", "trainer.save_every=2", name="sft-diverge")
 
 
 def all_finite(folder: Path) -> bool:

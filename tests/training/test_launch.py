@@ -6,37 +6,23 @@ docs/scale-out.md). Both ranks train; rank 0 alone writes the run folder."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.training.test_zero2_two_ranks import RECIPE, free_port
-
-REPO = Path(__file__).resolve().parents[2]
+from benchmarks.tiny_recipes import grpo_recipe
+from tests.helpers.two_ranks import launch, torchrun
+from tests.training.test_zero2_two_ranks import RECIPE
 
 
 def _train_args(tmp_path) -> list[str]:
-    recipe = RECIPE.replace("reward: zero2_letter_a", "reward: em")
-    recipe = recipe.replace("max_steps: 2, save_every: 2", "max_steps: 1, save_every: 1")
-    (tmp_path / "recipe.yaml").write_text(recipe)
+    overrides = ["algo.reward=em", "optim.zero_stage=2", "trainer.max_steps=1", "trainer.save_every=1"]
+    (tmp_path / "recipe.yaml").write_text(grpo_recipe("zero2", *overrides))
     return ["-m", "harness.cli.main", "train", "-c", str(tmp_path / "recipe.yaml"), "--out", str(tmp_path / "run")]
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    env.update(DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    return env
 
 
 @pytest.mark.slow
 def test_harness_train_under_torchrun_two_local_processes(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--node_rank", "0"]
-    cmd += ["--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
-    cmd += _train_args(tmp_path)
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600, cwd=REPO)
+    proc = torchrun("--nnodes", "1", "--node_rank", "0", *_train_args(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     _check_two_rank_run(tmp_path / "run")
 
@@ -48,11 +34,10 @@ def test_harness_train_under_the_deepspeed_launcher_with_a_hostfile(tmp_path):
     the hostfile lists both hosts and each node runs the same command with its ``--node_rank``
     (or, with passwordless ssh/pdsh, node 0 alone runs it without ``--no_ssh``)."""
     (tmp_path / "hostfile").write_text("localhost slots=2\n")
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(tmp_path / "hostfile")]
-    cmd += ["--no_ssh", "--node_rank", "0", "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    runner = ["-m", "deepspeed.launcher.runner", "--hostfile", str(tmp_path / "hostfile")]
+    runner += ["--no_ssh", "--node_rank", "0"]
     # The module gets no --local_rank argument (the CLI does not take one; LOCAL_RANK is in the env).
-    cmd += ["--no_local_rank", "--module", "harness.cli.main", *_train_args(tmp_path)[2:]]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600, cwd=REPO)
+    proc = launch(runner, "--no_local_rank", "--module", "harness.cli.main", *_train_args(tmp_path)[2:])
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
     assert "localhost" in proc.stdout + proc.stderr  # the launcher's world info came from the hostfile
     _check_two_rank_run(tmp_path / "run")
@@ -72,16 +57,16 @@ VLLM_LOGPROBS = ["--logprobs-mode", "processed_logprobs"]
 @pytest.mark.parametrize(
     ("kind", "lora", "engine", "env", "args"),
     [
-        ("sglang", "", "sglang", {}, ["--x"]),
-        ("openai", "", "vllm", {"VLLM_SERVER_DEV_MODE": "1"}, [*VLLM_LOGPROBS, "--x"]),
+        ("sglang", [], "sglang", {}, ["--x"]),
+        ("openai", [], "vllm", {"VLLM_SERVER_DEV_MODE": "1"}, [*VLLM_LOGPROBS, "--x"]),
         (
             "openai",
-            "  lora: {r: 4, sync: adapter}\n",
+            ["model.lora={r: 4, sync: adapter}"],
             "vllm",
             {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"},
             [*VLLM_LOGPROBS, "--enable-lora", "--max-lora-rank", "4", "--x"],
         ),
-        ("sglang", "  lora: {r: 4, sync: merged}\n", "sglang", {}, ["--x"]),
+        ("sglang", ["model.lora={r: 4, sync: merged}"], "sglang", {}, ["--x"]),
     ],
 )
 def test_launched_rollout_engine_gets_what_weight_sync_needs(tmp_path, kind, lora, engine, env, args):
@@ -89,9 +74,13 @@ def test_launched_rollout_engine_gets_what_weight_sync_needs(tmp_path, kind, lor
     from training.build import rollout_engine
     from training.config import TrainConfig
 
-    recipe = RECIPE.replace("model:\n", "model:\n" + lora)
-    (tmp_path / "r.yaml").write_text(recipe)
-    overrides = [f"rollout.backend.kind={kind}", "rollout.backend.launch=true", 'rollout.backend.engine.args=["--x"]']
+    (tmp_path / "r.yaml").write_text(RECIPE)
+    overrides = [
+        *lora,
+        f"rollout.backend.kind={kind}",
+        "rollout.backend.launch=true",
+        'rollout.backend.engine.args=["--x"]',
+    ]
     cfg = compose(TrainConfig, [tmp_path / "r.yaml"], overrides)
     got_engine, ecfg = rollout_engine(cfg)
     assert (got_engine, ecfg.env, ecfg.args) == (engine, env, args)
@@ -109,8 +98,9 @@ def test_flags_the_recipe_gives_the_engine_are_not_added_twice(tmp_path, given, 
     from training.build import rollout_engine
     from training.config import TrainConfig
 
-    (tmp_path / "r.yaml").write_text(RECIPE.replace("model:\n", "model:\n  lora: {r: 4, sync: adapter}\n"))
-    overrides = ["rollout.backend.kind=openai", "rollout.backend.launch=true", f"rollout.backend.engine.args={given}"]
+    (tmp_path / "r.yaml").write_text(RECIPE)
+    overrides = ["model.lora={r: 4, sync: adapter}", "rollout.backend.kind=openai", "rollout.backend.launch=true"]
+    overrides.append(f"rollout.backend.engine.args={given}")
     _, ecfg = rollout_engine(compose(TrainConfig, [tmp_path / "r.yaml"], overrides))
     assert ecfg.args == [*added, *given]
     assert ecfg.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"  # adapter sync still needs runtime loading

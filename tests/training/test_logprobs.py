@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
+from tests.helpers.models import random_llama
 from training.batch import token_logprobs
 from training.logprobs import chunk_logprobs, supports_chunking, window_token_stats
 from training.losses import RLLoss, entropy_from_logits
@@ -19,17 +20,7 @@ V = 97
 
 
 def tiny_llama(tied: bool = False, seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=tied,
-    )
-    return LlamaForCausalLM(cfg).float()
+    return random_llama(V, seed, hidden_size=32, intermediate_size=64, tie_word_embeddings=tied).float()
 
 
 def inputs(b: int = 3, L: int = 21, w: int = 14, seed: int = 1):

@@ -14,6 +14,7 @@ from training.engine import build_model
 from training.lora import adapters_disabled, apply_lora, merged_state_dict
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+LORA = "model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}"  # the GRPO/PPO runs' adapters
 
 
 def test_merged_weights_by_hand_and_under_the_base_names():
@@ -46,15 +47,9 @@ def test_merged_weights_by_hand_and_under_the_base_names():
 
 @pytest.mark.slow
 def test_lora_grpo_trains_adapters_only_and_syncs_into_hf(tmp_path):
-    from harness.config import compose
-    from tests.training.test_trainer import TINY as RECIPE
-    from training.build import build_trainer
-    from training.config import TrainConfig
+    from tests.training.test_trainer import make
 
-    f = tmp_path / "lora.yaml"
-    f.write_text(RECIPE.replace("model:\n", "model:\n  lora: {r: 4, alpha: 8, target_modules: [q_proj, v_proj]}\n", 1))
-    cfg = compose(TrainConfig, [f], ["algo.reward=test_length", "algo.kl_coef=0.05", "algo.ppo_epochs=2"])
-    trainer = build_trainer(cfg, tmp_path / "run")
+    trainer = make(tmp_path, LORA, "algo.reward=test_length", "algo.kl_coef=0.05", "algo.ppo_epochs=2")
     assert trainer.ref is None and trainer.ref_is_base  # no second copy for the KL reference
     before = {k: v.detach().clone() for k, v in trainer.policy.module.named_parameters()}
     trainable = {k for k, p in trainer.policy.module.named_parameters() if p.requires_grad}
@@ -108,15 +103,9 @@ def test_sglang_adapter_sync_protocol_against_a_stand_in(tmp_path):
 
 @pytest.mark.slow
 def test_lora_ppo_critic_trains_its_adapters_and_head(tmp_path):
-    from harness.config import compose
-    from tests.training.test_trainer import TINY as RECIPE
-    from training.build import build_trainer
-    from training.config import TrainConfig
+    from tests.training.test_trainer import make
 
-    f = tmp_path / "lora.yaml"
-    f.write_text(RECIPE.replace("model:\n", "model:\n  lora: {r: 4, alpha: 8, target_modules: [q_proj, v_proj]}\n", 1))
-    cfg = compose(TrainConfig, [f], ["algo.reward=test_length", "algo.advantage=gae", "trainer.save_every=0"])
-    trainer = build_trainer(cfg, tmp_path / "run")
+    trainer = make(tmp_path, LORA, "algo.reward=test_length", "algo.advantage=gae", "trainer.save_every=0")
     critic = trainer.critic.module
     trainable = {k for k, p in critic.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in k or k.startswith("head.") for k in trainable)

@@ -178,6 +178,18 @@ def test_dual_granularity_step_advantages_come_from_the_prm(trained, tmp_path):
     assert torch.allclose(adv_t.cpu(), adv, atol=1e-5)
 
 
+def two_step_trajectory() -> Trajectory:
+    """A ProRAG trajectory of two steps over byte ids: a subquery and its retrieval, then the answer."""
+    t = Trajectory("q", "?", ["Lunne"], "prorag")
+    t.segments = [
+        Segment("prompt", [65, 66, 67]),
+        Segment("model", [68, 69], "x</step>\n<subquery>a</subquery>"),
+        Segment("observation", [70], "\n<retrieval>d</retrieval>\n<step>\n"),
+        Segment("model", [71, 72, 73], "y</step>\n<answer>Lunne</answer>"),
+    ]
+    return t
+
+
 @pytest.mark.slow  # trains a tiny PRM (~30-90 s on a loaded 2-core machine)
 def test_served_prm_scores_like_the_in_process_one(trained):
     import socket
@@ -201,13 +213,7 @@ def test_served_prm_scores_like_the_in_process_one(trained):
             time.sleep(0.05)
         remote = PRMStepScorer(url=f"http://127.0.0.1:{port}")
         local = PRMStepScorer(path=str(final))
-        t = Trajectory("q", "?", ["Lunne"], "prorag")
-        t.segments = [
-            Segment("prompt", [65, 66, 67]),
-            Segment("model", [68, 69], "x</step>\n<subquery>a</subquery>"),
-            Segment("observation", [70], "\n<retrieval>d</retrieval>\n<step>\n"),
-            Segment("model", [71, 72, 73], "y</step>\n<answer>Lunne</answer>"),
-        ]
+        t = two_step_trajectory()
         r, lo = remote.score_steps(t), local.score_steps(t)
         assert [x[2] for x in r] == pytest.approx([x[2] for x in lo], abs=1e-5)
         assert [(a, b) for a, b, _ in local.score_steps(t)] == [(3, 5), (6, 9)]
@@ -305,13 +311,7 @@ def test_one_prm_per_node_local_rank_0_serves_the_others(trained, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     rank1 = PRMStepScorer(path=str(final))
     assert rank1.prm is None and rank1.url.startswith("http://127.0.0.1:")
-    t = Trajectory("q", "?", ["Lunne"], "prorag")
-    t.segments = [
-        Segment("prompt", [65, 66, 67]),
-        Segment("model", [68, 69], "x</step>\n<subquery>a</subquery>"),
-        Segment("observation", [70], "\n<retrieval>d</retrieval>\n<step>\n"),
-        Segment("model", [71, 72, 73], "y</step>\n<answer>Lunne</answer>"),
-    ]
+    t = two_step_trajectory()
     assert [x[2] for x in rank1.score_steps(t)] == pytest.approx([x[2] for x in rank0.score_steps(t)], abs=1e-5)
     _rendezvous_file().unlink()
 

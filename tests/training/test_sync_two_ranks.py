@@ -9,34 +9,25 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.training.test_zero2_two_ranks import free_port
+from benchmarks.tiny_recipes import grpo_recipe
+from tests.helpers.two_ranks import torchrun
 
-REPO = Path(__file__).resolve().parents[2]
-
-RECIPE = """
-name: sync2
-papers: "test"
-model:
-  tiny: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
-data: {dataset: demo, split: test, limit: 8}
-rollout:
-  method: search_r1
-  n_samples: 2
-  prompts_per_step: 2
-  backend: {kind: sglang}
-  sampling: {max_new_tokens: 8}
-  agent: {max_turns: 1, max_total_tokens: 3000, chat: false, max_doc_tokens: 24}
-retriever: {kind: memory}
-algo: {advantage: grpo, reward: sync2_length}
-optim: {lr: 1.0e-2, micro_batch_size: 1, zero_stage: 2}
-trainer: {max_steps: 2, save_every: 0, tensorboard: false, progress: false, save_rollouts: false}
-"""
+# Rollouts through the stand-in's HTTP API; Length (below) is a reward that varies on a random model's text.
+RECIPE = grpo_recipe(
+    "sync2",
+    "rollout.backend.kind=sglang",
+    "rollout.sampling.max_new_tokens=8",
+    "rollout.agent.max_total_tokens=3000",
+    "algo.reward=sync2_length",
+    "optim.zero_stage=2",
+    "trainer.save_every=0",
+    "trainer.save_rollouts=false",
+)
 
 
 @pytest.mark.slow
@@ -47,11 +38,7 @@ def test_two_ranks_post_one_update_per_step(tmp_path):
     (tmp_path / "recipe.yaml").write_text(RECIPE)
     standin = SGLangStandIn()
     with ServerThread(standin.app()) as server:
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-        env.update(DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
-        cmd += ["--master_port", str(free_port()), __file__, str(tmp_path), server.url]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+        proc = torchrun(__file__, str(tmp_path), server.url)
     assert proc.returncode == 0, proc.stderr[-3000:]
     updates = standin.of("/update_weights_from_disk")
     assert [u["weight_version"] for u in updates] == ["0", "1", "2"]  # one per step, never one per rank

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from benchmarks.faults import namespaces_work
 from tests.training.test_divergence import sft_recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,13 +97,6 @@ def test_an_out_that_is_a_file_is_a_message(tmp_path):
     assert (tmp_path / "a_file").read_text() == "x"
 
 
-def _namespaces_work() -> bool:
-    """Whether this machine lets an unprivileged process mount in its own user namespace."""
-    if shutil.which("unshare") is None:
-        return False
-    return subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False).returncode == 0
-
-
 # Run inside a private mount namespace (nothing outside it sees the mounts): a read-only tmpfs,
 # a read-only bind of a trained run, and two tiny tmpfs that fill up during the first checkpoint
 # (64 KiB: in model.safetensors; 200 KiB: in the optimizer state).
@@ -128,7 +121,7 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.mark.slow  # one SFT run, then four refused ones in a mount namespace (~25 s)
-@pytest.mark.skipif(not _namespaces_work(), reason="needs unprivileged mount namespaces (unshare -rm)")
+@pytest.mark.skipif(not namespaces_work(), reason="needs unprivileged mount namespaces (unshare -rm)")
 def test_read_only_and_full_disks_are_messages_naming_the_path(tmp_path):
     recipe, run = sft_recipe(tmp_path), tmp_path / "run"
     code, out = train("-c", str(recipe), "--out", str(run), "trainer.max_steps=2", "trainer.save_every=1")

@@ -11,6 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from benchmarks.tiny_recipes import grpo_recipe
 from harness.config import compose
 from training.config import TrainConfig
 from training.rewards import REWARDS
@@ -34,23 +35,18 @@ if "test_length" not in REWARDS:
 
     REWARDS.register("test_length", Length)
 
-TINY = """
-name: tiny
-papers: "test"
-model:
-  tiny: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
-data: {dataset: demo, split: test_v1, limit: 8}  # the questions the toy tasks were calibrated on
-rollout:
-  method: search_r1
-  n_samples: 2
-  prompts_per_step: 2
-  sampling: {temperature: 1.0, max_new_tokens: 24}
-  agent: {max_turns: 1, max_total_tokens: 400, chat: false, max_doc_tokens: 32}
-retriever: {kind: memory}
-algo: {advantage: grpo, reward: test_letter_a}
-optim: {lr: 1.0e-2, micro_batch_size: 2}
-trainer: {max_steps: 2, save_every: 1, tensorboard: true, progress: false, entropy_every: 2}
-"""
+TINY = grpo_recipe(
+    "tiny",
+    "data.split=test_v1",  # the questions the toy tasks were calibrated on
+    "rollout.sampling.temperature=1.0",
+    "rollout.agent.max_total_tokens=400",
+    "rollout.agent.max_doc_tokens=32",
+    "algo.reward=test_letter_a",
+    "optim.micro_batch_size=2",
+    "trainer.save_every=1",
+    "trainer.tensorboard=true",
+    "trainer.entropy_every=2",
+)
 
 
 def recipe(tmp_path: Path) -> Path:

@@ -11,48 +11,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from benchmarks.tiny_recipes import grpo_recipe
+from tests.helpers.two_ranks import torchrun
 
-RECIPE = """
-name: zero2
-papers: "test"
-model:
-  tiny: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
-data: {dataset: demo, split: test, limit: 8}
-rollout:
-  method: search_r1
-  n_samples: 2
-  prompts_per_step: 2
-  sampling: {max_new_tokens: 24}
-  agent: {max_turns: 1, max_total_tokens: 300, chat: false, max_doc_tokens: 24}
-retriever: {kind: memory}
-algo: {advantage: grpo, reward: zero2_letter_a}
-optim: {lr: 1.0e-2, micro_batch_size: 1, zero_stage: 2}
-trainer: {max_steps: 2, save_every: 2, tensorboard: false, progress: false}
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Each rank trains on its own prompts with the same seed; LetterA (below) varies on a random model's text.
+RECIPE = grpo_recipe("zero2", "algo.reward=zero2_letter_a", "optim.zero_stage=2")
 
 
 @pytest.mark.slow
 def test_zero2_two_ranks_identical(tmp_path):
     (tmp_path / "recipe.yaml").write_text(RECIPE)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    env.update(DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
-    cmd += ["--master_port", str(free_port()), __file__, str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    proc = torchrun(__file__, str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["params"] == r1["params"]  # data-parallel training leaves the ranks identical
