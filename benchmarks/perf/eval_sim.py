@@ -65,10 +65,13 @@ The engine's capacity for the same work: every turn of every question is sent to
 engine at once (``saturated_seconds``), each with the context and prefix-cache hit it has in the
 agent's run, turn order, searches and retrieval time ignored; the engine packs them as it packs
 any request (first come first served within ``--max-running``, ``--kv-tokens`` and the prefill
-chunk). A schedule's "capacity used" is its generated tokens/s over that replay's. In this cost
-model a step's time is fixed work plus ``a`` per step, so the replay, which keeps the batch as
-full as the limits allow from start to end, is what the engine can do with this work; it is a
-model's figure, not a proven bound (another packing order could differ slightly).
+chunk). A schedule's "capacity used" is its generated tokens/s over that replay's. Why that is the
+engine's capacity in this model: summed over a run, ``b·B`` is b per generated token, ``c·ΣC``
+depends only on each turn's own context, and ``p·P`` only on the prefill tokens, all the same for
+any schedule of this work; what a schedule changes is the number of steps (``a`` each) and the
+idle time. The replay has no idle time and keeps the batch as full as the limits allow, so it
+takes about the fewest steps; about, because its first-come-first-served packing is not proven
+optimal: it is a model's figure, not a proven bound.
 
     PYTHONPATH=. .venv/bin/python benchmarks/perf/eval_sim.py \\
         --runs runs/demo/eval/research+sft-demo-test --data-dir ../shared/data
@@ -84,6 +87,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import heapq
+import json
 import logging
 import random
 import statistics
@@ -142,8 +146,6 @@ def read_shapes(run_dirs: list[Path]) -> list[Shape]:
 def read_turn_file(path: Path) -> list[Shape]:
     """The shapes of a turn file like ``eval_sim_r1searcher7b_hotpotqa.json``: its ``questions``
     are ``[prompt tokens, [[generated, observation after], ...]]``, the last turn observing nothing."""
-    import json
-
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         questions = data["questions"]
@@ -238,9 +240,8 @@ class SimEngine(BackendBase):
         self.busy = 0.0  # simulated seconds with at least one sequence running
         self.steps = 0
         self.batch_sum = 0
-        self.arrived: list[
-            tuple[float, int, _Item, asyncio.Future | None]
-        ] = []  # heap: (ready at, order, item, future)
+        # heap of (ready at, order, item, future)
+        self.arrived: list[tuple[float, int, _Item, asyncio.Future | None]] = []
         self.running: list[_Seq] = []  # heap by finish step
         self.ctx_total = 0
         self.kv_used = 0
