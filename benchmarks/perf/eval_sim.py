@@ -62,16 +62,18 @@ inserts nothing (SmolLM2: every 3rd and 4th search; the 7B: most 3rd and 4th sea
 HotpotQA dev's (``--data-dir``), else 4 x the largest concurrency.
 
 The engine's capacity for the same work: every turn of every question is sent to the same model
-engine at once (``saturated_seconds``), each with the context and prefix-cache hit it has in the
-agent's run, turn order, searches and retrieval time ignored; the engine packs them as it packs
-any request (first come first served within ``--max-running``, ``--kv-tokens`` and the prefill
-chunk). A schedule's "capacity used" is its generated tokens/s over that replay's. Why that is the
-engine's capacity in this model: summed over a run, ``b·B`` is b per generated token, ``c·ΣC``
-depends only on each turn's own context, and ``p·P`` only on the prefill tokens, all the same for
-any schedule of this work; what a schedule changes is the number of steps (``a`` each) and the
-idle time. The replay has no idle time and keeps the batch as full as the limits allow, so it
-takes about the fewest steps; about, because its first-come-first-served packing is not proven
-optimal: it is a model's figure, not a proven bound.
+engine at once (``saturated``), each with the context and prefix-cache hit it has in the agent's
+run, turn order, searches and retrieval time ignored, longest generation first; the engine packs
+them as it packs any request (first come first served within ``--max-running``, ``--kv-tokens``
+and the prefill chunk). A schedule's "capacity used" is its generated tokens/s over that
+replay's. Why that is the engine's capacity in this model: summed over a run, ``b·B`` is b per
+generated token, ``c·ΣC`` depends only on each turn's own context, and ``p·P`` only on the
+prefill tokens, all the same for any schedule of this work; what a schedule changes is the number
+of steps (``a`` each) and the idle time. No schedule takes fewer steps than the longest turn
+generates tokens, nor less than no idle time; so when the replay's step count equals the longest
+turn (it is logged), its time is the least any schedule can take and its tokens/s a true upper
+bound. When the KV cache or ``--max-running`` forces more steps, the replay is the engine's own
+packing of the work, not a proven bound.
 
     PYTHONPATH=. .venv/bin/python benchmarks/perf/eval_sim.py \\
         --runs runs/demo/eval/research+sft-demo-test --data-dir ../shared/data
@@ -455,19 +457,23 @@ def generated_tokens(shapes: list[Shape]) -> int:
     return sum(g for s in shapes for g, _ in s.turns)
 
 
-def saturated_seconds(shapes: list[Shape], cost: CostModel) -> float:
-    """Simulated seconds for the engine to serve every turn of ``shapes`` sent at once (module
+def saturated(shapes: list[Shape], cost: CostModel) -> tuple[float, int]:
+    """Simulated seconds and engine steps to serve every turn of ``shapes`` sent at once (module
     docstring): each turn a request with the context and prefill it has in the agent's run (the
-    prefix cached, only the new tokens prefilled), turn order, searches and retrieval ignored."""
+    prefix cached, only the new tokens prefilled), turn order, searches and retrieval ignored,
+    queued longest generation first (so the longest turn starts in the first step)."""
     engine = SimEngine(cost, "agent", 1, {})
+    requests = []
     for index, shape in enumerate(shapes):
         context = shape.prompt
         for k, (g, o) in enumerate(shape.turns):
-            heapq.heappush(engine.arrived, (0.0, engine._next(), _Item(shape, index, turn=k, context=context), None))
+            requests.append((-g, len(requests), _Item(shape, index, turn=k, context=context)))
             context += g + o
+    for _, _, item in sorted(requests, key=lambda r: r[:2]):
+        heapq.heappush(engine.arrived, (0.0, engine._next(), item, None))
     while engine.arrived or engine.running:
         engine._step()
-    return engine.now
+    return engine.now, engine.steps
 
 
 class _Bytes:
@@ -607,7 +613,18 @@ def main(argv: list[str] | None = None) -> int:
                 turn_histogram(questions),
                 gen,
             )
-            limit = generated_tokens(questions) / saturated_seconds(questions, cost)
+            seconds, steps = saturated(questions, cost)
+            limit = generated_tokens(questions) / seconds
+            longest = max(g for q in questions for g, _ in q.turns)
+            logger.info(
+                "%s %s: saturated replay %.0f generated tok/s in %d steps; the longest turn generates %d "
+                "(equal: a true upper bound in this model)",
+                source,
+                workload,
+                limit,
+                steps,
+                longest,
+            )
             for conc in args.concurrency:
                 res = {sched: simulate(questions, sched, conc, cost) for sched in ("agent", "sync")}
                 a, s = res["agent"], res["sync"]

@@ -18,7 +18,7 @@ from benchmarks.perf.eval_sim import (
     plan,
     read_shapes,
     read_turn_file,
-    saturated_seconds,
+    saturated,
     simulate,
 )
 
@@ -72,16 +72,16 @@ def test_shapes_come_from_real_trajectories_and_mixed_plans_span_zero_to_four_se
 
 def test_the_saturated_replay_of_one_turn_is_the_agent_run_and_sends_every_turn_at_once():
     one = [Shape(100, ((3, 0),))]
-    assert saturated_seconds(one, COST) == pytest.approx(simulate(one, "agent", 1, COST)["sim_s"])
+    assert saturated(one, COST)[0] == pytest.approx(simulate(one, "agent", 1, COST)["sim_s"])
     P, G1, O1, G2 = 50, 2, 30, 1
     a, b, c, p = COST.a, COST.b, COST.c, COST.p
     # both turns run in step 1 (the second with its prefix cached: only G1 + O1 prefilled) and the
     # second ends there; step 2 decodes the first turn's last token. No retrieval wait.
     step1 = a + 2 * b + c * (P + (P + G1 + O1)) + p * (P + G1 + O1)
     step2 = a + b + c * (P + 1)
-    assert saturated_seconds([Shape(P, ((G1, O1), (G2, 0)))], COST) == pytest.approx(step1 + step2)
+    assert saturated([Shape(P, ((G1, O1), (G2, 0)))], COST) == (pytest.approx(step1 + step2), 2)
     with pytest.raises(RuntimeError, match="does not fit --kv-tokens 100"):
-        saturated_seconds([Shape(99, ((5, 0),))], CostModel(kv_tokens=100))
+        saturated([Shape(99, ((5, 0),))], CostModel(kv_tokens=100))
 
 
 def test_the_released_7b_turn_file_loads_and_its_questions_simulate_under_capacity():
@@ -91,7 +91,9 @@ def test_the_released_7b_turn_file_loads_and_its_questions_simulate_under_capaci
     assert all(o > 0 for s in shapes for _, o in s.turns[:-1])  # every search inserted documents
     assert 80 < generated_tokens(shapes) / sum(len(s.turns) for s in shapes) < 120  # ~99 a turn
     questions = plan(shapes, 24, "uniform", random.Random(0))
-    limit = generated_tokens(questions) / saturated_seconds(questions, CostModel())
+    seconds, steps = saturated(questions, CostModel())
+    assert steps == max(g for q in questions for g, _ in q.turns)  # the fewest possible: a true bound
+    limit = generated_tokens(questions) / seconds
     for schedule in ("agent", "sync"):
         out = simulate(questions, schedule, 8, CostModel())
         assert 0 < out["gen_tokens_per_s"] < limit  # 8 at a time fill less of the engine than 24 at once
