@@ -595,9 +595,10 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("%d questions per run", n)
     header = (
         "| turns | workload | concurrency | agent q/s | sync q/s | agent/sync | agent gen tok/s | sync gen tok/s "
-        "| saturated gen tok/s | agent capacity | sync capacity | agent idle | sync idle | agent batch | sync batch |"
+        "| saturated gen tok/s | replay steps (longest turn) | agent capacity | sync capacity | agent idle "
+        "| sync idle | agent batch | sync batch |"
     )
-    rows = [header, "|" + "---|" * 15]
+    rows = [header, "|" + "---|" * 16]
     for source in args.turns:
         shapes, origin = turn_shapes(source, ap, args.runs)
         logger.info(
@@ -617,13 +618,15 @@ def main(argv: list[str] | None = None) -> int:
             limit = generated_tokens(questions) / seconds
             longest = max(g for q in questions for g, _ in q.turns)
             logger.info(
-                "%s %s: saturated replay %.0f generated tok/s in %d steps; the longest turn generates %d "
-                "(equal: a true upper bound in this model)",
+                "%s %s: saturated replay %.0f generated tok/s in %d steps; the longest turn generates %d (%s)",
                 source,
                 workload,
                 limit,
                 steps,
                 longest,
+                "equal: a true upper bound in this model"
+                if steps == longest
+                else "more: the KV cache or --max-running forced them; the engine's packing, not a proven bound",
             )
             for conc in args.concurrency:
                 res = {sched: simulate(questions, sched, conc, cost) for sched in ("agent", "sync")}
@@ -634,9 +637,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(
                     f"| {source} | {workload} | {conc} | {a['questions_per_s']:.1f} | {s['questions_per_s']:.1f} | "
                     f"{a['questions_per_s'] / s['questions_per_s']:.2f}x | {a['gen_tokens_per_s']:.0f} | "
-                    f"{s['gen_tokens_per_s']:.0f} | {limit:.0f} | {a['gen_tokens_per_s'] / limit:.1%} | "
-                    f"{s['gen_tokens_per_s'] / limit:.1%} | {a['idle_frac']:.1%} | {s['idle_frac']:.1%} | "
-                    f"{a['mean_batch']:.0f} | {s['mean_batch']:.0f} |"
+                    f"{s['gen_tokens_per_s']:.0f} | {limit:.0f} | {steps} ({longest}) | "
+                    f"{a['gen_tokens_per_s'] / limit:.1%} | {s['gen_tokens_per_s'] / limit:.1%} | "
+                    f"{a['idle_frac']:.1%} | {s['idle_frac']:.1%} | {a['mean_batch']:.0f} | {s['mean_batch']:.0f} |"
                 )
     print("\n".join(rows))
     return 0

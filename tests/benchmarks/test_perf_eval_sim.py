@@ -114,4 +114,4 @@ def test_the_report_has_a_row_per_turn_source_with_capacity(capsys):
           "--concurrency", "4", "--workload", "uniform"])  # fmt: skip
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| ") and "---" not in r][1:]
     assert [r.split(" | ")[0] for r in rows] == ["| smollm2", "| r1searcher-7b"]
-    assert all(r.split(" | ")[9].endswith("%") for r in rows)  # agent capacity
+    assert all(r.split(" | ")[10].endswith("%") for r in rows)  # agent capacity
