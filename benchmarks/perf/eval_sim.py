@@ -61,19 +61,20 @@ inserts nothing (SmolLM2: every 3rd and 4th search; the 7B: most 3rd and 4th sea
 ``uniform`` over the 7B's real trajectories has no such artefact. The question count defaults to
 HotpotQA dev's (``--data-dir``), else 4 x the largest concurrency.
 
-The engine's capacity for the same work: every turn of every question is sent to the same model
-engine at once (``saturated``), each with the context and prefix-cache hit it has in the agent's
-run, turn order, searches and retrieval time ignored, longest generation first; the engine packs
-them as it packs any request (first come first served within ``--max-running``, ``--kv-tokens``
-and the prefill chunk). A schedule's "capacity used" is its generated tokens/s over that
-replay's. Why that is the engine's capacity in this model: summed over a run, ``b·B`` is b per
-generated token, ``c·ΣC`` depends only on each turn's own context, and ``p·P`` only on the
-prefill tokens, all the same for any schedule of this work; what a schedule changes is the number
-of steps (``a`` each) and the idle time. No schedule takes fewer steps than the longest turn
-generates tokens, nor less than no idle time; so when the replay's step count equals the longest
-turn (it is logged), its time is the least any schedule can take and its tokens/s a true upper
-bound. When the KV cache or ``--max-running`` forces more steps, the replay is the engine's own
-packing of the work, not a proven bound.
+The engine's capacity for the same work, two ways:
+
+- a bound (``least_seconds``): summed over a run, ``b·B`` is b per generated token, ``c·ΣC``
+  depends only on each turn's own context, and ``p·P`` only on the prefill tokens, all the same
+  for any schedule of this work (every turn with the context and prefix-cache hit it has in the
+  agent's run); what a schedule changes is the number of steps (``a`` each) and the idle time.
+  No schedule takes fewer steps than the longest turn generates tokens, than the generated
+  tokens over ``--max-running``, or than the KV a turn holds times its steps, summed, over
+  ``--kv-tokens``; nor less than no idle time. That least time gives an upper bound on
+  generated tokens/s: a schedule's "capacity used" is its tokens/s over it.
+- a replay (``saturated``): every turn of every question sent to the engine at once, turn order,
+  searches and retrieval ignored, longest generation first, packed as the engine packs any
+  request (first come first served within ``--max-running``, ``--kv-tokens`` and the prefill
+  chunk): how close the engine itself comes to the bound with no turn dependencies.
 
     PYTHONPATH=. .venv/bin/python benchmarks/perf/eval_sim.py \\
         --runs runs/demo/eval/research+sft-demo-test --data-dir ../shared/data
@@ -91,6 +92,7 @@ import concurrent.futures
 import heapq
 import json
 import logging
+import math
 import random
 import statistics
 import sys
@@ -457,6 +459,24 @@ def generated_tokens(shapes: list[Shape]) -> int:
     return sum(g for s in shapes for g, _ in s.turns)
 
 
+def least_seconds(shapes: list[Shape], cost: CostModel) -> float:
+    """A lower bound on the simulated seconds any schedule needs for the turns of ``shapes`` on
+    this engine (module docstring): the schedule-independent work, plus ``a`` for each of the
+    fewest steps the longest turn, ``--max-running`` and the KV cache allow, and no idle time."""
+    fixed = 0.0
+    longest = generated = kv_steps = 0
+    for shape in shapes:
+        context = shape.prompt
+        for k, (g, o) in enumerate(shape.turns):
+            new = shape.prompt if k == 0 else sum(shape.turns[k - 1])
+            # its g decode steps see contexts context .. context + g - 1; it holds context + g of KV
+            fixed += cost.b * g + cost.c * (g * context + g * (g - 1) / 2) + cost.p * new
+            longest, generated, kv_steps = max(longest, g), generated + g, kv_steps + (context + g) * g
+            context += g + o
+    steps = max(longest, math.ceil(generated / cost.max_running), math.ceil(kv_steps / cost.kv_tokens))
+    return cost.a * steps + fixed
+
+
 def saturated(shapes: list[Shape], cost: CostModel) -> tuple[float, int]:
     """Simulated seconds and engine steps to serve every turn of ``shapes`` sent at once (module
     docstring): each turn a request with the context and prefill it has in the agent's run (the
@@ -595,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("%d questions per run", n)
     header = (
         "| turns | workload | concurrency | agent q/s | sync q/s | agent/sync | agent gen tok/s | sync gen tok/s "
-        "| saturated gen tok/s | replay steps (longest turn) | agent capacity | sync capacity | agent idle "
+        "| bound gen tok/s | saturated replay gen tok/s | agent capacity | sync capacity | agent idle "
         "| sync idle | agent batch | sync batch |"
     )
     rows = [header, "|" + "---|" * 16]
@@ -615,29 +635,24 @@ def main(argv: list[str] | None = None) -> int:
                 gen,
             )
             seconds, steps = saturated(questions, cost)
-            limit = generated_tokens(questions) / seconds
-            longest = max(g for q in questions for g, _ in q.turns)
+            replay = generated_tokens(questions) / seconds
+            limit = generated_tokens(questions) / least_seconds(questions, cost)
             logger.info(
-                "%s %s: saturated replay %.0f generated tok/s in %d steps; the longest turn generates %d (%s)",
+                "%s %s: bound %.0f generated tok/s; saturated replay %.0f in %d steps",
                 source,
                 workload,
                 limit,
+                replay,
                 steps,
-                longest,
-                "equal: a true upper bound in this model"
-                if steps == longest
-                else "more: the KV cache or --max-running forced them; the engine's packing, not a proven bound",
             )
             for conc in args.concurrency:
                 res = {sched: simulate(questions, sched, conc, cost) for sched in ("agent", "sync")}
                 a, s = res["agent"], res["sync"]
-                logger.info(
-                    "%s %s c=%d: agent %s | sync %s | saturated %.0f tok/s", source, workload, conc, a, s, limit
-                )
+                logger.info("%s %s c=%d: agent %s | sync %s | bound %.0f tok/s", source, workload, conc, a, s, limit)
                 rows.append(
                     f"| {source} | {workload} | {conc} | {a['questions_per_s']:.1f} | {s['questions_per_s']:.1f} | "
                     f"{a['questions_per_s'] / s['questions_per_s']:.2f}x | {a['gen_tokens_per_s']:.0f} | "
-                    f"{s['gen_tokens_per_s']:.0f} | {limit:.0f} | {steps} ({longest}) | "
+                    f"{s['gen_tokens_per_s']:.0f} | {limit:.0f} | {replay:.0f} | "
                     f"{a['gen_tokens_per_s'] / limit:.1%} | {s['gen_tokens_per_s'] / limit:.1%} | "
                     f"{a['idle_frac']:.1%} | {s['idle_frac']:.1%} | {a['mean_batch']:.0f} | {s['mean_batch']:.0f} |"
                 )

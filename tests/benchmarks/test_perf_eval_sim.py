@@ -14,6 +14,7 @@ from benchmarks.perf.eval_sim import (
     CostModel,
     Shape,
     generated_tokens,
+    least_seconds,
     main,
     plan,
     read_shapes,
@@ -80,6 +81,8 @@ def test_the_saturated_replay_of_one_turn_is_the_agent_run_and_sends_every_turn_
     step1 = a + 2 * b + c * (P + (P + G1 + O1)) + p * (P + G1 + O1)
     step2 = a + b + c * (P + 1)
     assert saturated([Shape(P, ((G1, O1), (G2, 0)))], COST) == (pytest.approx(step1 + step2), 2)
+    # where only the longest turn limits the steps, the replay reaches the bound exactly
+    assert least_seconds([Shape(P, ((G1, O1), (G2, 0)))], COST) == pytest.approx(step1 + step2)
     with pytest.raises(RuntimeError, match="does not fit --kv-tokens 100"):
         saturated([Shape(99, ((5, 0),))], CostModel(kv_tokens=100))
 
@@ -92,7 +95,8 @@ def test_the_released_7b_turn_file_loads_and_its_questions_simulate_under_capaci
     assert 80 < generated_tokens(shapes) / sum(len(s.turns) for s in shapes) < 120  # ~99 a turn
     questions = plan(shapes, 24, "uniform", random.Random(0))
     seconds, steps = saturated(questions, CostModel())
-    assert steps == max(g for q in questions for g, _ in q.turns)  # the fewest possible: a true bound
+    assert steps == max(g for q in questions for g, _ in q.turns)  # the fewest possible steps
+    assert seconds == pytest.approx(least_seconds(questions, CostModel()))
     limit = generated_tokens(questions) / seconds
     for schedule in ("agent", "sync"):
         out = simulate(questions, schedule, 8, CostModel())
@@ -115,3 +119,15 @@ def test_the_report_has_a_row_per_turn_source_with_capacity(capsys):
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| ") and "---" not in r][1:]
     assert [r.split(" | ")[0] for r in rows] == ["| smollm2", "| r1searcher-7b"]
     assert all(r.split(" | ")[10].endswith("%") for r in rows)  # agent capacity
+
+
+def test_the_bound_counts_the_steps_the_kv_cache_and_max_running_force():
+    twelve = [Shape(10, ((4, 0),))] * 12  # 12 turns of 4 tokens, each holding 14 tokens of KV
+    a, b, c, p = COST.a, COST.b, COST.c, COST.p
+    fixed = 12 * (b * 4 + c * (4 * 10 + 6) + p * 10)
+    assert least_seconds(twelve, COST) == pytest.approx(4 * a + fixed)  # only the longest turn
+    assert least_seconds(twelve, CostModel(a, b, c, p, max_running=4)) == pytest.approx(12 * a + fixed)
+    assert least_seconds(twelve, CostModel(a, b, c, p, kv_tokens=28)) == pytest.approx(24 * a + fixed)
+    # the engine's own packing cannot beat the bound: 2 sequences at a time, 4 steps each
+    seconds, steps = saturated(twelve, CostModel(a, b, c, p, kv_tokens=28))
+    assert steps == 24 and seconds >= least_seconds(twelve, CostModel(a, b, c, p, kv_tokens=28)) - 1e-12
