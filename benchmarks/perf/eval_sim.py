@@ -4,8 +4,16 @@ engine with the cost model of a continuous-batching GPU server, on a simulated c
 What is real: the agent (``pipelines.search_agent`` built by ``build_method``: prompts, the
 token-level loop, stop handling, searches, the bounded-concurrency scheduler), its retriever call
 (an in-memory retriever), and the turn structure of the questions: how many turns each takes
-and how many tokens each turn generates and each observation inserts, read from real
-trajectories (``trajectories.jsonl`` of run directories given on the command line).
+and how many tokens each turn generates and each observation inserts. Two sources (``--turns``):
+
+- ``smollm2``: real trajectories of this harness (``trajectories.jsonl`` of run directories given
+  with ``--runs``; the demo's SmolLM2-135M runs: short turns, ~44 generated tokens);
+- ``r1searcher-7b``: a released 7B search agent's own evaluation outputs: R1-Searcher's
+  Qwen-2.5-7B-Base RL model on its 500-question HotpotQA dev subset (RUCAIBox/R1-Searcher,
+  ``data/eval_results/hotpotqa_qwen.jsonl``, which keeps every generated turn and the inserted
+  documents), cut into turns and counted in Qwen2.5 tokens: ``eval_sim_r1searcher7b_hotpotqa.json``
+  beside this script, whose header names the commit and says how it was derived (1 to 5 turns,
+  ~99 generated tokens a turn, ~576 tokens of documents after each search).
 
 What is a MODEL, not a measurement: the engine. ``SimEngine`` runs continuous batching on an
 event clock (no sleeping: a run of thousands of questions takes seconds of wall time):
@@ -43,17 +51,37 @@ Two schedules over the same agent code:
   for all), and the next wave starts when the wave is done. The barrier is applied by the
   stand-in engine; the agent code is the same.
 
-Workloads: ``uniform``: each question replays one real trajectory's turns (the demo's
-research+sft run: 3 turns each). ``mixed``: each question makes 0 to 4 searches (uniformly, mean
-2, as in the issue's "0 to 4 searches"), each turn's generated and observation lengths drawn from
-the real trajectories' turns at that position (the last position for later turns). The question
-count defaults to HotpotQA dev's (``--data-dir``), else 4 x the largest concurrency.
+Workloads: ``uniform``: each question replays one real trajectory's turns as they are (the demo's
+research+sft run: 3 turns each; the 7B run: 1 to 5). ``mixed``: each question makes 0 to 4
+searches (uniformly, mean 2, as in the issue's "0 to 4 searches"), each turn's generated and
+observation lengths drawn from the real trajectories' turns at that position, search and answer
+turns alike (the last position for later turns; the answer turn's observation set to 0). So a
+search turn past the positions where real searches happen gets an answer turn's length and
+inserts nothing (SmolLM2: every 3rd and 4th search; the 7B: most 3rd and 4th searches):
+``uniform`` over the 7B's real trajectories has no such artefact. The question count defaults to
+HotpotQA dev's (``--data-dir``), else 4 x the largest concurrency.
+
+The engine's capacity for the same work, two ways:
+
+- a bound (``least_seconds``): summed over a run, ``b·B`` is b per generated token, ``c·ΣC``
+  depends only on each turn's own context, and ``p·P`` only on the prefill tokens, all the same
+  for any schedule of this work (every turn with the context and prefix-cache hit it has in the
+  agent's run); what a schedule changes is the number of steps (``a`` each) and the idle time.
+  No schedule takes fewer steps than the longest turn generates tokens, than the generated
+  tokens over ``--max-running``, or than the KV a turn holds times its steps, summed, over
+  ``--kv-tokens``; nor less than no idle time. That least time gives an upper bound on
+  generated tokens/s: a schedule's "capacity used" is its tokens/s over it.
+- a replay (``saturated``): every turn of every question sent to the engine at once, turn order,
+  searches and retrieval ignored, longest generation first, packed as the engine packs any
+  request (first come first served within ``--max-running``, ``--kv-tokens`` and the prefill
+  chunk): how close the engine itself comes to the bound with no turn dependencies.
 
     PYTHONPATH=. .venv/bin/python benchmarks/perf/eval_sim.py \\
         --runs runs/demo/eval/research+sft-demo-test --data-dir ../shared/data
 
-prints, per workload and concurrency, questions/s and the engine's idle fraction for both
-schedules (medians are not needed: the simulation is deterministic for a seed).
+prints, per turn source, workload and concurrency, questions/s, generated tokens/s, capacity
+used and the engine's idle fraction for both schedules (medians are not needed: the simulation
+is deterministic for a seed).
 """
 
 from __future__ import annotations
@@ -62,7 +90,9 @@ import argparse
 import asyncio
 import concurrent.futures
 import heapq
+import json
 import logging
+import math
 import random
 import statistics
 import sys
@@ -79,6 +109,8 @@ from harness.types import Doc, Example
 logger = logging.getLogger("eval_sim")
 
 DEFAULT_RUNS = ("runs/demo/eval/research+sft-demo-test", "tests/fixtures/runs/research-demo-test")
+R1SEARCHER_7B = Path(__file__).resolve().with_name("eval_sim_r1searcher7b_hotpotqa.json")
+TURN_SOURCES = ("smollm2", "r1searcher-7b")
 
 
 # ---- the workload --------------------------------------------------------------------------
@@ -112,6 +144,33 @@ def read_shapes(run_dirs: list[Path]) -> list[Shape]:
                 shapes.append(Shape(prompt, tuple((g, o) for g, o in turns)))
     if not shapes:
         raise ValueError(f"no usable trajectories in {', '.join(map(str, run_dirs))}")
+    return shapes
+
+
+def read_turn_file(path: Path) -> list[Shape]:
+    """The shapes of a turn file like ``eval_sim_r1searcher7b_hotpotqa.json``: its ``questions``
+    are ``[prompt tokens, [[generated, observation after], ...]]``, the last turn observing nothing."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        questions = data["questions"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a turn file with a 'questions' list ({e})") from e
+    shapes = []
+    for i, q in enumerate(questions):
+        try:
+            prompt, turns = q
+            turns = tuple((int(g), int(o)) for g, o in turns)
+            ok = int(prompt) > 0 and turns and all(g > 0 and o >= 0 for g, o in turns) and turns[-1][1] == 0
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"{path}: question {i} is {q!r}; want [prompt > 0, [[generated > 0, observation >= 0], ...]] "
+                "with an answer turn (observation 0) last"
+            )
+        shapes.append(Shape(int(prompt), turns))
+    if not shapes:
+        raise ValueError(f"{path}: no questions")
     return shapes
 
 
@@ -161,7 +220,7 @@ class _Seq:
     finish_step: int
     order: int
     item: _Item = field(compare=False)
-    future: asyncio.Future = field(compare=False)
+    future: asyncio.Future | None = field(compare=False)  # None in the saturated replay (no agent)
     context: int = field(compare=False, default=0)
     gen: int = field(compare=False, default=0)
 
@@ -185,7 +244,8 @@ class SimEngine(BackendBase):
         self.busy = 0.0  # simulated seconds with at least one sequence running
         self.steps = 0
         self.batch_sum = 0
-        self.arrived: list[tuple[float, int, _Item, asyncio.Future]] = []  # heap of (ready at, order, item, future)
+        # heap of (ready at, order, item, future)
+        self.arrived: list[tuple[float, int, _Item, asyncio.Future | None]] = []
         self.running: list[_Seq] = []  # heap by finish step
         self.ctx_total = 0
         self.kv_used = 0
@@ -312,6 +372,10 @@ class SimEngine(BackendBase):
             # Idle: nothing to run until the next request is ready.
             if not self.arrived:
                 raise RuntimeError("simulation stalled: no request to serve and questions left")
+            if self.arrived[0][0] <= self.now:  # ready, yet it did not fit an empty engine
+                item = self.arrived[0][2]
+                need = item.context + item.shape.turns[item.turn][0]
+                raise RuntimeError(f"a request of {need} tokens does not fit --kv-tokens {c.kv_tokens}")
             self.now = max(self.now, self.arrived[0][0])
             return
         B = len(self.running)
@@ -331,7 +395,8 @@ class SimEngine(BackendBase):
             item.done_at = self.now
             item.ended = item.turn >= len(item.shape.turns)
             self.expect += 1  # the item will send its next turn, or end
-            seq.future.set_result(None)
+            if seq.future is not None:
+                seq.future.set_result(None)
         self.steps += 1
 
 
@@ -343,7 +408,14 @@ def simulate(shapes: list[Shape], schedule: str, concurrency: int, cost: CostMod
     tok = _Bytes()
     examples = [Example(f"q{i}", f"Which town is number {i}?", ("x",)) for i in range(len(shapes))]
     retriever = InMemoryRetriever([Doc("d1", "Town", "A town.")])
-    opts = {"max_concurrency": concurrency, "max_turns": 4, "max_total_tokens": 1 << 20, "topk": 1, "chat": False}
+    searches = max(len(s.turns) for s in shapes) - 1
+    opts = {
+        "max_concurrency": concurrency,
+        "max_turns": max(4, searches),  # searches allowed: the plan's longest question must fit
+        "max_total_tokens": 1 << 20,
+        "topk": 1,
+        "chat": False,
+    }
     probe = build_method("search_r1", _Probe(), retriever, dict(opts))
     prompts = {
         tuple(probe.dialect.prompt_ids(tok, ex.question, chat=False, few_shot=False)): s
@@ -374,11 +446,54 @@ def simulate(shapes: list[Shape], schedule: str, concurrency: int, cost: CostMod
         raise RuntimeError(f"the agent took {turns_done} turns, the plan has {planned}")
     return {
         "questions_per_s": len(shapes) / engine.now,
+        "gen_tokens_per_s": generated_tokens(shapes) / engine.now,
         "idle_frac": 1 - engine.busy / engine.now,
         "mean_batch": engine.batch_sum / max(engine.steps, 1),
         "sim_s": engine.now,
         "wall_s": time.perf_counter() - t0,
     }
+
+
+def generated_tokens(shapes: list[Shape]) -> int:
+    """The tokens the model generates over all turns of ``shapes``."""
+    return sum(g for s in shapes for g, _ in s.turns)
+
+
+def least_seconds(shapes: list[Shape], cost: CostModel) -> float:
+    """A lower bound on the simulated seconds any schedule needs for the turns of ``shapes`` on
+    this engine (module docstring): the schedule-independent work, plus ``a`` for each of the
+    fewest steps the longest turn, ``--max-running`` and the KV cache allow, and no idle time."""
+    fixed = 0.0
+    longest = generated = kv_steps = 0
+    for shape in shapes:
+        context = shape.prompt
+        for k, (g, o) in enumerate(shape.turns):
+            new = shape.prompt if k == 0 else sum(shape.turns[k - 1])
+            # its g decode steps see contexts context .. context + g - 1; it holds context + g of KV
+            fixed += cost.b * g + cost.c * (g * context + g * (g - 1) / 2) + cost.p * new
+            longest, generated, kv_steps = max(longest, g), generated + g, kv_steps + (context + g) * g
+            context += g + o
+    steps = max(longest, math.ceil(generated / cost.max_running), math.ceil(kv_steps / cost.kv_tokens))
+    return cost.a * steps + fixed
+
+
+def saturated(shapes: list[Shape], cost: CostModel) -> tuple[float, int]:
+    """Simulated seconds and engine steps to serve every turn of ``shapes`` sent at once (module
+    docstring): each turn a request with the context and prefill it has in the agent's run (the
+    prefix cached, only the new tokens prefilled), turn order, searches and retrieval ignored,
+    queued longest generation first (so the longest turn starts in the first step)."""
+    engine = SimEngine(cost, "agent", 1, {})
+    requests = []
+    for index, shape in enumerate(shapes):
+        context = shape.prompt
+        for k, (g, o) in enumerate(shape.turns):
+            requests.append((-g, len(requests), _Item(shape, index, turn=k, context=context)))
+            context += g + o
+    for _, _, item in sorted(requests, key=lambda r: r[:2]):
+        heapq.heappush(engine.arrived, (0.0, engine._next(), item, None))
+    while engine.arrived or engine.running:
+        engine._step()
+    return engine.now, engine.steps
 
 
 class _Bytes:
@@ -458,9 +573,27 @@ def run_dirs(ap: argparse.ArgumentParser, given: list[Path] | None) -> list[Path
     return runs
 
 
+def turn_shapes(source: str, ap: argparse.ArgumentParser, runs: list[Path] | None) -> tuple[list[Shape], str]:
+    """The real turn shapes of a ``--turns`` source, and where they come from (for the log)."""
+    if source == "smollm2":
+        dirs = run_dirs(ap, runs)
+        return read_shapes(dirs), ", ".join(map(str, dirs))
+    if source == "r1searcher-7b":
+        return read_turn_file(R1SEARCHER_7B), str(R1SEARCHER_7B.name)
+    raise ValueError(f"unknown turn source {source!r}; known: {', '.join(TURN_SOURCES)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--turns",
+        nargs="+",
+        choices=TURN_SOURCES,
+        default=list(TURN_SOURCES),
+        help="where the turn counts and lengths come from: this harness's SmolLM2 runs (--runs), "
+        "or R1-Searcher's released 7B model's HotpotQA outputs (default: both)",
     )
     ap.add_argument(
         "--runs", nargs="*", type=Path, help=f"run directories (default: the first of {DEFAULT_RUNS} present)"
@@ -476,36 +609,53 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    runs = run_dirs(ap, args.runs)
-    shapes = read_shapes(runs)
     cost = cost_from_args(args)
     n = args.questions or question_count(args.data_dir) or 4 * max(args.concurrency)
     logger.info("THE ENGINE IS A MODEL (see the docstring): %s", cost)
-    logger.info(
-        "turn shapes from %d real trajectories in %s: %s",
-        len(shapes),
-        ", ".join(map(str, runs)),
-        turn_histogram(shapes),
-    )
     logger.info("%d questions per run", n)
     header = (
-        "| workload | concurrency | agent q/s | sync q/s | agent/sync | agent idle | sync idle "
-        "| agent batch | sync batch |"
+        "| turns | workload | concurrency | agent q/s | sync q/s | agent/sync | agent gen tok/s | sync gen tok/s "
+        "| bound gen tok/s | saturated replay gen tok/s | agent capacity | sync capacity | agent idle "
+        "| sync idle | agent batch | sync batch |"
     )
-    rows = [header, "|" + "---|" * 9]
-    for workload in args.workload:
-        questions = plan(shapes, n, workload, random.Random(args.seed))
-        gen = statistics.mean(g for s in questions for g, _ in s.turns)
-        logger.info("%s: %s; %.0f generated tokens per turn on average", workload, turn_histogram(questions), gen)
-        for conc in args.concurrency:
-            res = {sched: simulate(questions, sched, conc, cost) for sched in ("agent", "sync")}
-            a, s = res["agent"], res["sync"]
-            logger.info("%s c=%d: agent %s | sync %s", workload, conc, a, s)
-            rows.append(
-                f"| {workload} | {conc} | {a['questions_per_s']:.1f} | {s['questions_per_s']:.1f} | "
-                f"{a['questions_per_s'] / s['questions_per_s']:.2f}x | {a['idle_frac']:.1%} | {s['idle_frac']:.1%} | "
-                f"{a['mean_batch']:.0f} | {s['mean_batch']:.0f} |"
+    rows = [header, "|" + "---|" * 16]
+    for source in args.turns:
+        shapes, origin = turn_shapes(source, ap, args.runs)
+        logger.info(
+            "%s: turn shapes of %d real trajectories in %s: %s", source, len(shapes), origin, turn_histogram(shapes)
+        )
+        for workload in args.workload:
+            questions = plan(shapes, n, workload, random.Random(args.seed))
+            gen = statistics.mean(g for s in questions for g, _ in s.turns)
+            logger.info(
+                "%s %s: %s; %.0f generated tokens per turn on average",
+                source,
+                workload,
+                turn_histogram(questions),
+                gen,
             )
+            seconds, steps = saturated(questions, cost)
+            replay = generated_tokens(questions) / seconds
+            limit = generated_tokens(questions) / least_seconds(questions, cost)
+            logger.info(
+                "%s %s: bound %.0f generated tok/s; saturated replay %.0f in %d steps",
+                source,
+                workload,
+                limit,
+                replay,
+                steps,
+            )
+            for conc in args.concurrency:
+                res = {sched: simulate(questions, sched, conc, cost) for sched in ("agent", "sync")}
+                a, s = res["agent"], res["sync"]
+                logger.info("%s %s c=%d: agent %s | sync %s | bound %.0f tok/s", source, workload, conc, a, s, limit)
+                rows.append(
+                    f"| {source} | {workload} | {conc} | {a['questions_per_s']:.1f} | {s['questions_per_s']:.1f} | "
+                    f"{a['questions_per_s'] / s['questions_per_s']:.2f}x | {a['gen_tokens_per_s']:.0f} | "
+                    f"{s['gen_tokens_per_s']:.0f} | {limit:.0f} | {replay:.0f} | "
+                    f"{a['gen_tokens_per_s'] / limit:.1%} | {s['gen_tokens_per_s'] / limit:.1%} | "
+                    f"{a['idle_frac']:.1%} | {s['idle_frac']:.1%} | {a['mean_batch']:.0f} | {s['mean_batch']:.0f} |"
+                )
     print("\n".join(rows))
     return 0
 
