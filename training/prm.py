@@ -40,6 +40,7 @@ from training.checkpoint import resume_checkpoint, save_and_prune, write_safeten
 from training.config import TrainConfig
 from training.divergence import NonFiniteGuard, check_finite, poisoned, update_applied
 from training.engine import ValueHead, build_model, initialize, optimizer_step, rank_and_world, unwrap
+from training.epochs import EpochSampler
 from training.logging_utils import MetricsLog, ProgressBar, open_run_records
 
 logger = logging.getLogger(__name__)
@@ -211,8 +212,6 @@ class PRMTrainer:
 
             model = lora_critic(model, cfg.model.lora)
         self.engine = initialize(model, cfg.optim, cfg.optim.lr, p.batch_size, max_steps=cfg.trainer.max_steps)
-        from training.sft import EpochSampler
-
         self.sampler = EpochSampler(len(items), cfg.trainer.seed, True)
         self.step_no = 0
         self.log: MetricsLog | None = None  # opened by the first step (open_run_records)
