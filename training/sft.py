@@ -20,7 +20,7 @@ import torch
 
 from harness.types import Trajectory
 from training.batch import Batch, collate
-from training.checkpoint import export_hf, resume_checkpoint, save_and_prune
+from training.checkpoint import export_hf, restore_position, resume_checkpoint, save_position
 from training.config import TrainConfig
 from training.divergence import NonFiniteGuard, poisoned, update_applied
 from training.engine import build_model, initialize, optimizer_step, rank_and_world
@@ -173,23 +173,12 @@ class SFTTrainer:
 
     def save(self) -> Path:
         """A checkpoint of this step; keeps this run's newest ``trainer.keep_checkpoints`` (as RL)."""
-        state = {"sampler": self.sampler.state(), "kind": "sft", "run_id": self.run_id, "nonfinite": self.guard.state()}
-        return save_and_prune(
-            self.out / "checkpoints",
-            self.step_no,
-            self.policy,
-            state,
-            self.cfg.trainer.keep_checkpoints,
-            tokenizer=self.tokenizer,
-        )
+        return save_position(self, self.policy, "sft", tokenizer=self.tokenizer)
 
     def resume(self, run_dir: Path) -> None:
         """Continue from the newest intact checkpoint; the log drops the steps that run again."""
         ckpt, state = resume_checkpoint(run_dir, self.policy)
-        self.step_no = self._resumed = state["step"]
-        self.run_id = state.get("run_id", self.run_id)  # the same run, continued
-        self.sampler.load(state["sampler"])
-        self.guard.load(state.get("nonfinite"))
+        restore_position(self, state)
         logger.info("resumed SFT from %s at step %d", ckpt, self.step_no)
 
     def close(self) -> None:
