@@ -113,10 +113,8 @@ class OpenAIBackend(VLLMWeightSync, HTTPBackendBase):
                 matched = next((s for s in params.stop if text.endswith(s)), None)
             if isinstance(matched, str) and not text.endswith(matched):
                 text += matched  # the server trimmed it
-        elif fr == "length":
-            reason, matched = "length", None
-        elif fr == "abort":
-            reason, matched = "abort", None
+        elif fr in ("length", "abort"):  # cut short: no stop matched
+            reason, matched = fr, None
         else:
             raise BackendError(f"unexpected finish_reason {fr!r}")
         ids = choice.get("token_ids")

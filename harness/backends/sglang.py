@@ -198,10 +198,8 @@ class SGLangBackend(HTTPBackendBase):
                 ids += self.tokenizer.encode(matched, add_special_tokens=False)
             elif isinstance(matched, int) and (not ids or ids[-1] != matched):
                 ids.append(matched)  # 0.5.23 keeps the EOS / stop token in output_ids; older may not
-        elif kind == "length":
-            reason, matched = "length", None
-        elif kind == "abort":
-            reason, matched = "abort", None
+        elif kind in ("length", "abort"):  # cut short: no stop matched
+            reason, matched = kind, None
         else:
             raise BackendError(f"unexpected SGLang finish_reason {fr!r}")
         logprobs = None
