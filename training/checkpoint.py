@@ -310,9 +310,9 @@ def save_position(trainer: Any, engine: Any, kind: str, tokenizer: Any = None) -
 
 
 def restore_position(trainer: Any, state: dict[str, Any]) -> None:
-    """Put ``trainer`` back where a checkpoint's ``state`` left it: its step (``step_no``, and
-    ``_resumed``, from which its log drops the steps that run again), the run id (the same run,
-    continued), the data position and the non-finite guard."""
+    """Put a trainer (RL, SFT, PRM) back where a checkpoint's ``state`` left it: its step
+    (``step_no``, and ``_resumed``, from which its log drops the steps that run again), the run
+    id (the same run, continued), the data position and the non-finite guard."""
     trainer.step_no = trainer._resumed = state["step"]
     trainer.run_id = state.get("run_id", trainer.run_id)
     trainer.sampler.load(state["sampler"])
