@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.run_records import ItemScore, RunManifest, RunResults
+from harness.run_records import RESULTS_FROM_MANIFEST, ItemScore, RunManifest, RunResults
 from harness.runlock import run_lock
 from harness.runlog import RunDir
 from harness.types import Example, Trajectory
@@ -128,13 +128,7 @@ def aggregate(
     everything, scores = scores, scored_items(scores)
     lat = [s.wall_time_s for s in scores if s.wall_time_s is not None]
     return RunResults(
-        method=manifest.method,
-        dataset=manifest.dataset,
-        split=manifest.split,
-        model=manifest.model,
-        backend=manifest.backend,
-        retriever=manifest.retriever,
-        topk=manifest.topk,
+        **{k: getattr(manifest, k) for k in RESULTS_FROM_MANIFEST},
         n=len(scores),
         n_total=manifest.n_total,
         complete=len(scores) >= manifest.n_total,

@@ -139,6 +139,11 @@ class ItemScore:
         return out
 
 
+#: What a run's results repeat from its manifest (same names), so that ``results.json`` says
+#: what it measured.
+RESULTS_FROM_MANIFEST = ("method", "dataset", "split", "model", "backend", "retriever", "topk")
+
+
 @dataclass
 class RunResults:
     """``results.json``: the aggregate of a run's scores (rewritten whenever the run ends).

@@ -132,6 +132,21 @@ class SearchRecord:
         return d
 
     @classmethod
+    def from_docs(
+        cls, turn: int, query: str, docs: list[Doc], latency_s: float, sample: dict[str, Any] | None = None
+    ) -> SearchRecord:
+        """The record of one query that returned ``docs`` (their ids and scores, as floats)."""
+        return cls(
+            turn=turn,
+            query=query,
+            doc_ids=[doc.id for doc in docs],
+            scores=[float(doc.score) for doc in docs],
+            latency_s=latency_s,
+            docs=list(docs),
+            sample=sample,
+        )
+
+    @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SearchRecord:
         return cls(
             turn=d["turn"],

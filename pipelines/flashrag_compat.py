@@ -256,16 +256,7 @@ class FlashRAGRetriever:
         turn = self._local.turn
         self._local.turn += 1
         for q, docs in zip(queries, results, strict=True):
-            calls.append(
-                SearchRecord(
-                    turn=turn,
-                    query=q,
-                    doc_ids=[d.id for d in docs],
-                    scores=[float(d.score) for d in docs],
-                    latency_s=latency / len(queries),
-                    docs=list(docs),
-                )
-            )
+            calls.append(SearchRecord.from_docs(turn, q, docs, latency / len(queries)))
 
     def search(self, query: str, num: int | None = None, return_score: bool = False, **_: Any):
         out = self.batch_search([query], num=num, return_score=return_score)

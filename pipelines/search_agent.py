@@ -431,17 +431,7 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
         if c.max_query_doc_tokens is not None:
             capped = [cap_doc_list(self.tokenizer, docs, c.max_query_doc_tokens) for docs in capped]
         for q, docs, sample in zip(queries, capped, samples, strict=True):
-            traj.searches.append(
-                SearchRecord(
-                    turn=turn,
-                    query=q,
-                    doc_ids=[doc.id for doc in docs],
-                    scores=[float(doc.score) for doc in docs],
-                    latency_s=latency / len(queries),
-                    docs=docs,
-                    sample=sample,
-                )
-            )
+            traj.searches.append(SearchRecord.from_docs(turn, q, docs, latency / len(queries), sample))
         return self.dialect.observation_text(queries, capped)
 
 

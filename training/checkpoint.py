@@ -294,6 +294,31 @@ def resume_checkpoint(run_dir: str | Path, policy: Any, critic: Any = None) -> t
     return ckpt, load_checkpoint(ckpt, policy, critic)
 
 
+def save_position(trainer: Any, engine: Any, kind: str, tokenizer: Any = None) -> Path:
+    """An SFT or PRM trainer's checkpoint of this step (:func:`save_and_prune` into
+    ``trainer.out/checkpoints``, keeping ``cfg.trainer.keep_checkpoints``): ``engine``'s weights
+    and, as trainer state, its ``kind``, the run id, the data position (``trainer.sampler``) and
+    the non-finite guard's count; :func:`restore_position` reads that state back."""
+    state = {
+        "sampler": trainer.sampler.state(),
+        "kind": kind,
+        "run_id": trainer.run_id,
+        "nonfinite": trainer.guard.state(),
+    }
+    keep = trainer.cfg.trainer.keep_checkpoints
+    return save_and_prune(trainer.out / "checkpoints", trainer.step_no, engine, state, keep, tokenizer=tokenizer)
+
+
+def restore_position(trainer: Any, state: dict[str, Any]) -> None:
+    """Put a trainer (RL, SFT, PRM) back where a checkpoint's ``state`` left it: its step
+    (``step_no``, and ``_resumed``, from which its log drops the steps that run again), the run
+    id (the same run, continued), the data position and the non-finite guard."""
+    trainer.step_no = trainer._resumed = state["step"]
+    trainer.run_id = state.get("run_id", trainer.run_id)
+    trainer.sampler.load(state["sampler"])
+    trainer.guard.load(state.get("nonfinite"))
+
+
 def _state_of(ckpt: Path) -> dict[str, Any]:
     """:func:`read_state`, or {} when unreadable (pruning goes on). Checkpoints written before run
     ids or interim flags lack those keys: no run id, and regular."""

@@ -36,10 +36,11 @@ import torch.nn.functional as F
 
 from harness.registry import Registry
 from harness.textfiles import read_jsonl
-from training.checkpoint import resume_checkpoint, save_and_prune, write_safetensors
+from training.checkpoint import restore_position, resume_checkpoint, save_position, write_safetensors
 from training.config import TrainConfig
 from training.divergence import NonFiniteGuard, check_finite, poisoned, update_applied
 from training.engine import ValueHead, build_model, initialize, optimizer_step, rank_and_world, unwrap
+from training.epochs import EpochSampler
 from training.logging_utils import MetricsLog, ProgressBar, open_run_records
 
 logger = logging.getLogger(__name__)
@@ -211,8 +212,6 @@ class PRMTrainer:
 
             model = lora_critic(model, cfg.model.lora)
         self.engine = initialize(model, cfg.optim, cfg.optim.lr, p.batch_size, max_steps=cfg.trainer.max_steps)
-        from training.sft import EpochSampler
-
         self.sampler = EpochSampler(len(items), cfg.trainer.seed, True)
         self.step_no = 0
         self.log: MetricsLog | None = None  # opened by the first step (open_run_records)
@@ -292,10 +291,7 @@ class PRMTrainer:
 
     def save(self) -> Path:
         """A checkpoint of this step; keeps this run's newest ``trainer.keep_checkpoints`` (as RL)."""
-        state = {"sampler": self.sampler.state(), "kind": "prm", "run_id": self.run_id, "nonfinite": self.guard.state()}
-        return save_and_prune(
-            self.out / "checkpoints", self.step_no, self.engine, state, self.cfg.trainer.keep_checkpoints
-        )
+        return save_position(self, self.engine, "prm")
 
     @torch.no_grad()
     def pair_accuracy(self, pairs: list[PairExample]) -> float:
@@ -312,10 +308,7 @@ class PRMTrainer:
     def resume(self, run_dir: Path) -> None:
         """Continue from the newest intact checkpoint; the log drops the steps that run again."""
         _, state = resume_checkpoint(run_dir, self.engine)
-        self.step_no = self._resumed = state["step"]
-        self.run_id = state.get("run_id", self.run_id)  # the same run, continued
-        self.sampler.load(state["sampler"])
-        self.guard.load(state.get("nonfinite"))
+        restore_position(self, state)
 
     def close(self) -> None:
         """Nothing runs in the background of this trainer: nothing to stop."""

@@ -15,48 +15,39 @@ needs on top:
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Any
 
 from harness.backends.base import SamplingParams, run_sync
 from harness.types import Example, Trajectory
 from pipelines.concurrency import run_bounded
+from training.epochs import EpochSampler
 
 
 class PromptSampler:
-    """Deterministic epochs over the examples (reshuffled per epoch); its position is checkpointed."""
+    """Deterministic epochs over the examples (reshuffled per epoch: :class:`~training.epochs.EpochSampler`);
+    its position is checkpointed."""
 
     def __init__(self, examples: list[Example], seed: int = 0, shuffle: bool = True) -> None:
         if not examples:
             raise ValueError("no training examples")
-        self.examples, self.seed, self.shuffle = examples, seed, shuffle
-        self.epoch, self.index = 0, 0
-        self._order = self._permutation()
+        self.examples = examples
+        self._indices = EpochSampler(len(examples), seed, shuffle)
 
-    def _permutation(self) -> list[int]:
-        order = list(range(len(self.examples)))
-        if self.shuffle:
-            random.Random(self.seed + self.epoch).shuffle(order)
-        return order
+    @property
+    def epoch(self) -> int:
+        return self._indices.epoch
 
     def next(self, n: int) -> list[Example]:
         """The next ``n`` examples, running into the next epoch when this one ends."""
-        out = []
-        while len(out) < n:
-            if self.index >= len(self._order):
-                self.epoch, self.index = self.epoch + 1, 0
-                self._order = self._permutation()
-            out.append(self.examples[self._order[self.index]])
-            self.index += 1
-        return out
+        return [self.examples[i] for i in self._indices.next(n)]
 
     def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "index": self.index}
+        # RL checkpoints have always named the position "index" (the SFT and PRM trainers' "pos").
+        return {"epoch": self._indices.epoch, "index": self._indices.pos}
 
     def load(self, state: dict[str, int]) -> None:
-        self.epoch, self.index = state["epoch"], state["index"]
-        self._order = self._permutation()
+        self._indices.load({"epoch": state["epoch"], "pos": state["index"]})
 
 
 @dataclass

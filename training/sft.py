@@ -11,7 +11,6 @@ step; the loss is the token mean of the negative log-likelihood over the step's 
 from __future__ import annotations
 
 import logging
-import random
 import time
 import uuid
 from pathlib import Path
@@ -21,10 +20,11 @@ import torch
 
 from harness.types import Trajectory
 from training.batch import Batch, collate
-from training.checkpoint import export_hf, resume_checkpoint, save_and_prune
+from training.checkpoint import export_hf, restore_position, resume_checkpoint, save_position
 from training.config import TrainConfig
 from training.divergence import NonFiniteGuard, poisoned, update_applied
 from training.engine import build_model, initialize, optimizer_step, rank_and_world
+from training.epochs import EpochSampler
 from training.logging_utils import MetricsLog, ProgressBar, open_run_records
 from training.logprobs import window_token_stats
 from training.sft_data import load_sources
@@ -42,39 +42,6 @@ def sft_tokenizer(cfg: TrainConfig) -> Any:
     from harness.models import load_tokenizer
 
     return load_tokenizer(cfg.model.path)
-
-
-class EpochSampler:
-    """Batches of trajectory indices, reshuffled each epoch; its position is checkpointed."""
-
-    def __init__(self, n: int, seed: int, shuffle: bool) -> None:
-        self.n, self.seed, self.shuffle = n, seed, shuffle
-        self.epoch, self.pos = 0, 0
-        self.order = self._order()
-
-    def _order(self) -> list[int]:
-        idx = list(range(self.n))
-        if self.shuffle:
-            random.Random(self.seed + self.epoch).shuffle(idx)
-        return idx
-
-    def next(self, k: int) -> list[int]:
-        out: list[int] = []
-        while len(out) < k:
-            if self.pos >= self.n:
-                self.epoch, self.pos = self.epoch + 1, 0
-                self.order = self._order()
-            take = self.order[self.pos : self.pos + k - len(out)]
-            out += take
-            self.pos += len(take)
-        return out
-
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "pos": self.pos}
-
-    def load(self, s: dict[str, int]) -> None:
-        self.epoch, self.pos = s["epoch"], s["pos"]
-        self.order = self._order()
 
 
 class SFTTrainer:
@@ -206,23 +173,12 @@ class SFTTrainer:
 
     def save(self) -> Path:
         """A checkpoint of this step; keeps this run's newest ``trainer.keep_checkpoints`` (as RL)."""
-        state = {"sampler": self.sampler.state(), "kind": "sft", "run_id": self.run_id, "nonfinite": self.guard.state()}
-        return save_and_prune(
-            self.out / "checkpoints",
-            self.step_no,
-            self.policy,
-            state,
-            self.cfg.trainer.keep_checkpoints,
-            tokenizer=self.tokenizer,
-        )
+        return save_position(self, self.policy, "sft", tokenizer=self.tokenizer)
 
     def resume(self, run_dir: Path) -> None:
         """Continue from the newest intact checkpoint; the log drops the steps that run again."""
         ckpt, state = resume_checkpoint(run_dir, self.policy)
-        self.step_no = self._resumed = state["step"]
-        self.run_id = state.get("run_id", self.run_id)  # the same run, continued
-        self.sampler.load(state["sampler"])
-        self.guard.load(state.get("nonfinite"))
+        restore_position(self, state)
         logger.info("resumed SFT from %s at step %d", ckpt, self.step_no)
 
     def close(self) -> None:

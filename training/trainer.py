@@ -40,7 +40,7 @@ from training import losses
 from training.advantages import ADVANTAGES
 from training.async_rollout import AsyncRollouts
 from training.batch import collate
-from training.checkpoint import export_hf, resume_checkpoint, save_and_prune
+from training.checkpoint import export_hf, restore_position, resume_checkpoint, save_and_prune
 from training.config import TrainConfig, check_ranks, mini_batch_rows, updates_per_training_step
 from training.dist_sync import DistributedWeightSync
 from training.divergence import NonFiniteGuard
@@ -468,11 +468,8 @@ class RLTrainer(RLUpdate):
         """Continue from the newest checkpoint: weights, optimizer, scheduler, RNG, data position, step."""
         # The steps after the checkpoint run again: the log drops them when it opens, to log them once.
         ckpt, state = resume_checkpoint(run_dir, self.policy, self.critic)
-        self.step_no = self._resumed = state["step"]
-        self.run_id = state.get("run_id", self.run_id)  # the same run, continued
+        restore_position(self, state)
         self._saved_step, self._saved_at = self.step_no, time.monotonic()
-        self.sampler.load(state["sampler"])
-        self.guard.load(state.get("nonfinite"))
         self.sync()  # the backend serves the restored policy (the checkpoint loaded: the run has started)
         logger.info("resumed from %s at step %d", ckpt, self.step_no)
 

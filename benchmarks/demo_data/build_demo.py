@@ -246,49 +246,43 @@ def build_v1(w: World) -> tuple[list[dict], list[dict], list[dict]]:
             }
         )
 
-    for inv in inventions[:8]:
+    # The five question templates: (question, answer, supporting passages) of one entity or pair.
+    def inventor_town(inv: dict) -> tuple[str, str, list[tuple[str, str]]]:
         person = person_by[inv["inventor"]]
-        q(
-            f"In which town was the inventor of the {inv['name']} born?",
-            person["town"],
-            [("invention", inv["name"]), ("person", person["name"])],
-            "bridge",
-        )
-    for comp in companies[:8]:
-        q(
-            f"On which river lies the town where {comp['name']} was founded?",
-            town_by[comp["town"]]["river"],
-            [("company", comp["name"]), ("town", comp["town"])],
-            "bridge",
-        )
-    for prod in products[:8]:
+        support = [("invention", inv["name"]), ("person", person["name"])]
+        return f"In which town was the inventor of the {inv['name']} born?", person["town"], support
+
+    def company_river(comp: dict) -> tuple[str, str, list[tuple[str, str]]]:
+        river, support = town_by[comp["town"]]["river"], [("company", comp["name"]), ("town", comp["town"])]
+        return f"On which river lies the town where {comp['name']} was founded?", river, support
+
+    def product_founder(prod: dict) -> tuple[str, str, list[tuple[str, str]]]:
         comp = next(c for c in companies if c["name"] == prod["company"])
-        q(
-            f"Who founded the company that makes the {prod['name']}?",
-            comp["founder"],
-            [("product", prod["name"]), ("company", comp["name"])],
-            "bridge",
-        )
-    pairs = [(towns[i], towns[i + 1]) for i in range(20, 36, 2)]
-    for a, b in pairs:
+        support = [("product", prod["name"]), ("company", comp["name"])]
+        return f"Who founded the company that makes the {prod['name']}?", comp["founder"], support
+
+    def same_province(a: dict, b: dict) -> tuple[str, str, list[tuple[str, str]]]:
         same = "yes" if a["province"] == b["province"] else "no"
-        q(
-            f"Are {a['name']} and {b['name']} in the same province?",
-            same,
-            [("town", a["name"]), ("town", b["name"])],
-            "comparison",
-        )
+        support = [("town", a["name"]), ("town", b["name"])]
+        return f"Are {a['name']} and {b['name']} in the same province?", same, support
+
+    def born_earlier(a: dict, b: dict) -> tuple[str, str, list[tuple[str, str]]]:
+        first = a if a["year"] < b["year"] else b
+        support = [("person", a["name"]), ("person", b["name"])]
+        return f"Who was born earlier, {a['name']} or {b['name']}?", first["name"], support
+
+    for inv in inventions[:8]:
+        q(*inventor_town(inv), "bridge")
+    for comp in companies[:8]:
+        q(*company_river(comp), "bridge")
+    for prod in products[:8]:
+        q(*product_founder(prod), "bridge")
+    for i in range(20, 36, 2):
+        q(*same_province(towns[i], towns[i + 1]), "comparison")
     for i in range(28, 44, 2):
         a, b = people[i], people[i + 1]
-        if a["year"] == b["year"]:
-            continue
-        first = a if a["year"] < b["year"] else b
-        q(
-            f"Who was born earlier, {a['name']} or {b['name']}?",
-            first["name"],
-            [("person", a["name"]), ("person", b["name"])],
-            "comparison",
-        )
+        if a["year"] != b["year"]:
+            q(*born_earlier(a, b), "comparison")
     test = questions
 
     # ---- the train split: disjoint supporting passages, every template, no new random draws ----
@@ -300,81 +294,47 @@ def build_v1(w: World) -> tuple[list[dict], list[dict], list[dict]]:
         """No test question rests on these passages, and none has their entity as its answer."""
         return not any(ids[k] in used or k[1] in test_answers for k in keys)
 
-    def add_q(question: str, answer: str, support: list[tuple[str, str]], qtype: str) -> None:
-        if answer not in test_answers or answer in ("yes", "no"):
-            q(question, answer, support, qtype)
+    def bridge(question: str, answer: str, support: list[tuple[str, str]]) -> bool:
+        """Add a bridge question when its passages are free and its answer is no test answer."""
+        if free(*support) and answer not in test_answers:
+            q(question, answer, support, "bridge")
+            return True
+        return False
 
     for inv in inventions[8:]:
-        person = person_by[inv["inventor"]]
-        if free(("invention", inv["name"]), ("person", person["name"])):
-            add_q(
-                f"In which town was the inventor of the {inv['name']} born?",
-                person["town"],
-                [("invention", inv["name"]), ("person", person["name"])],
-                "bridge",
-            )
+        bridge(*inventor_town(inv))
     for comp in companies[8:]:
-        if free(("company", comp["name"]), ("town", comp["town"])):
-            add_q(
-                f"On which river lies the town where {comp['name']} was founded?",
-                town_by[comp["town"]]["river"],
-                [("company", comp["name"]), ("town", comp["town"])],
-                "bridge",
-            )
+        bridge(*company_river(comp))
     for prod in products[8:]:
-        comp = next(c for c in companies if c["name"] == prod["company"])
-        if free(("product", prod["name"]), ("company", comp["name"])):
-            add_q(
-                f"Who founded the company that makes the {prod['name']}?",
-                comp["founder"],
-                [("product", prod["name"]), ("company", comp["name"])],
-                "bridge",
-            )
+        bridge(*product_founder(prod))
     # Only one company is left for the river template: the same lookup (an entity's town, then
     # the town's river) through people born in towns no test question needs.
     k = 0
     for p in people:
-        if k < 8 and free(("person", p["name"]), ("town", p["town"])):
-            n_before = len(questions)
-            add_q(
-                f"On which river lies the town where {p['name']} was born?",
-                town_by[p["town"]]["river"],
-                [("person", p["name"]), ("town", p["town"])],
-                "bridge",
-            )
-            k += len(questions) - n_before
+        if k < 8:
+            river, support = town_by[p["town"]]["river"], [("person", p["name"]), ("town", p["town"])]
+            k += bridge(f"On which river lies the town where {p['name']} was born?", river, support)
     # Comparisons: half "yes" and half "no" (the test split is mostly "no"; a warm-up on that
     # would teach the answer, not the lookup), over towns no test question needs.
     pool = [t for t in towns if free(("town", t["name"]))]
     same = [(a, b) for i, a in enumerate(pool) for b in pool[i + 1 :] if a["province"] == b["province"]]
     diff = [(a, b) for i, a in enumerate(pool) for b in pool[i + 1 :] if a["province"] != b["province"]]
     taken: set[str] = set()
-    for kind, cands in (("yes", same), ("no", diff)):
+    for cands in (same, diff):
         k = 0
         for a, b in cands:
             if k == 4 or a["name"] in taken or b["name"] in taken:
                 continue
             taken |= {a["name"], b["name"]}
             k += 1
-            q(
-                f"Are {a['name']} and {b['name']} in the same province?",
-                kind,
-                [("town", a["name"]), ("town", b["name"])],
-                "comparison",
-            )
+            q(*same_province(a, b), "comparison")
     free_people = [p for p in people if free(("person", p["name"]))]
     k = 0
     for a, b in zip(free_people[::2], free_people[1::2], strict=False):
         if k == 8 or a["year"] == b["year"]:
             continue
         k += 1
-        first = a if a["year"] < b["year"] else b
-        q(
-            f"Who was born earlier, {a['name']} or {b['name']}?",
-            first["name"],
-            [("person", a["name"]), ("person", b["name"])],
-            "comparison",
-        )
+        q(*born_earlier(a, b), "comparison")
     return test, questions, docs
 
 

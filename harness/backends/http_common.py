@@ -7,14 +7,30 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
-from harness.backends.base import BackendBase, BackendError
+from harness.backends.base import BackendBase, BackendError, SamplingParams
 from harness.errors import redact_urls
 
 logger = logging.getLogger(__name__)
+
+
+def optional_sampling(params: SamplingParams, seed_key: str = "seed") -> dict[str, Any]:
+    """The sampling fields a request carries only when set (else the server's default holds):
+    ``top_k`` when > 0, ``stop`` and ``stop_token_ids`` when not empty, the seed (under
+    ``seed_key``, the server's name for it) when not None."""
+    out: dict[str, Any] = {}
+    if params.top_k > 0:
+        out["top_k"] = params.top_k
+    if params.stop:
+        out["stop"] = list(params.stop)
+    if params.stop_token_ids:
+        out["stop_token_ids"] = list(params.stop_token_ids)
+    if params.seed is not None:
+        out[seed_key] = params.seed
+    return out
 
 
 class HTTPBackendBase(BackendBase):
@@ -49,14 +65,20 @@ class HTTPBackendBase(BackendBase):
         self._models: list[dict[str, Any]] | None = None  # /v1/models of the first server, asked once
 
     @classmethod
-    def from_config(cls, cfg: Any) -> HTTPBackendBase:
+    def from_config(cls, cfg: Any, **extra: Any) -> Self:
         """From a :class:`~harness.eval_config.BackendConfig`: ``url`` (several: round-robin),
-        ``model`` (the tokenizer), ``max_concurrency``, ``timeout``, ``retries``."""
+        ``model`` (the tokenizer), ``max_concurrency``, ``timeout``, ``retries``; ``extra``: a
+        subclass's own constructor arguments."""
         if not cfg.url:
             raise ValueError(f"backend {cls.name!r} needs --url (the server's base URL)")
         url = cfg.url if len(cfg.url) > 1 else cfg.url[0]
         return cls(
-            url=url, model=cfg.model, max_concurrency=cfg.max_concurrency, timeout=cfg.timeout, retries=cfg.retries
+            url=url,
+            model=cfg.model,
+            max_concurrency=cfg.max_concurrency,
+            timeout=cfg.timeout,
+            retries=cfg.retries,
+            **extra,
         )
 
     def load_tokenizer(self, model: str | None, tokenizer: Any = None) -> Any:

@@ -24,7 +24,7 @@ import os
 from typing import Any
 
 from harness.backends.base import BackendError, Completion, SamplingParams
-from harness.backends.http_common import HTTPBackendBase
+from harness.backends.http_common import HTTPBackendBase, optional_sampling
 from harness.backends.vllm_sync import VLLMWeightSync
 
 
@@ -35,6 +35,8 @@ class OpenAIBackend(VLLMWeightSync, HTTPBackendBase):
     name or directory (default the embedded model). ``api_key``: default ``$OPENAI_API_KEY``.
     ``served_model``: the server's model name (default: the first it lists on ``/v1/models``).
     After :meth:`update_lora_adapter`, requests name the loaded adapter instead (``lora_name``).
+    ``http``: :class:`~harness.backends.http_common.HTTPBackendBase`'s ``max_concurrency``,
+    ``timeout``, ``retries`` and ``backoff``.
     """
 
     name = "openai"
@@ -45,20 +47,17 @@ class OpenAIBackend(VLLMWeightSync, HTTPBackendBase):
         url: str | list[str],
         model: str | None = None,
         api_key: str | None = None,
-        max_concurrency: int = 16,
-        timeout: float = 120.0,
-        retries: int = 3,
-        backoff: float = 0.5,
         health_check: bool = True,
         tokenizer: Any = None,
         served_model: str | None = None,
         max_context: int | None = None,
+        **http: Any,
     ) -> None:
         key = api_key or os.environ.get("OPENAI_API_KEY")
         urls = [url] if isinstance(url, str) else list(url)
         urls = [u.rstrip("/").removesuffix("/v1") for u in urls]  # accept base URLs with or without /v1
         headers = {"Authorization": f"Bearer {key}"} if key else None
-        super().__init__(urls, max_concurrency, timeout, retries, backoff, headers=headers)
+        super().__init__(urls, headers=headers, **http)
         if health_check:
             self.check_health("/v1/models", hint="Start an OpenAI-compatible server (vLLM, SGLang, llama.cpp).")
         self.tokenizer = self.load_tokenizer(model, tokenizer)
@@ -79,15 +78,8 @@ class OpenAIBackend(VLLMWeightSync, HTTPBackendBase):
             "top_p": params.top_p,
             "include_stop_str_in_output": True,  # vLLM: keep the matched stop string
             "return_token_ids": True,  # vLLM: the generated ids
+            **optional_sampling(params),
         }
-        if params.stop:
-            body["stop"] = list(params.stop)
-        if params.stop_token_ids:
-            body["stop_token_ids"] = list(params.stop_token_ids)
-        if params.seed is not None:
-            body["seed"] = params.seed
-        if params.top_k > 0:
-            body["top_k"] = params.top_k
         if params.logprobs:
             body["logprobs"] = 1
         return body
@@ -121,10 +113,8 @@ class OpenAIBackend(VLLMWeightSync, HTTPBackendBase):
                 matched = next((s for s in params.stop if text.endswith(s)), None)
             if isinstance(matched, str) and not text.endswith(matched):
                 text += matched  # the server trimmed it
-        elif fr == "length":
-            reason, matched = "length", None
-        elif fr == "abort":
-            reason, matched = "abort", None
+        elif fr in ("length", "abort"):  # cut short: no stop matched
+            reason, matched = fr, None
         else:
             raise BackendError(f"unexpected finish_reason {fr!r}")
         ids = choice.get("token_ids")

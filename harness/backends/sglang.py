@@ -44,7 +44,7 @@ from harness.backends.base import (
     prune_exports,
     run_sync,
 )
-from harness.backends.http_common import HTTPBackendBase
+from harness.backends.http_common import HTTPBackendBase, optional_sampling
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,8 @@ class SGLangBackend(HTTPBackendBase):
     ``url``: one server or a list (round-robin over data-parallel servers). ``model``: the
     tokenizer's name or directory; by default what the server reports on ``/model_info``, else the
     embedded model. ``tokenizer``: an already loaded tokenizer instead. Retries and the
-    concurrency limit (a batched POST counts once): :class:`~harness.backends.http_common.HTTPBackendBase`.
+    concurrency limit (a batched POST counts once): :class:`~harness.backends.http_common.HTTPBackendBase`,
+    whose ``max_concurrency``, ``timeout``, ``retries`` and ``backoff`` are passed on (``http``).
     ``batch_window_ms`` / ``max_batch``: the client-side micro-batching (module docstring; 0 ms: off).
     """
 
@@ -65,17 +66,14 @@ class SGLangBackend(HTTPBackendBase):
         self,
         url: str | list[str],
         model: str | None = None,
-        max_concurrency: int = 16,
-        timeout: float = 120.0,
-        retries: int = 3,
-        backoff: float = 0.5,
         health_check: bool = True,
         tokenizer: Any = None,
         max_context: int | None = None,
         batch_window_ms: float = 0.0,
         max_batch: int = 8,
+        **http: Any,
     ) -> None:
-        super().__init__(url, max_concurrency, timeout, retries, backoff)
+        super().__init__(url, **http)
         if batch_window_ms < 0 or max_batch < 1:
             raise ValueError(f"batch_window_ms must be >= 0 and max_batch >= 1, got {batch_window_ms}, {max_batch}")
         self.batch_window_s = batch_window_ms / 1000.0
@@ -95,20 +93,10 @@ class SGLangBackend(HTTPBackendBase):
         self.lora_name: str | None = None  # the LoRA adapter rollouts use (update_lora_adapter), if any
 
     @classmethod
-    def from_config(cls, cfg: Any) -> SGLangBackend:
+    def from_config(cls, cfg: Any, **extra: Any) -> SGLangBackend:
         """As :meth:`HTTPBackendBase.from_config`, plus the micro-batch window (``batch_window_ms``)
         and size (``max_batch_size``)."""
-        if not cfg.url:
-            raise ValueError("backend 'sglang' needs --url (the server's base URL)")
-        return cls(
-            url=cfg.url if len(cfg.url) > 1 else cfg.url[0],
-            model=cfg.model,
-            max_concurrency=cfg.max_concurrency,
-            timeout=cfg.timeout,
-            retries=cfg.retries,
-            batch_window_ms=cfg.batch_window_ms,
-            max_batch=cfg.max_batch_size,
-        )
+        return super().from_config(cfg, batch_window_ms=cfg.batch_window_ms, max_batch=cfg.max_batch_size, **extra)
 
     def sync_urls(self) -> list[str]:
         """Where weight updates go: each configured URL, or, for an sglang-router, every worker it
@@ -147,15 +135,8 @@ class SGLangBackend(HTTPBackendBase):
             "temperature": params.temperature,
             "top_p": params.top_p,
             "no_stop_trim": True,
+            **optional_sampling(params, seed_key="sampling_seed"),
         }
-        if params.top_k > 0:
-            sp["top_k"] = params.top_k
-        if params.stop:
-            sp["stop"] = list(params.stop)
-        if params.stop_token_ids:
-            sp["stop_token_ids"] = list(params.stop_token_ids)
-        if params.seed is not None:
-            sp["sampling_seed"] = params.seed
         body = {"input_ids": list(input_ids), "sampling_params": sp, "return_logprob": params.logprobs}
         if self.lora_name is not None:
             body["lora_path"] = self.lora_name  # SGLang takes the loaded adapter's NAME here
@@ -217,10 +198,8 @@ class SGLangBackend(HTTPBackendBase):
                 ids += self.tokenizer.encode(matched, add_special_tokens=False)
             elif isinstance(matched, int) and (not ids or ids[-1] != matched):
                 ids.append(matched)  # 0.5.23 keeps the EOS / stop token in output_ids; older may not
-        elif kind == "length":
-            reason, matched = "length", None
-        elif kind == "abort":
-            reason, matched = "abort", None
+        elif kind in ("length", "abort"):  # cut short: no stop matched
+            reason, matched = kind, None
         else:
             raise BackendError(f"unexpected SGLang finish_reason {fr!r}")
         logprobs = None

@@ -117,7 +117,9 @@ _SEARCH_R1_LOOP: dict[str, Any] = dict(
 )
 
 
-def _exact(name: str, extra_options: dict[str, Any] | None = None, **kw: Any) -> Dialect:
+def _register(name: str, extra_options: dict[str, Any] | None = None, **kw: Any) -> None:
+    """Register the exact dialect ``name``: its template file (``configs/dialects/<name>.yaml``)
+    with the protocol in ``kw`` (and per-mode protocols in ``kw["modes"]``)."""
     t = shipped_template(name)
     differences = t.get("differences") or {}
     if not isinstance(differences, dict):
@@ -143,171 +145,156 @@ def _exact(name: str, extra_options: dict[str, Any] | None = None, **kw: Any) ->
         modes=modes,
         **kw,
     )
-    return d.with_mode(d.mode) if modes else d
+    DIALECTS.register(name, d.with_mode(d.mode) if modes else d)
 
 
 def _register_exact() -> None:
-    DIALECTS.register(
+    _register(
         "search_r1",
-        _exact(
-            "search_r1",
-            parse=P.search_r1_parse,
-            observe=P.search_r1_observe,
-            extract=P.last_answer,
-            validate=P.search_r1_valid_sequence,
-            answer_rule="the last <answer>...</answer> of the response, stripped (qa_em reads prompt + response "
-            "and needs two: metric profile search_r1)",
-            **_SEARCH_R1_LOOP,
-        ),
+        parse=P.search_r1_parse,
+        observe=P.search_r1_observe,
+        extract=P.last_answer,
+        validate=P.search_r1_valid_sequence,
+        answer_rule="the last <answer>...</answer> of the response, stripped (qa_em reads prompt + response "
+        "and needs two: metric profile search_r1)",
+        **_SEARCH_R1_LOOP,
     )
-    DIALECTS.register(
+    _register(
         "rag_r1",
-        _exact(
-            "rag_r1",
-            parse=P.rag_r1_parse,
-            observe=P.rag_r1_observe,
-            extract=P.last_answer,
-            validate=P.search_r1_valid_sequence,
-            max_queries=3,
-            doc_style="json",
-            answer_rule="",
-            search_stops=(),
-            final_stops=(),
-            mode="eval",
-            modes={
-                # evaluation/eval_multiquery.py
-                "eval": dict(
-                    parse=P.rag_r1_eval_parse,
-                    observe=P.rag_r1_eval_observe,
-                    extract=P.rag_r1_eval_answer,
-                    validate=P.no_format_check,
-                    search_stops=("</search>",),
-                    final_stops=("</search>",),
-                    on_eos="end",
-                    on_length="parse",
-                    answer_from="response",
-                    prompt_answers_count=True,
-                    question_mark=False,
-                    cut=None,
-                    final_turn=False,
-                    corrective=None,
-                    answer_rule="the last <answer>...</answer> of prompt + response, unstripped (the prompt's "
-                    "example 'Beijing' when the response has none); EM only, no format check",
-                ),
-                # rag_r1/llm_agent/generation_mq.py (Search-R1's loop) and the training data's '?'
-                "train": dict(
-                    parse=P.rag_r1_parse,
-                    observe=P.rag_r1_observe,
-                    extract=P.last_answer,
-                    validate=P.search_r1_valid_sequence,
-                    prompt_answers_count=False,
-                    question_mark=True,
-                    answer_rule="the last <answer>...</answer> of the response, stripped",
-                    **_SEARCH_R1_LOOP,
-                ),
-            },
-        ),
+        parse=P.rag_r1_parse,
+        observe=P.rag_r1_observe,
+        extract=P.last_answer,
+        validate=P.search_r1_valid_sequence,
+        max_queries=3,
+        doc_style="json",
+        answer_rule="",
+        search_stops=(),
+        final_stops=(),
+        mode="eval",
+        modes={
+            # evaluation/eval_multiquery.py
+            "eval": dict(
+                parse=P.rag_r1_eval_parse,
+                observe=P.rag_r1_eval_observe,
+                extract=P.rag_r1_eval_answer,
+                validate=P.no_format_check,
+                search_stops=("</search>",),
+                final_stops=("</search>",),
+                on_eos="end",
+                on_length="parse",
+                answer_from="response",
+                prompt_answers_count=True,
+                question_mark=False,
+                cut=None,
+                final_turn=False,
+                corrective=None,
+                answer_rule="the last <answer>...</answer> of prompt + response, unstripped (the prompt's "
+                "example 'Beijing' when the response has none); EM only, no format check",
+            ),
+            # rag_r1/llm_agent/generation_mq.py (Search-R1's loop) and the training data's '?'
+            "train": dict(
+                parse=P.rag_r1_parse,
+                observe=P.rag_r1_observe,
+                extract=P.last_answer,
+                validate=P.search_r1_valid_sequence,
+                prompt_answers_count=False,
+                question_mark=True,
+                answer_rule="the last <answer>...</answer> of the response, stripped",
+                **_SEARCH_R1_LOOP,
+            ),
+        },
     )
-    DIALECTS.register(
+    _register(
         "research",
-        _exact(
-            "research",
-            parse=P.research_parse,
-            observe=P.research_observe,
-            extract=P.research_answer,
-            validate=P.research_validate,
-            search_stops=("</search>",),
-            final_stops=(),
-            obs_open="<result>",
-            obs_close="</result>",
-            boxed_answer=True,
-            length_cut_answer="",
-            answer_rule="the last \\boxed{} inside the first <answer>...</answer> of the response, read at EOS; "
-            "'' after a token-limit cut",
-        ),
+        parse=P.research_parse,
+        observe=P.research_observe,
+        extract=P.research_answer,
+        validate=P.research_validate,
+        search_stops=("</search>",),
+        final_stops=(),
+        obs_open="<result>",
+        obs_close="</result>",
+        boxed_answer=True,
+        length_cut_answer="",
+        answer_rule="the last \\boxed{} inside the first <answer>...</answer> of the response, read at EOS; "
+        "'' after a token-limit cut",
     )
     r1 = shipped_template("r1_searcher")
-    DIALECTS.register(
+    _register(
         "r1_searcher",
-        _exact(
-            "r1_searcher",
-            observe=P.r1_searcher_observe,
-            validate=P.r1_searcher_validate,
-            query_open="<|begin_of_query|>",
-            query_close="<|end_of_query|>",
-            obs_open="<|begin_of_documents|>",
-            obs_close="<|end_of_documents|>",
-            rewrite=P.r1_searcher_rewrite,
-            # Read by training.rewards.R1SearcherStage1: the stage-1 server's own two checks.
-            extra_options={"stage1_checks": P.r1_searcher_stage1},
-            parse=P.r1_searcher_parse,
-            extract=P.r1_searcher_answer,
-            search_stops=(),
-            final_stops=(),
-            mode="eval",
-            modes={
-                # evaluation/eval_search_loacl.py
-                "eval": dict(
-                    parse=P.r1_searcher_parse,
-                    search_stops=("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>"),
-                    final_stops=("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>"),
-                    template=r1["template"],
-                    base_template=None,
-                    placement="raw",
-                    prompt_suffix="",
-                    no_answer="I don't know.",
-                    limit_label="many_retrieve",
-                    final_turn=False,
-                    answer_from="action",
-                    answer_rule="the answering turn's text between its last <answer> and </answer>, not stripped; "
-                    '"I don\'t know." without one',
-                ),
-                # OpenRLHF-RAG experience_maker.py + prompts_dataset.py (--apply_chat_template)
-                "train": dict(
-                    parse=P.r1_searcher_train_parse,
-                    search_stops=("<|end_of_query|>",),
-                    final_stops=("<|end_of_query|>",),
-                    template=r1["train_template"],
-                    base_template=r1["train_base_template"],
-                    placement="system",
-                    prompt_suffix="<think>",
-                    no_answer=None,
-                    limit_label="",
-                    # t == 8: the 9th generation is kept and the rollout ends (agent.max_turns 8)
-                    final_turn=True,
-                    answer_from="response",
-                    answer_rule="the reward server's: the text between the last <answer> and </answer> of the "
-                    "response, stripped",
-                ),
-            },
-        ),
+        observe=P.r1_searcher_observe,
+        validate=P.r1_searcher_validate,
+        query_open="<|begin_of_query|>",
+        query_close="<|end_of_query|>",
+        obs_open="<|begin_of_documents|>",
+        obs_close="<|end_of_documents|>",
+        rewrite=P.r1_searcher_rewrite,
+        # Read by training.rewards.R1SearcherStage1: the stage-1 server's own two checks.
+        extra_options={"stage1_checks": P.r1_searcher_stage1},
+        parse=P.r1_searcher_parse,
+        extract=P.r1_searcher_answer,
+        search_stops=(),
+        final_stops=(),
+        mode="eval",
+        modes={
+            # evaluation/eval_search_loacl.py
+            "eval": dict(
+                parse=P.r1_searcher_parse,
+                search_stops=("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>"),
+                final_stops=("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>"),
+                template=r1["template"],
+                base_template=None,
+                placement="raw",
+                prompt_suffix="",
+                no_answer="I don't know.",
+                limit_label="many_retrieve",
+                final_turn=False,
+                answer_from="action",
+                answer_rule="the answering turn's text between its last <answer> and </answer>, not stripped; "
+                '"I don\'t know." without one',
+            ),
+            # OpenRLHF-RAG experience_maker.py + prompts_dataset.py (--apply_chat_template)
+            "train": dict(
+                parse=P.r1_searcher_train_parse,
+                search_stops=("<|end_of_query|>",),
+                final_stops=("<|end_of_query|>",),
+                template=r1["train_template"],
+                base_template=r1["train_base_template"],
+                placement="system",
+                prompt_suffix="<think>",
+                no_answer=None,
+                limit_label="",
+                # t == 8: the 9th generation is kept and the rollout ends (agent.max_turns 8)
+                final_turn=True,
+                answer_from="response",
+                answer_rule="the reward server's: the text between the last <answer> and </answer> of the "
+                "response, stripped",
+            ),
+        },
     )
-    DIALECTS.register(
+    _register(
         "prorag",
-        _exact(
-            "prorag",
-            parse=P.prorag_parse,
-            observe=P.prorag_observe,
-            extract=P.first_answer,
-            validate=P.prorag_validate,
-            search_stops=("</subquery>", "</subanswer>", "</answer>", "<|im_end|>"),
-            final_stops=("</subquery>", "</subanswer>", "</answer>", "<|im_end|>"),
-            corrective=P.PRORAG_QUERY_ERROR,
-            continue_text=P.PRORAG_NEXT_STEP,
-            on_eos="parse",
-            on_length="parse",
-            no_answer="",
-            query_open="<subquery>",
-            query_close="</subquery>",
-            obs_open="<retrieval>",
-            obs_close="</retrieval>",
-            think_open="<step>",
-            think_close="</step>",
-            # Read by training.mcts: ProRAG's format_check of a step (prorag/prm/filter.py).
-            extra_options={"step_check": P.prorag_step_ok},
-            answer_rule="the answering turn's first <answer>...</answer>, stripped ('' without one); the "
-            "reward reads the completion's first, tags case-insensitive",
-        ),
+        parse=P.prorag_parse,
+        observe=P.prorag_observe,
+        extract=P.first_answer,
+        validate=P.prorag_validate,
+        search_stops=("</subquery>", "</subanswer>", "</answer>", "<|im_end|>"),
+        final_stops=("</subquery>", "</subanswer>", "</answer>", "<|im_end|>"),
+        corrective=P.PRORAG_QUERY_ERROR,
+        continue_text=P.PRORAG_NEXT_STEP,
+        on_eos="parse",
+        on_length="parse",
+        no_answer="",
+        query_open="<subquery>",
+        query_close="</subquery>",
+        obs_open="<retrieval>",
+        obs_close="</retrieval>",
+        think_open="<step>",
+        think_close="</step>",
+        # Read by training.mcts: ProRAG's format_check of a step (prorag/prm/filter.py).
+        extra_options={"step_check": P.prorag_step_ok},
+        answer_rule="the answering turn's first <answer>...</answer>, stripped ('' without one); the "
+        "reward reads the completion's first, tags case-insensitive",
     )
 
 

@@ -267,6 +267,19 @@ class Dialect:
         return self.validate(self, response_text)
 
 
+def closing_brace(text: str, start: int, depth: int = 0) -> int | None:
+    """The index of the ``}`` that brings the brace depth back to 0, scanning ``text`` from
+    ``start`` with ``depth`` braces already open; None when the braces never close."""
+    for j in range(start, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return j
+    return None
+
+
 def doc_contents(doc: Doc) -> str:
     """A document as a FlashRAG corpus ``contents`` string: first line the title, then the text."""
     if not doc.title:

@@ -17,7 +17,7 @@ import json
 import re
 
 from harness.types import Doc
-from pipelines.dialects.base import Action, Dialect, TurnEnd, doc_contents, title_and_text
+from pipelines.dialects.base import Action, Dialect, TurnEnd, closing_brace, doc_contents, title_and_text
 
 # ---- Search-R1 (search_r1/llm_agent/generation.py, infer.py) and RAG-R1 (generation_mq.py) ----
 _FIRST_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
@@ -225,17 +225,12 @@ def last_boxed(text: str) -> str | None:
         start = text.rfind("\\fbox")
         if start < 0:
             return None
-    depth = 0
-    for j in range(start, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                boxed = text[start : j + 1]
-                # remove_boxed accepts only "\boxed{...}"; "\fbox{...}" raises there (answer "").
-                return boxed[len("\\boxed{") : -1] if boxed.startswith("\\boxed{") else None
-    return None
+    end = closing_brace(text, start)
+    if end is None:
+        return None
+    boxed = text[start : end + 1]
+    # remove_boxed accepts only "\boxed{...}"; "\fbox{...}" raises there (answer "").
+    return boxed[len("\\boxed{") : -1] if boxed.startswith("\\boxed{") else None
 
 
 def research_answer(d: Dialect, response: str) -> str | None:

@@ -17,7 +17,7 @@ import json
 import re
 
 from harness.types import Doc
-from pipelines.dialects.base import Action, Dialect, TurnEnd
+from pipelines.dialects.base import Action, Dialect, TurnEnd, closing_brace
 
 INSTRUCTION = (
     "Work out the answer step by step. Put your reasoning inside {think_open} {think_close}. "
@@ -50,15 +50,9 @@ def extract_boxed(text: str) -> str | None:
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
-    i, depth = start + len("\\boxed{"), 1
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i:j]
-    return None
+    i = start + len("\\boxed{")
+    end = closing_brace(text, i, depth=1)
+    return None if end is None else text[i:end]
 
 
 def split_parallel_queries(raw: str) -> list[str]:
