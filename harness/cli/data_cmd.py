@@ -48,6 +48,7 @@ def synthesize_command(
     max_doc_tokens: int = typer.Option(128, "--max-doc-tokens"),
 ) -> None:
     """Write synthesized trajectories; see the module docstring."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.eval_config import RetrieverConfig
     from training.synthesize import synthesize_split
 
@@ -74,6 +75,7 @@ def mcts_command(
 
     Appends per question to OUT/steps.jsonl, OUT/pairs.jsonl and OUT/done.jsonl; a rerun skips the
     finished questions (resume after an interrupt)."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.config import ConfigError
     from training.mcts import run_mcts_recipe
 
@@ -90,6 +92,7 @@ def mcts_command(
 
 def _scorer_args(pairs: list[str]) -> dict:
     """``key=value`` pairs → options (values read as YAML scalars: 0.5, true, a path)."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.config import ConfigError, parse_yaml
 
     out = {}
@@ -124,6 +127,7 @@ def rft_filter_command(
     dedupe: bool = typer.Option(True, "--dedupe/--no-dedupe", help="Drop repeated responses to one question."),
 ) -> None:
     """RFT: keep sampled trajectories with a right outcome and good step scores (training.rft)."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.runlog import RunDirError
     from training.rft import SUMMARY, RFTFilterConfig, rft_filter
 
@@ -157,6 +161,7 @@ def harr_filter_command(
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides of the recipe."),
 ) -> None:
     """HARR: keep the training questions where sampled retrievals change the outcome (training.retriever_rl)."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.config import ConfigError
     from training.build import train_config
     from training.retriever_rl import harr_filter
@@ -175,6 +180,7 @@ def rag_r1_train_command(
     source: str = typer.Option(None, "--source", help="A local copy of RAG-R1's train_data.json (default: download)."),
 ) -> None:
     """RAG-R1's filtered HotpotQA training set (6,664 questions) as a data.file (benchmarks.rag_r1_data)."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from benchmarks.rag_r1_data import rag_r1_train
 
     try:

@@ -70,6 +70,7 @@ def eval_command(
     config_files: list[str] = typer.Option(None, "-c", "--config", help="YAML config file(s)."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. agent.max_turns=2"),
 ) -> None:
+    # deferred: the command's library loads when it runs, not at every harness --help
     from benchmarks.eval_runs import RunError, eval_configs, judge_flags, run_configs
     from benchmarks.evaluate import InfrastructureDown, error_summary
     from benchmarks.profiles import judge_note
@@ -117,6 +118,7 @@ def eval_command(
 
 def print_results_table(results: list[Any], profile: str | None = None) -> None:
     """The comparison table of this invocation's runs (:func:`benchmarks.results_table.print_results`)."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from benchmarks.results_table import print_results
 
     print_results(results, profile)

@@ -29,6 +29,7 @@ def prompt_command(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on the last line."),
 ) -> None:
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.registry import RegistryError
     from harness.retrieval.corpus import read_corpus
     from pipelines.dialects import resolve_dialect
@@ -44,6 +45,7 @@ def prompt_command(
         fail(str(e))
     tokenizer = None
     if model.lower() != "none" and dialect.placement != "raw":
+        # deferred: the command's library loads when it runs, not at every harness --help
         from harness.models import load_tokenizer
 
         try:
@@ -59,6 +61,7 @@ def prompt_command(
 
 
 def _print(out: dict) -> None:
+    # deferred: the command's library loads when it runs, not at every harness --help
     from rich.console import Console
     from rich.rule import Rule
 

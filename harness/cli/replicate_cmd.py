@@ -35,8 +35,10 @@ def replicate_command(
     config_files: list[str] = typer.Option(None, "-c", "--config", help="YAML config file(s) over the card."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. agent.max_turns=2"),
 ) -> None:
+    # deferred: the command's library loads when it runs, not at every harness --help
     from rich.console import Console
 
+    # deferred: the command's library loads when it runs, not at every harness --help
     from benchmarks.eval_runs import RunError
     from benchmarks.replicate import replicate, replication_notes, replication_table
 

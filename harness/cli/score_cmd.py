@@ -26,8 +26,10 @@ def score_command(
     question_key: str = typer.Option("question", "--question-key", help="Field holding the question (judge)."),
     id_key: str = typer.Option("id", "--id-key", help="Field holding the item id (judge cache; else the line)."),
 ) -> None:
+    # deferred: the command's library loads when it runs, not at every harness --help
     from rich.console import Console
 
+    # deferred: the command's library loads when it runs, not at every harness --help
     from benchmarks.score import ScoreError, file_judge, metric_names, score_file, scores_table
 
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -26,6 +27,7 @@ def retriever(
     access_log: bool = typer.Option(False, "--access-log/--no-access-log", help="One log line per request."),
 ) -> None:
     """Serve an index over the Search-R1, FlashRAG and R1-Searcher HTTP APIs (and /health, /metrics)."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.retrieval.index import IndexLoadError, load_index
     from harness.retrieval.server import serve
 
@@ -79,6 +81,7 @@ def model(
 
     Arguments after ``--`` go to the engine verbatim, e.g. ``-- --mem-fraction-static 0.5``.
     """
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.engines import EngineConfig, EngineError, serve_engine
 
     if engine not in ("sglang", "vllm"):
@@ -122,8 +125,7 @@ def prm(
     max_tokens: int = typer.Option(8192, "--max-tokens", help="Longest sequence accepted (longer: HTTP 413)."),
 ) -> None:
     """Serve a process reward model: POST /score {"sequences": [[ids]]} → {"scores": [...]} (algo.step_scorer_url)."""
-    from pathlib import Path
-
+    # deferred: the command's library loads when it runs, not at every harness --help
     from training.prm import serve
 
     if not (Path(path) / "prm.json").exists():

@@ -23,6 +23,7 @@ def _variables(pairs: list[str]) -> dict[str, str]:
 
 
 def _load(chain: str, workdir: str | None, sets: list[str] | None):
+    # deferred: the command's library loads when it runs, not at every harness --help
     from training.stages import StageError, load_chain
 
     try:
@@ -32,6 +33,7 @@ def _load(chain: str, workdir: str | None, sets: list[str] | None):
 
 
 def _table(ch, states: dict[str, str]) -> None:
+    # deferred: the command's library loads when it runs, not at every harness --help
     from rich.markup import escape
     from rich.table import Table
 
@@ -51,6 +53,7 @@ def run_command(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would run; run nothing."),
 ) -> None:
     """Run the chain's unfinished stages in order."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.engines import sigterm_as_exit
     from training.stages import StageError, run_chain, stage_state
 
@@ -79,6 +82,7 @@ def status_command(
     sets: list[str] = typer.Option(None, "--set", help="NAME=VALUE for one of the chain's vars."),
 ) -> None:
     """Each stage's state (done, partial, stale, todo) and resolved command."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from training.stages import StageError, stage_state
 
     ch = _load(chain, workdir, sets)

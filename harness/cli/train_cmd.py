@@ -46,6 +46,7 @@ def train_command(
 ) -> None:
     """Train with a recipe; see the module docstring."""
     if plan:
+        # deferred: the command's library loads when it runs, not at every harness --help
         from harness.config import ConfigError
         from training.memory_plan import plan_report
 
@@ -59,11 +60,13 @@ def train_command(
             fail(f"--plan: {e}")
         return
     if stages:
+        # deferred: the command's library loads when it runs, not at every harness --help
         from harness.cli import stages_cmd
 
         if config or resume or overrides:
             fail("--stages runs a chain file: give it alone (with --out as the chain's workdir)")
         return stages_cmd.run_command(stages, workdir=out, sets=None, dry_run=False)
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.config import ConfigError
     from training.build import next_step, run_folder, train, train_config
     from training.divergence import DivergenceError
