@@ -13,9 +13,11 @@ time (each is one or a few short ``harness`` processes).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from benchmarks.datasets import demo_path, load_examples
+from harness.retrieval.corpus import read_corpus
+from harness.retrieval.memory import InMemoryRetriever
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_RECIPE = "configs/train/smollm2_cpu_sft_demo.yaml"
@@ -113,8 +119,6 @@ def foreign_project(root: Path) -> Path:
 
 def eval_script(tmp: Path) -> Path:
     """The scripted model: every demo question, one search, then its gold answer."""
-    from benchmarks.datasets import load_examples
-
     path = tmp / "script.jsonl"
     with open(path, "w", encoding="utf-8") as f:
         for ex in load_examples("demo"):
@@ -159,10 +163,6 @@ class RetrievalServer:
     run caught in the middle, for as long as a fault needs)."""
 
     def __init__(self, delay_s: float = 0.0, fail_after: int | None = None, held: bool = False) -> None:
-        from benchmarks.datasets import demo_path
-        from harness.retrieval.corpus import read_corpus
-        from harness.retrieval.memory import InMemoryRetriever
-
         retriever = InMemoryRetriever(read_corpus(demo_path("corpus.jsonl")))
         self.requests = 0
         self.gate = threading.Event()
@@ -232,8 +232,6 @@ def overwrite_foreign(tmp: Path) -> tuple[bool, str]:
 
 @fault("index build --out a folder harness did not make", "refused before building, untouched")
 def index_foreign(tmp: Path) -> tuple[bool, str]:
-    from benchmarks.datasets import demo_path
-
     p = foreign_project(tmp)
     before = snapshot(p)
     r = harness("index", "build", "--corpus", str(demo_path("corpus.jsonl")), "--out", str(p), cwd=tmp)
@@ -461,6 +459,7 @@ def report_foreign_file(tmp: Path) -> tuple[bool, str]:
 
 def finite_safetensors(folder: Path) -> bool:
     """Whether every tensor of every ``*.safetensors`` in ``folder`` is finite (and there is one)."""
+    # deferred: torch costs ~1.4 s at import
     import torch
     from safetensors.torch import load_file
 
@@ -587,8 +586,6 @@ def train_disks(tmp: Path) -> tuple[bool, str]:
 
 
 def _has(tool: str) -> bool:
-    import shutil
-
     return shutil.which(tool) is not None
 
 
@@ -597,8 +594,6 @@ def _has(tool: str) -> bool:
     "stops within 10 s of the breaker tripping, one pause, the count of failed items named",
 )
 def retriever_stop_time(tmp: Path) -> tuple[bool, str]:
-    import datetime
-
     with RetrievalServer(fail_after=20) as server:  # HTTP 503 for good after 20 requests (each retried 3 times)
         args = eval_args(tmp, tmp / "runs", "--retriever", "http", "--index", server.url)
         args[args.index("--limit") + 1] = "154"  # every demo test question, 64 at a time (the default)
