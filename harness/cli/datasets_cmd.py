@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import typer
+from harness.cli.options import DataDir
 
 
 def datasets_command(
-    data_dir: str = typer.Option(None, "--data-dir", help="FlashRAG-layout data dir (else $HARNESS_DATA_DIR)."),
+    data_dir: DataDir = None,
 ) -> None:
     # deferred: the command's library loads when it runs, not at every harness --help
     from rich.console import Console

@@ -7,6 +7,7 @@ import json
 import typer
 
 from harness.cli.common import console, fail
+from harness.cli.options import DataDir, Limit
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -108,8 +109,8 @@ def check_cmd(
     datasets: list[str] = typer.Option(..., "--dataset", help="Dataset to check (repeat for several)."),
     split: str = typer.Option(None, "--split", help="Split (default: each dataset's default split)."),
     topk: int = typer.Option(5, "--topk", help="Retrievable: an answer in the top-k passages for the question."),
-    data_dir: str = typer.Option(None, "--data-dir", help="FlashRAG-layout data dir (default $HARNESS_DATA_DIR)."),
-    limit: int = typer.Option(None, "--limit", help="First N questions of each dataset."),
+    data_dir: DataDir = None,
+    limit: Limit = None,
     workers: int = typer.Option(1, "--workers", help="Processes scanning the corpus in parallel."),
 ) -> None:
     """How answerable each question is on the index's corpus: a gold answer in the corpus, and in the top-k."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from harness.cli.common import fail
+from harness.cli.options import Variant
 
 
 def prompt_command(
@@ -23,7 +24,7 @@ def prompt_command(
         "smollm2-135m-instruct", "--model", help="Tokenizer whose chat template is applied ('none': no template)."
     ),
     template: Path | None = typer.Option(None, "--template", help="A prompt-template file replacing the dialect's."),
-    variant: str = typer.Option("exact", "--variant", help="exact (the system's protocol) or small (our wording)."),
+    variant: Variant = "exact",
     mode: str | None = typer.Option(
         None, "--mode", help="eval or train, for a dialect whose two codes differ (RAG-R1); default eval."
     ),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import typer
 
 from harness.cli.common import console, fail
+from harness.cli.options import ChainFile, ChainVars, Workdir
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -47,9 +48,9 @@ def _table(ch, states: dict[str, str]) -> None:
 
 @app.command("run")
 def run_command(
-    chain: str = typer.Argument(..., help="A chain file (configs/train/prorag/chain.yaml)."),
-    workdir: str = typer.Option(None, "--workdir", help="Where the stages' outputs go (default: the chain's)."),
-    sets: list[str] = typer.Option(None, "--set", help="NAME=VALUE for one of the chain's vars (repeatable)."),
+    chain: ChainFile,
+    workdir: Workdir = None,
+    sets: ChainVars = None,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would run; run nothing."),
 ) -> None:
     """Run the chain's unfinished stages in order."""
@@ -77,9 +78,9 @@ def run_command(
 
 @app.command("status")
 def status_command(
-    chain: str = typer.Argument(..., help="A chain file."),
-    workdir: str = typer.Option(None, "--workdir", help="The chain's workdir (default: the chain's)."),
-    sets: list[str] = typer.Option(None, "--set", help="NAME=VALUE for one of the chain's vars."),
+    chain: ChainFile,
+    workdir: Workdir = None,
+    sets: ChainVars = None,
 ) -> None:
     """Each stage's state (done, partial, stale, todo) and resolved command."""
     # deferred: the command's library loads when it runs, not at every harness --help

@@ -16,6 +16,7 @@ import logging
 import typer
 
 from harness.cli.common import console, fail
+from harness.cli.options import DataDir
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ WRITE_ERRNOS = (errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM, errno.EDQU
 
 def train_command(
     config: list[str] = typer.Option(None, "-c", "--config", help="Training recipe YAML (configs/train/...)."),
-    data_dir: str = typer.Option(None, "--data-dir", help="FlashRAG-layout data dir."),
+    data_dir: DataDir = None,
     out: str = typer.Option(None, "--out", help="Run folder (default trainer.out/name)."),
     resume: str = typer.Option(None, "--resume", help="A training run folder to continue from its last checkpoint."),
     overwrite: bool = typer.Option(
