@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 
 import typer
 
+from harness import runlock
 from harness.commands import COMMANDS, HELP_ORDER
 
 app = typer.Typer(
@@ -29,6 +31,8 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for pkg in ("harness", "pipelines", "benchmarks", "training"):
         logging.getLogger(pkg).setLevel(logging.DEBUG if verbose else logging.INFO)
+    # The command line, for the run lock's file (harness.runlock): only the CLI reads argv.
+    runlock.set_command(" ".join(["harness", *sys.argv[1:]]))
 
 
 for _name in HELP_ORDER:  # every command from the one table, harness.commands.COMMANDS
