@@ -13,7 +13,6 @@ import sys
 
 import typer
 
-from harness import runlock
 from harness.commands import COMMANDS, HELP_ORDER
 
 app = typer.Typer(
@@ -32,6 +31,8 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
     for pkg in ("harness", "pipelines", "benchmarks", "training"):
         logging.getLogger(pkg).setLevel(logging.DEBUG if verbose else logging.INFO)
     # The command line, for the run lock's file (harness.runlock): only the CLI reads argv.
+    from harness import runlock  # deferred: it imports harness.safe_delete (~20 ms), which harness --help does not need
+
     runlock.set_command(" ".join(["harness", *sys.argv[1:]]))
 
 
