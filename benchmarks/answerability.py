@@ -29,13 +29,20 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.datasets import examples_hash, get_spec, load_examples
+from benchmarks.fmt import pct
 from benchmarks.metrics import normalize_answer
+from harness.fsutil import write_json_atomic
+from harness.retrieval.corpus import byte_ranges, iter_range
+from harness.retrieval.index import corpus_file, load_index, read_manifest
 from harness.types import Example
 
 logger = logging.getLogger(__name__)
@@ -114,8 +121,6 @@ class AnswerScanner:
 
 def _scan_range(path: str, start: int, end: int, keys: list[str]) -> tuple[set[str], int]:
     """One worker's share of :func:`scan_corpus` (module level: it runs in another process)."""
-    from harness.retrieval.corpus import iter_range
-
     scanner = AnswerScanner(keys)
     for _, contents in iter_range(path, start, end):
         scanner.feed(contents)
@@ -134,8 +139,6 @@ class ScanResult:
 def scan_corpus(path: str | Path, keys: Iterable[str], workers: int = 1) -> ScanResult:
     """Stream the corpus at ``path`` once and return the normalised answers among ``keys`` it
     contains. ``workers`` > 1 scans that many byte ranges in parallel processes."""
-    from harness.retrieval.corpus import byte_ranges, iter_range
-
     keys = sorted(set(keys))
     t0 = time.perf_counter()
     if workers <= 1:
@@ -143,8 +146,6 @@ def scan_corpus(path: str | Path, keys: Iterable[str], workers: int = 1) -> Scan
         for _, contents in iter_range(path):
             scanner.feed(contents)
         return ScanResult(scanner.found, scanner.rows, time.perf_counter() - t0)
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
     found: set[str] = set()
     rows = 0
@@ -268,10 +269,6 @@ def check_index(
     first ``limit``). Raises ``ValueError`` (bad arguments, unknown dataset) or
     :class:`~harness.retrieval.index.IndexLoadError`.
     """
-    from benchmarks.datasets import examples_hash, get_spec, load_examples
-    from harness.fsutil import write_json_atomic
-    from harness.retrieval.index import corpus_file, load_index, read_manifest
-
     if topk < 1:
         raise ValueError(f"--topk must be >= 1, got {topk}")
     if not datasets:
@@ -332,8 +329,6 @@ def known_answerability(
     """The shares of ``examples`` on the index, when ``harness index check`` recorded every one
     of them (same id, question and answers) for this index; else None. The retrievable share is
     None when the check used a smaller k than ``topk``."""
-    from benchmarks.datasets import examples_hash
-
     if index_dir is None or index_id is None or not examples or not _store_path(index_dir).is_file():
         return None
     try:
@@ -370,8 +365,6 @@ def retriever_index_dir(retriever: Any) -> Path | None:
 def answerability_line(a: Answerability | dict[str, Any]) -> str:
     """``of these questions, X% have their answer somewhere in the corpus, Y% in the top-k for
     the question`` (what replication cards print under the paper's numbers)."""
-    from benchmarks.fmt import pct
-
     d = a.to_dict() if isinstance(a, Answerability) else a
     top = "unknown" if d.get("retrievable") is None else f"{pct(d['retrievable'])}%"
     line = (
@@ -397,8 +390,6 @@ def beats_corpus(score: float | None, a: Answerability | dict[str, Any] | None) 
 
 def check_lines(report: CheckReport) -> list[str]:
     """What ``harness index check`` prints: both shares per question set, then the scan's cost."""
-    from benchmarks.fmt import pct
-
     out = []
     for a in report.results:
         extra = []
@@ -421,8 +412,6 @@ def check_lines(report: CheckReport) -> list[str]:
 
 def answerability_short(a: Answerability | dict[str, Any]) -> str:
     """``answerable: 97.0% in corpus, 61.2% top-5`` (what ``harness report`` shows beside EM)."""
-    from benchmarks.fmt import pct
-
     d = a.to_dict() if isinstance(a, Answerability) else a
     top = "–" if d.get("retrievable") is None else pct(d["retrievable"])
     return f"answerable: {pct(d['in_corpus'])}% in corpus, {top}% top-{d['topk']}"

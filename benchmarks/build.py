@@ -19,7 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.datasets import examples_hash
+from benchmarks.answerability import known_answerability, retriever_index_dir
+from benchmarks.datasets import corpus_path, examples_hash, get_spec, load_examples
+from benchmarks.evaluate import evaluate
+from benchmarks.judge import JudgeConfig, LLMJudge, judge_identity
+from benchmarks.metrics import METRICS
+from benchmarks.profiles import JUDGE, get_profile
 from harness.backends import build_backend
 from harness.config import pop_paths, to_dict
 from harness.eval_config import EvalConfig, RetrieverConfig
@@ -28,6 +33,7 @@ from harness.run_records import ItemScore, RunManifest, RunResults
 from harness.runlock import run_lock
 from harness.runlog import file_hash
 from harness.types import Example
+from pipelines.methods import build_method, method_kind, needs_retriever, validate_options
 
 logger = logging.getLogger(__name__)
 
@@ -89,10 +95,6 @@ def split_config(cfg: EvalConfig) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def validate_metrics(cfg: EvalConfig) -> None:
     """Every metric is known, the profile exists, and the judge options (when given) are valid."""
-    from benchmarks.judge import JudgeConfig
-    from benchmarks.metrics import METRICS
-    from benchmarks.profiles import JUDGE, get_profile
-
     get_profile(cfg.metric_profile)
     for m in cfg.metrics:
         if m != JUDGE:
@@ -102,8 +104,6 @@ def validate_metrics(cfg: EvalConfig) -> None:
 
 def _with_judge_identity(config: dict[str, Any], cfg: EvalConfig) -> dict[str, Any]:
     """With the ``judge`` metric, the run's config names the judge's prompt, model and decoding."""
-    from benchmarks.judge import JudgeConfig, judge_identity
-
     if "judge" in cfg.metrics:
         config["judge"] = {**config.get("judge", {}), **judge_identity(JudgeConfig.from_options(dict(cfg.judge)))}
     return config
@@ -111,8 +111,6 @@ def _with_judge_identity(config: dict[str, Any], cfg: EvalConfig) -> dict[str, A
 
 def build_judge(cfg: EvalConfig, run_dir: Path) -> Any:
     """The run's LLM judge (None unless the ``judge`` metric is asked for and ``judge.url`` is set)."""
-    from benchmarks.judge import JudgeConfig, LLMJudge
-
     if "judge" not in cfg.metrics:
         return None
     jcfg = JudgeConfig.from_options(dict(cfg.judge))
@@ -124,8 +122,6 @@ def build_judge(cfg: EvalConfig, run_dir: Path) -> Any:
 
 def eval_split(cfg: EvalConfig) -> str:
     """The split a config evaluates: the given one, or the dataset's default eval split."""
-    from benchmarks.datasets import get_spec
-
     return cfg.dataset.split or get_spec(cfg.dataset.name).default_split
 
 
@@ -155,16 +151,12 @@ def validate_n_samples(cfg: EvalConfig, kind: str, options: Any) -> None:
 
 
 def load_eval_examples(cfg: EvalConfig) -> list[Example]:
-    from benchmarks.datasets import load_examples
-
     d = cfg.dataset
     return load_examples(d.name, d.split, data_dir=d.data_dir, limit=d.limit, sample=d.sample, seed=d.seed)
 
 
 def default_corpus(rcfg: RetrieverConfig, dataset: str, split: str | None, data_dir: str | None) -> Path | None:
     """The dataset split's own corpus when the retriever needs one and names none; else None."""
-    from benchmarks.datasets import corpus_path
-
     if not needs_corpus(rcfg):
         return None
     corpus = corpus_path(dataset, split, data_dir=data_dir)
@@ -190,8 +182,6 @@ def build_eval(
     """Validate ``cfg`` and build its evaluation. ``backend`` / ``retriever``: already built ones
     to use instead (a shared backend, training's current policy); ``examples``: questions already
     loaded (held-out questions of a training run), evaluated instead of ``cfg.dataset``'s."""
-    from pipelines.methods import build_method, method_kind, needs_retriever, validate_options
-
     kind = method_kind(cfg.method)
     options = dict(cfg.agent if kind == "agent" else cfg.baseline)
     options.setdefault("topk", cfg.retriever.topk)
@@ -236,8 +226,6 @@ def build_eval(
 def _answerability(retriever: Any, examples: list[Example], topk: int) -> dict[str, Any] | None:
     """The shares ``harness index check`` recorded beside the run's index for these questions
     (None when it has not checked them on this index)."""
-    from benchmarks.answerability import known_answerability, retriever_index_dir
-
     a = known_answerability(retriever_index_dir(retriever), getattr(retriever, "index_id", None), examples, topk)
     return a.to_dict() if a else None
 
@@ -270,10 +258,7 @@ def simple_evaluate(
 
 
 def _run(cfg: EvalConfig, run: EvalRun, on_item: Callable[[ItemScore], None] | None) -> RunResults:
-    from benchmarks.evaluate import evaluate
-
     judge = build_judge(cfg, run.run_dir)
-    from benchmarks.profiles import get_profile
 
     response_only = get_profile(cfg.metric_profile).answer_in_response_only
     try:

@@ -31,6 +31,9 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
+from huggingface_hub import hf_hub_download
+
+from benchmarks.metrics import normalize_answer
 from harness.hub import hub_problem
 from harness.registry import Registry
 from harness.textfiles import read_jsonl
@@ -170,7 +173,6 @@ def hub_download(spec: DatasetSpec, split: str) -> Path:
     )
     if spec.hub_name is None:
         raise DatasetError(f"dataset {spec.name!r} split {split!r} is not on the hub; {how}")
-    from huggingface_hub import hf_hub_download
 
     kwargs = {"repo_id": HUB_REPO, "repo_type": "dataset", "filename": f"{spec.hub_name}/{split}.jsonl"}
     try:  # a copy downloaded earlier needs no network
@@ -256,8 +258,6 @@ def _check_record(d: dict, where: str) -> dict:
 
 def _warn_empty_golds(path: Path, examples: list[Example]) -> list[str]:
     """Ids of the items with a gold answer that normalises to ""; logged as a warning when any."""
-    from benchmarks.metrics import normalize_answer
-
     ids = [e.id for e in examples if any(not normalize_answer(g) for g in e.answers)]
     if ids:
         shown = ", ".join(ids[:10]) + (f", ... ({len(ids) - 10} more)" if len(ids) > 10 else "")

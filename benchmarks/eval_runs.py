@@ -13,12 +13,26 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as Bar
+
+from benchmarks.build import build_eval, run_dir_for, simple_evaluate
+from benchmarks.evaluate import InfrastructureDown
+from benchmarks.fmt import NAMES
+from benchmarks.profiles import apply_profile
+from harness.backends import build_backend
+from harness.config import deep_merge, from_dict, load_yaml, parse_overrides, section, set_path
+from harness.engines import engine_for_backend, sigterm_as_exit, start_engine
 from harness.eval_config import EvalConfig
+from harness.fsutil import write_error
+from harness.runlog import RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +67,6 @@ class RunError(RuntimeError):
 def flags_config(flags: dict[str, Any]) -> dict[str, Any]:
     """The config tree the given flags (``None``: not given) set, by :data:`FLAG_KEYS`. ``url`` is
     comma-separated; an ``http`` retriever's URL comes with ``index`` (``url`` is the model server's)."""
-    from harness.config import set_path
-
     out: dict[str, Any] = {}
     for flag, path in FLAG_KEYS.items():
         value = flags.get(flag)
@@ -91,9 +103,6 @@ def eval_configs(
     ``method`` / ``dataset`` name others (else ``research`` on ``demo``). ``data_dir`` defaults to
     ``$HARNESS_DATA_DIR``. Raises ``ConfigError`` / ``KeyError`` / ``ValueError`` naming the problem.
     """
-    from benchmarks.profiles import apply_profile
-    from harness.config import deep_merge, from_dict, load_yaml, parse_overrides, section
-
     flags = dict(flags)
     if flags.get("data_dir") is None and os.environ.get("HARNESS_DATA_DIR"):
         flags["data_dir"] = os.environ["HARNESS_DATA_DIR"]
@@ -122,8 +131,6 @@ def launched_backend_config(stack: contextlib.ExitStack, bcfg: Any, out: str, sa
 
     The run's config (and its hash, for resuming) keeps ``launch: true``, not the ephemeral URL.
     """
-    from harness.engines import engine_for_backend, start_engine
-
     if not bcfg.launch:
         return bcfg
     proc = start_engine(stack, engine_for_backend(bcfg.kind), bcfg.model, bcfg.engine, Path(out) / "engines", say=say)
@@ -134,12 +141,6 @@ def run_configs(configs: list[EvalConfig], say: Say = logger.info) -> list[Any]:
     """Run each config in turn with one shared backend (and one launched engine, if asked); the
     engine is stopped and the backend closed however the runs end. Returns their results; raises
     :class:`RunError` naming the backend or the run that could not be built or run."""
-    from benchmarks.build import build_eval, run_dir_for, simple_evaluate
-    from benchmarks.evaluate import InfrastructureDown
-    from harness.backends import build_backend
-    from harness.engines import sigterm_as_exit
-    from harness.fsutil import write_error
-
     results = []
     with contextlib.ExitStack() as stack:
         stack.enter_context(sigterm_as_exit())
@@ -178,9 +179,6 @@ class Progress:
     PLAIN_EVERY_S = 30.0
 
     def __init__(self, total: int, run_dir: Any, label: str, metric: str = "em", say: Say | None = None) -> None:
-        import time
-
-        from harness.runlog import RunDir
 
         done = RunDir(run_dir).scores() if (run_dir / "scores.jsonl").exists() else []
         self.total, self.label, self.metric, self.say = total, label, metric, say
@@ -195,13 +193,8 @@ class Progress:
         self._said_n = self.n
 
     def __enter__(self) -> Progress:
-        from rich.console import Console
-
         console = Console(stderr=True)
         if console.is_terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-            from rich.progress import Progress as Bar
-
             self._progress = Bar(
                 TextColumn("{task.description}"),
                 BarColumn(),
@@ -214,14 +207,10 @@ class Progress:
         return self
 
     def _desc(self) -> str:
-        from benchmarks.fmt import NAMES
-
         em = f"{self.em_sum / self.valued:.3f}" if self.valued else "–"  # nothing scored yet: no score
         return f"{self.label}  {NAMES.get(self.metric, self.metric)} {em}"
 
     def _plain(self) -> None:
-        import time
-
         now = time.monotonic()
         failed = self.n - self.scored
         tail = f", {failed} failed" if failed else ""
@@ -230,8 +219,6 @@ class Progress:
         self._said_at, self._said_n = now, self.n
 
     def add(self, score: Any) -> None:
-        import time
-
         self.n += 1
         if not score.error:  # a failed item is not scored: it does not count in the running metric
             self.scored += 1

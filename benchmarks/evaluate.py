@@ -14,14 +14,16 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from benchmarks.metrics import em_last_answer_response, score_prediction
 from harness.run_records import RESULTS_FROM_MANIFEST, ItemScore, RunManifest, RunResults
 from harness.runlock import run_lock
-from harness.runlog import RunDir
+from harness.runlog import RETRIABLE_ERROR_KINDS, RunDir
 from harness.types import Example, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -49,8 +51,6 @@ def score_trajectory(
     metric; its None (a failed call) stays None: missing, not wrong. Without a judge the
     ``judge`` metric is None too.
     """
-    from benchmarks.metrics import em_last_answer_response, score_prediction
-
     metrics = tuple(metrics)
     plain = tuple(m for m in metrics if m not in _TRAJECTORY_METRICS)
     if traj.error is not None:
@@ -191,8 +191,6 @@ class FailureBreaker:
         self.tripped_at: float | None = None
 
     def __call__(self, score: ItemScore) -> None:
-        from harness.runlog import RETRIABLE_ERROR_KINDS
-
         self.done += 1
         self.failed += bool(score.error)
         if self.tripped_at is None:  # an item finishing while the run winds down is only counted
@@ -328,8 +326,6 @@ def _evaluate(
 def _rejudge_missing(run: RunDir, wanted: set[tuple[str, int]], metrics: tuple[str, ...], judge: Callable) -> None:
     """Ask the judge again for finished items whose verdict is missing (a failed call, or a run
     scored before a judge was configured); a new verdict is appended as the item's latest score."""
-    from dataclasses import replace
-
     scores = {s.key: s for s in run.scores() if s.key in wanted}
     for traj in run.trajectories():
         s = scores.get((traj.example_id, traj.sample_index))

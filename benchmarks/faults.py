@@ -13,6 +13,7 @@ time (each is one or a few short ``harness`` processes).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
@@ -30,6 +31,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from benchmarks import tiny_recipes
+from benchmarks.datasets import demo_path, load_examples
+from harness.retrieval.corpus import read_corpus
+from harness.retrieval.memory import InMemoryRetriever
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_RECIPE = "configs/train/smollm2_cpu_sft_demo.yaml"
@@ -137,8 +141,6 @@ def in_mount_namespace(
 
 def eval_script(tmp: Path) -> Path:
     """The scripted model: every demo question, one search, then its gold answer."""
-    from benchmarks.datasets import load_examples
-
     path = tmp / "script.jsonl"
     with open(path, "w", encoding="utf-8") as f:
         for ex in load_examples("demo"):
@@ -183,10 +185,6 @@ class RetrievalServer:
     run caught in the middle, for as long as a fault needs)."""
 
     def __init__(self, delay_s: float = 0.0, fail_after: int | None = None, held: bool = False) -> None:
-        from benchmarks.datasets import demo_path
-        from harness.retrieval.corpus import read_corpus
-        from harness.retrieval.memory import InMemoryRetriever
-
         retriever = InMemoryRetriever(read_corpus(demo_path("corpus.jsonl")))
         self.requests = 0
         self.gate = threading.Event()
@@ -256,8 +254,6 @@ def overwrite_foreign(tmp: Path) -> tuple[bool, str]:
 
 @fault("index build --out a folder harness did not make", "refused before building, untouched")
 def index_foreign(tmp: Path) -> tuple[bool, str]:
-    from benchmarks.datasets import demo_path
-
     p = foreign_project(tmp)
     before = snapshot(p)
     r = harness("index", "build", "--corpus", str(demo_path("corpus.jsonl")), "--out", str(p), cwd=tmp)
@@ -463,6 +459,7 @@ def report_foreign_file(tmp: Path) -> tuple[bool, str]:
 
 def finite_safetensors(folder: Path) -> bool:
     """Whether every tensor of every ``*.safetensors`` in ``folder`` is finite (and there is one)."""
+    # deferred: torch costs ~1.4 s at import
     import torch
     from safetensors.torch import load_file
 
@@ -582,8 +579,6 @@ def train_disks(tmp: Path) -> tuple[bool, str]:
     "stops within 10 s of the breaker tripping, one pause, the count of failed items named",
 )
 def retriever_stop_time(tmp: Path) -> tuple[bool, str]:
-    import datetime
-
     with RetrievalServer(fail_after=20) as server:  # HTTP 503 for good after 20 requests (each retried 3 times)
         args = eval_args(tmp, tmp / "runs", "--retriever", "http", "--index", server.url)
         args[args.index("--limit") + 1] = "154"  # every demo test question, 64 at a time (the default)

@@ -23,6 +23,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from harness.config import read_yaml
 from harness.textfiles import read_jsonl
 
 logger = logging.getLogger(__name__)
@@ -88,8 +91,6 @@ class JudgePrompt:
 
     @classmethod
     def load(cls, spec: str) -> JudgePrompt:
-        from harness.config import read_yaml
-
         path = Path(spec) if spec.endswith((".yaml", ".yml")) else JUDGES_DIR / f"{spec}.yaml"
         if not path.is_file():
             known = ", ".join(sorted(p.stem for p in JUDGES_DIR.glob("*.yaml")))
@@ -189,8 +190,6 @@ class LLMJudge:
         self.calls = 0  # judge requests actually sent (cache hits excluded)
         self.failures = 0
         if client is None:
-            import httpx
-
             client = httpx.Client(timeout=cfg.timeout)
         self._client = client
 

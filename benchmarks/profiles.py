@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.config import ConfigError, section
 from harness.registry import Registry
 
 JUDGE = "judge"
@@ -100,8 +101,6 @@ def apply_profile(data: dict, profile: str | None) -> dict:
     given explicitly (``metrics=[...]``) are kept. A configured judge (``judge.url``) adds the
     ``judge`` metric when the profile has none; without one the profile's ``judge`` is dropped.
     """
-    from harness.config import ConfigError, section
-
     out = dict(data)
     name = profile or out.get("metric_profile") or "default"
     if not isinstance(name, str):

@@ -15,10 +15,29 @@ compared row by row; :func:`replication_table` and :func:`replication_notes` ren
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from benchmarks.answerability import answerability_line, beats_corpus, check_index, known_answerability
+from benchmarks.build import default_corpus, load_eval_examples, run_dir_for
+from benchmarks.datasets import corpus_path
+from benchmarks.eval_runs import run_configs
+from benchmarks.fmt import NAMES, pct
+from benchmarks.profiles import apply_profile, get_profile, judge_note
+from benchmarks.report import load_reference, load_run
+from benchmarks.stats import bootstrap_ci
+from harness.config import ConfigError, deep_merge, from_dict, load_yaml, parse_overrides, read_yaml
+from harness.eval_config import EvalConfig
+from harness.retrieval.factory import index_from_config
+from harness.retrieval.index import read_manifest
+from harness.runlog import RunDir
+from pipelines.methods import method_kind
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +104,6 @@ def card_names() -> list[str]:
 
 def load_card(name_or_path: str) -> Card:
     """A card by name (``search_r1``) or by path; errors name the file and the missing field."""
-    from harness.config import read_yaml
-
     path = Path(name_or_path)
     if not path.suffix:
         path = CARDS_DIR / f"{name_or_path}.yaml"
@@ -98,7 +115,6 @@ def load_card(name_or_path: str) -> Card:
     missing = [f for f in CARD_FIELDS if f not in d]
     if missing:
         raise ValueError(f"{path}: replication card lacks {', '.join(missing)}")
-    from benchmarks.profiles import get_profile
 
     get_profile(d["metric_profile"])
     try:
@@ -127,8 +143,6 @@ def load_card(name_or_path: str) -> Card:
 
 def card_reference_entries() -> list[dict[str, Any]]:
     """The cards' paper numbers as ``harness report --reference`` entries (values in percent)."""
-    from benchmarks.fmt import NAMES
-
     out = []
     for name in card_names():
         card = load_card(name)
@@ -154,8 +168,6 @@ def card_reference_entries() -> list[dict[str, Any]]:
 def reference_entries(path: str | Path) -> list[dict[str, Any]]:
     """``harness report --reference``: the cards' paper numbers, then the published-numbers
     file's entries for systems no card covers."""
-    from benchmarks.report import load_reference
-
     cards = card_reference_entries()
     covered = {e["system"] for e in cards}
     return cards + [e for e in load_reference(path) if e["system"] not in covered]
@@ -169,10 +181,6 @@ def card_configs(
 ) -> list[Any]:
     """One EvalConfig per card dataset: the card's method config, then the card's setting, then
     ``data`` (the caller's flags, ``-c`` files and overrides, which win)."""
-    from benchmarks.profiles import apply_profile
-    from harness.config import deep_merge, from_dict, load_yaml
-    from harness.eval_config import EvalConfig
-
     base: dict[str, Any] = load_yaml(REPO_ROOT / card.method_config) if card.method_config else {}
     setting: dict[str, Any] = {"method": card.method, "retriever": {"topk": card.topk} if card.topk else {}}
     if card.max_turns is not None:
@@ -250,13 +258,10 @@ def compare(
     run: str = "search agent",
 ) -> list[ComparisonRow]:
     """Paper vs ours for every metric of the run (bootstrap 95% CI over items, as reports do)."""
-    from benchmarks.report import load_run
-
     summary = load_run(Path(run_dir))
     rows = []
     for m in metrics:
         values = list(summary.item_values(m).values())
-        from benchmarks.stats import bootstrap_ci
 
         ci = bootstrap_ci(values) if values else None
         paper, source = card.paper_value(m, label) if run != CLOSED_BOOK else (None, "")
@@ -282,8 +287,6 @@ def compare(
 def replication_rows(lb: Any) -> list[list[str]]:
     """Paper vs ours for every leaderboard cell that runs a card's method on a card's dataset:
     ``[system, dataset, metric, paper, ours [CI], n, run]``, the rows ``harness replicate`` prints."""
-    from benchmarks.fmt import NAMES, pct
-
     cards = [load_card(n) for n in card_names()]
     out = []
     for row in lb.rows:
@@ -325,9 +328,6 @@ class Replication:
 def local_config(cfg: Any, corpus: str | None) -> tuple[Any, str | None]:
     """(config to run or None, why it was skipped): the config adjusted for a local run (BM25
     over the split's own corpus, else ``corpus``), or why it cannot run here."""
-    from benchmarks.build import load_eval_examples
-    from benchmarks.datasets import corpus_path
-
     try:
         load_eval_examples(cfg)
     except (ValueError, OSError, KeyError, RuntimeError) as e:
@@ -345,8 +345,6 @@ def local_config(cfg: Any, corpus: str | None) -> tuple[Any, str | None]:
 def full_size(cfg: Any) -> int | None:
     """How many questions the config's split has without its ``limit`` / ``sample`` (None when
     it has neither, or the split cannot be read)."""
-    from benchmarks.build import load_eval_examples
-
     if cfg.dataset.limit is None and cfg.dataset.sample is None:
         return None
     try:
@@ -378,12 +376,6 @@ def replicate(
     ``$HARNESS_DATA_DIR``. Raises ``ValueError`` (a bad card, nothing to run) or
     :class:`benchmarks.eval_runs.RunError`.
     """
-    import os
-
-    from benchmarks.build import run_dir_for
-    from benchmarks.eval_runs import run_configs
-    from harness.config import ConfigError, deep_merge, load_yaml, parse_overrides
-    from harness.runlog import RunDir
 
     card = load_card(system)
     data_dir = data_dir or os.environ.get("HARNESS_DATA_DIR")
@@ -451,8 +443,6 @@ def closed_book_config(cfg: Any) -> Any:
     the difference from the search run is retrieval alone. A baseline method runs FlashRAG's
     ``naive`` (generation without retrieval) with the same backend.
     """
-    from pipelines.methods import method_kind
-
     label = f"{cfg.name}-{CLOSED_BOOK}"
     if method_kind(cfg.method) == "agent":
         return replace(cfg, agent={**cfg.agent, "max_turns": 0, "final_turn": True}, label=label)
@@ -467,11 +457,6 @@ def card_answerability(cfg: Any, compute: bool, say: Callable[[str], None] = log
     runs: small corpora) checked now when not recorded, so the eval run records it in its
     manifest too. A paper index (wiki-18) is never scanned here: run ``harness index check``.
     """
-    from benchmarks.answerability import check_index, known_answerability
-    from benchmarks.build import default_corpus, load_eval_examples
-    from harness.retrieval.factory import index_from_config
-    from harness.retrieval.index import read_manifest
-
     r = cfg.retriever
     if r.kind not in ("bm25", "dense") or r.encoder:
         return None  # no index directory of ours, or a query encoder the check did not use
@@ -495,9 +480,6 @@ def card_answerability(cfg: Any, compute: bool, say: Callable[[str], None] = log
 
 def replication_table(rep: Replication) -> Any:
     """The paper-vs-ours table (a rich ``Table``; values in percent)."""
-    from rich.table import Table
-
-    from benchmarks.fmt import NAMES, pct
 
     card = rep.card
     table = Table(title=f"harness replicate {card.name}: {card.system} (metric profile: {rep.profile}; percent)")
@@ -520,9 +502,6 @@ def replication_table(rep: Replication) -> Any:
 def replication_notes(rep: Replication) -> list[str]:
     """What to read beside the table (rich markup lines): the papers' sources, per dataset how
     its setting differs from the paper's, what was not run and why, and whether it was local."""
-    from rich.markup import escape
-
-    from benchmarks.profiles import judge_note
 
     out = [f"paper: {escape(s)}" for s in sorted({r.source for r in rep.rows if r.source})]
     out += answerability_notes(rep)
@@ -558,10 +537,6 @@ def answerability_notes(rep: Replication) -> list[str]:
     answer at all and from its top-k (``harness index check``), and a note on every score above
     the in-corpus share: those answers cannot have come from the corpus, so the model answers
     from memory."""
-    from rich.markup import escape
-
-    from benchmarks.answerability import answerability_line, beats_corpus
-    from benchmarks.fmt import NAMES, pct
 
     out = []
     for label in dict.fromkeys(r.dataset for r in rep.rows):

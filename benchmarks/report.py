@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import glob
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.evaluate import item_values, scored_items
+from benchmarks.evaluate import DEFAULT_METRICS, item_values, score_trajectory, scored_items
+from benchmarks.profiles import JUDGE, get_profile
 from benchmarks.stats import CI, DEFAULT_B, DEFAULT_SEED, PairedDiff, bootstrap_ci, paired_bootstrap
+from harness.config import read_yaml
 from harness.run_records import ItemScore, RunResults
 from harness.runlog import MANIFEST, RunDir, RunDirError
 from harness.types import Trajectory
@@ -218,9 +220,6 @@ def find_runs(patterns: list[str]) -> FoundRuns:
 def _rescored(run: RunDir, trajectories: list[Trajectory]) -> list[ItemScore]:
     """Scores recomputed from the trajectories with the metrics the run recorded; LLM-judge
     verdicts are not recomputed (that needs the judge), so the stored ones are kept."""
-    from dataclasses import replace
-
-    from benchmarks.evaluate import DEFAULT_METRICS, score_trajectory
 
     metrics = tuple(run.manifest.config.get("metrics") or DEFAULT_METRICS)
     stored = {s.key: s for s in run.scores()} if "judge" in metrics else {}
@@ -429,8 +428,6 @@ def load_reference(path: str | Path) -> list[dict[str, Any]]:
     Every entry must carry its setting (model, corpus, retriever, k, subset, source), because the
     numbers are only meaningful with it; a missing field is an error, not a blank.
     """
-    from harness.config import read_yaml
-
     data = read_yaml(path) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: published numbers file holds a mapping with 'entries'")
@@ -470,8 +467,6 @@ def run_profile(runs: list[RunSummary]) -> str | None:
 
 def profile_columns(profile: str, runs: list[RunSummary]) -> tuple[str, ...]:
     """The leaderboard metrics of ``profile``; ``judge`` only when some run has judge verdicts."""
-    from benchmarks.profiles import JUDGE, get_profile
-
     p = get_profile(profile)
     has_judge = any(s.metric(JUDGE) is not None for r in runs for s in r.scores)
     return p.metrics if has_judge else p.without_judge()

@@ -13,16 +13,18 @@ import csv
 import io
 from typing import Any
 
+from benchmarks.answerability import answerability_short
 from benchmarks.fmt import NAMES, p_value, pct
+from benchmarks.profiles import PROFILES
+from benchmarks.replicate import replication_rows
 from benchmarks.report import Cell, Leaderboard, reference_datasets, reference_setting
+from benchmarks.training_curves import panels
 
 PUBLISHED_TITLE = "Published numbers (not directly comparable: corpora, retrievers, models, k and subsets differ)"
 
 
 def profile_source(name: str) -> str:
     """Where a metric profile's definitions come from (one line), or a note when unknown."""
-    from benchmarks.profiles import PROFILES
-
     return PROFILES.get(name).source if name in PROFILES else "unknown profile"
 
 
@@ -92,8 +94,6 @@ def to_markdown(lb: Leaderboard, reference: list[dict[str, Any]] | None = None) 
         out += [f"- {label} on {ds}: {NAMES.get(m, m)} missing for {k} items" for label, ds, m, k in missing]
     known = [(r.label, ds, c.run.answerability) for r in lb.rows for ds, c in r.cells.items() if c.run.answerability]
     if known:
-        from benchmarks.answerability import answerability_short
-
         out += ["", "How answerable the questions are on the corpus searched (`harness index check`):", ""]
         out += [f"- {label} on {ds}: {answerability_short(a)}" for label, ds, a in known]
     if lb.skipped:
@@ -112,8 +112,6 @@ def to_markdown(lb: Leaderboard, reference: list[dict[str, Any]] | None = None) 
 
 def training_markdown(lb: Leaderboard) -> list[str]:
     """The training curves: the runs drawn, then one PNG link per panel (files in ``curves/``)."""
-    from benchmarks.training_curves import panels
-
     out = ["## Training curves", "", "Against step; one line per training run:", ""]
     for r in lb.training:
         out.append(f"- `{r.label}`: {r.path}")
@@ -126,8 +124,6 @@ def training_markdown(lb: Leaderboard) -> list[str]:
 def replication_markdown(lb: Leaderboard) -> list[str]:
     """Runs of a replication card's method and dataset beside that paper's number (as ``harness
     replicate`` prints them); the setting may still differ from the paper's (see the run's manifest)."""
-    from benchmarks.replicate import replication_rows
-
     rows = replication_rows(lb)
     if not rows:
         return []

@@ -13,7 +13,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import Leaderboard
+from rich.markup import escape
+from rich.table import Table
+
+from benchmarks import report_render
+from benchmarks.answerability import answerability_short
+from benchmarks.fmt import NAMES, pct
+from benchmarks.replicate import reference_entries
+from benchmarks.report import (
+    METRICS,
+    Leaderboard,
+    build_leaderboard,
+    find_runs,
+    load_paths,
+    profile_columns,
+    run_profile,
+)
+from benchmarks.report_files import write_all_or_none
+from benchmarks.report_html import to_html
+from benchmarks.report_render import cell_text
+from benchmarks.training_curves import load_training_run, render_pngs, run_labels
 
 logger = logging.getLogger(__name__)
 
@@ -23,14 +42,10 @@ REFERENCE = Path(__file__).resolve().parents[1] / "configs" / "reference" / "pub
 
 
 def _html(lb: Leaderboard, ref: list[dict[str, Any]] | None) -> str:
-    from benchmarks.report_html import to_html
-
     return to_html(lb, ref)
 
 
 def _renderer(fmt: str) -> Callable[[Leaderboard, list[dict[str, Any]] | None], str]:
-    from benchmarks import report_render
-
     return {
         "md": report_render.to_markdown,
         "csv": report_render.to_csv,
@@ -65,8 +80,6 @@ class Report:
 
 def _training_runs(paths: list[Path]) -> tuple[list[Any], list[str]]:
     """The training runs that can be read, and ``"path: reason"`` for those that cannot."""
-    from benchmarks.training_curves import load_training_run, run_labels
-
     runs, skipped = [], []
     for path, label in zip(paths, run_labels(paths), strict=True):
         try:
@@ -99,11 +112,6 @@ def write_report(
     :data:`REFERENCE`). Every file is rendered before any is written, and they are written all or
     none. Raises ``ValueError`` (nothing readable, bad options) or ``OSError`` naming what failed.
     """
-    from benchmarks.replicate import reference_entries
-    from benchmarks.report import METRICS, build_leaderboard, find_runs, load_paths, profile_columns, run_profile
-    from benchmarks.report_files import write_all_or_none
-    from benchmarks.training_curves import render_pngs
-
     wanted = parse_formats(formats)
     found = find_runs(runs)
     # The HTML's browser shows trajectories: read them now, so a corrupt line skips its run here.
@@ -128,12 +136,6 @@ def write_report(
 
 def terminal_table(lb: Leaderboard) -> Any:
     """The leaderboard as a rich table: one column per dataset, one line per metric in each cell."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    from benchmarks.answerability import answerability_short
-    from benchmarks.fmt import NAMES, pct
-    from benchmarks.report_render import cell_text
 
     if not lb.rows:
         return "No evaluation runs (training curves only)."

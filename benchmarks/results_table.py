@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
 from benchmarks.fmt import NAMES
 
 _KEYS = ("method", "dataset")
@@ -44,8 +47,6 @@ def _rows(results: list[Any], metrics: list[str]) -> list[list[str]]:
 def results_tables(results: list[Any], profile: str | None = None, width: int = 80) -> list[Any]:
     """The rich tables that show ``results`` within ``width`` columns without cutting a number
     (one table when it fits, else the number columns split over several)."""
-    from rich.table import Table
-
     metrics = list(dict.fromkeys(m for r in results for m in r.metrics))
     cols = [*_KEYS, "n", *(NAMES.get(m, m) for m in metrics), "srch", "tok", "p50 s", "err"]
     rows = _rows(results, metrics)
@@ -77,8 +78,6 @@ def results_tables(results: list[Any], profile: str | None = None, width: int = 
 
 def print_results(results: list[Any], profile: str | None = None, console: Any = None) -> None:
     """Print :func:`results_tables` to ``console`` (stdout; full width when it is not a terminal)."""
-    from rich.console import Console
-
     out = console or Console()
     if console is None and not out.is_terminal:
         out = Console(width=max(200, out.width))

@@ -14,6 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.table import Table
+
+from benchmarks.fmt import pct
+from benchmarks.judge import JudgeConfig, LLMJudge
+from benchmarks.metrics import METRICS, score_prediction
+from benchmarks.profiles import JUDGE, profile_metrics
+from harness.registry import RegistryError
 from harness.textfiles import read_jsonl
 
 
@@ -38,10 +45,6 @@ class FileScores:
 def metric_names(metrics: str, profile: str | None = None, judge_url: str | None = None) -> list[str]:
     """The metrics to compute: comma-separated ``metrics``, or ``profile``'s set; ``judge`` is
     added with ``judge_url``. Raises ``ScoreError`` for an unknown name or a judge without a URL."""
-    from benchmarks.metrics import METRICS
-    from benchmarks.profiles import JUDGE, profile_metrics
-    from harness.registry import RegistryError
-
     try:
         names = list(profile_metrics(profile, bool(judge_url))) if profile else [m.strip() for m in metrics.split(",")]
         names = [m for m in names if m]
@@ -59,8 +62,6 @@ def metric_names(metrics: str, profile: str | None = None, judge_url: str | None
 
 def file_judge(file: Path, url: str, model: str | None = None, key_env: str | None = None) -> Any:
     """The LLM judge for a prediction file; its verdict cache sits beside the file (FILE.judge/)."""
-    from benchmarks.judge import JudgeConfig, LLMJudge
-
     opts = {"url": url, "model": model, **({"api_key_env": key_env} if key_env else {})}
     cache = file.with_name(file.name + ".judge")
     cache.mkdir(parents=True, exist_ok=True)
@@ -96,9 +97,6 @@ def score_file(
 ) -> FileScores:
     """Score every prediction of ``file`` with ``names`` (:func:`metric_names`); ``judge``: an
     LLM judge (:func:`file_judge`) for the ``judge`` metric, closed when done."""
-    from benchmarks.metrics import score_prediction
-    from benchmarks.profiles import JUDGE
-
     file = Path(file)
     plain = [m for m in names if m != JUDGE]
     values: dict[str, list[float]] = {m: [] for m in names}
@@ -125,9 +123,6 @@ def score_file(
 
 def scores_table(file: str | Path, scores: FileScores) -> Any:
     """The means as a one-row rich table (percent, two decimals)."""
-    from rich.table import Table
-
-    from benchmarks.fmt import pct
 
     title = f"{Path(file).name} (n={scores.n}"
     title += f"; judge missing on {scores.judge_missing})" if scores.judge_missing is not None else ")"

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report_files import write_all_or_none
 from harness.runlog import RunDir, RunDirError
 from harness.textfiles import read_jsonl
 
@@ -245,7 +246,7 @@ def _val_name(key: str) -> str:
 
 def figure(panel: Panel, runs: list[TrainingRun]) -> Any:
     """The panel as a matplotlib ``Figure``: one line per run that logged ``panel.key``."""
-    try:
+    try:  # deferred: matplotlib costs ~0.3 s at import, only for figures
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
     except ImportError as e:  # a declared dependency; say how to get it rather than a bare traceback
@@ -319,7 +320,5 @@ def write_training_curves(run_dirs: list[str | Path], out_dir: str | Path) -> li
     Written all or none. Raises ``ValueError`` (not a training run, a corrupt ``metrics.jsonl``
     line: ``file:line``) or ``OSError`` naming what could not be written.
     """
-    from benchmarks.report_files import write_all_or_none
-
     runs = load_training_runs(list(run_dirs))
     return write_all_or_none(out_dir, render_pngs(runs))

@@ -28,6 +28,8 @@ from typing import Literal
 
 import httpx
 
+from harness.models import resolve_model
+
 logger = logging.getLogger(__name__)
 
 Engine = Literal["sglang", "vllm"]
@@ -299,8 +301,6 @@ def launch_engine(
 def launched(engine: Engine, model: str, cfg: EngineConfig | None = None, log_dir: str | Path | None = None):
     """Start ``engine`` for ``model`` (a name, directory or hub id) with ``cfg``; yield the
     running :class:`EngineProcess`; stop it on leaving, whether the body succeeded or raised."""
-    from harness.models import resolve_model
-
     cfg = cfg or EngineConfig()
     device = detect_device() if cfg.device == "auto" else cfg.device
     proc = launch_engine(

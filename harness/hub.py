@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 logger = logging.getLogger(__name__)
 
 CHUNK = 8 << 20
@@ -40,8 +42,6 @@ def endpoint() -> str:
 
 def hub_reachable(timeout: float = 5.0) -> str | None:
     """None when the hub answers; else why not. One quick probe, so offline never hangs in retries."""
-    import httpx
-
     url = endpoint()
     try:
         httpx.head(url, timeout=timeout, follow_redirects=False)
@@ -85,8 +85,6 @@ def file_info(f: HubFile, timeout: float = 30.0) -> tuple[int | None, str | None
     ``X-Linked-Etag`` (the sha256 of the content); a small git file has only a git-sha1 ETag,
     which is not a sha256 of anything we can check, so it gives None.
     """
-    import httpx
-
     try:
         r = httpx.head(f.url, headers=_headers(), timeout=timeout, follow_redirects=False)
     except httpx.HTTPError as e:
@@ -115,8 +113,6 @@ def download(f: HubFile, dest: str | Path, timeout: float = 60.0) -> Path:
     A complete ``dest`` of the published size is kept as it is (a rerun costs one HEAD). Raises
     :class:`HubError` with one clear message offline, on HTTP errors, or on a checksum mismatch.
     """
-    import httpx
-
     dest = Path(dest)
     problem = hub_problem()
     if problem is not None:

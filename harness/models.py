@@ -64,6 +64,7 @@ def embedded_gguf() -> Path:
 
 
 def _convert_embedded(out: Path) -> None:
+    # deferred: transformers costs ~0.8 s at import
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = embedded_gguf()
@@ -127,6 +128,7 @@ def hub_hint(name: str, error: Exception) -> OSError:
 
 def load_tokenizer(name: str) -> Any:
     """The Hugging Face tokenizer (with its chat template) of a model name, directory or hub id."""
+    # deferred: transformers costs ~0.8 s at import
     from transformers import AutoTokenizer
 
     path = resolve_model(name)
@@ -140,6 +142,7 @@ def load_tokenizer(name: str) -> Any:
 
 def untie(weights: dict[str, Any]) -> dict[str, Any]:
     """safetensors refuses shared storage: tied embeddings are saved once (the head is re-tied on load)."""
+    # deferred: torch costs ~1.4 s at import
     import torch
 
     head, emb = weights.get("lm_head.weight"), weights.get("model.embed_tokens.weight")
@@ -154,9 +157,8 @@ def save_model_dir(
     """A model directory an inference engine can load (config, tokenizer, safetensors weights),
     written atomically, so a server never reads a half-written model. ``keep_head``: write a tied
     ``lm_head.weight`` too (it must then have its own storage), as vLLM's in-place reload needs."""
+    # deferred: torch costs ~1.4 s at import
     from safetensors.torch import save_file
-
-    from harness.fsutil import atomic_dir
 
     with atomic_dir(out, kind="model") as tmp:
         model_config.save_pretrained(tmp)

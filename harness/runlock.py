@@ -3,8 +3,9 @@
 ``harness eval``, ``harness train`` and ``harness stages run`` hold the lock of the folder they
 write for as long as they write it; a second process that wants the same folder fails at once
 with :class:`RunLockedError`, naming the holder's pid and command (written into the lock file by
-the holder). The kernel drops the lock when the holder exits, however it exits (kill -9
-included), so a stale lock file never blocks anyone: only a live holder does.
+the holder; the command is the one the CLI recorded with :func:`set_command`). The kernel drops
+the lock when the holder exits, however it exits (kill -9 included), so a stale lock file never
+blocks anyone: only a live holder does.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import contextlib
 import fcntl
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +21,15 @@ from pathlib import Path
 from harness.safe_delete import LOCK
 
 _HELD: dict[str, int] = {}  # folders this process holds, and how deep (the lock is re-entrant per process)
+_COMMAND: str | None = None  # this process's command line, as the CLI recorded it (None: not recorded)
+
+
+def set_command(command: str | None) -> None:
+    """Record the command line this process runs (the CLI passes ``harness ARGS...``): a lock file
+    names it, so that a refused second writer learns what holds the folder. The library never
+    reads the process's arguments itself."""
+    global _COMMAND
+    _COMMAND = command[:300] if command else None
 
 
 class RunLockedError(RuntimeError):
@@ -63,11 +72,9 @@ def run_lock(folder: str | Path, what: str = "run") -> Iterator[Path]:
                 f"{folder} is in use: another harness {what} writes it ({_holder(path)}). Wait for it to finish, "
                 "stop it, or pick another output folder"
             ) from None
-        info = {
-            "pid": os.getpid(),
-            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "command": " ".join(["harness", *sys.argv[1:]])[:300],
-        }
+        info = {"pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        if _COMMAND:
+            info["command"] = _COMMAND
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         _HELD[key] = 1

@@ -11,6 +11,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
 BYTE_SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
 
 # A minimal ChatML-like template, enough for code paths that call apply_chat_template.
@@ -22,7 +24,7 @@ _CHAT_TEMPLATE = (
 
 @lru_cache(maxsize=1)
 def _byte_tokenizer_cached() -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    # deferred: transformers costs ~0.8 s at import
     from transformers import PreTrainedTokenizerFast
 
     # Byte-level BPE with no merges: every byte is one token, so encode/decode round-trip exactly.

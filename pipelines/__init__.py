@@ -7,6 +7,7 @@ loaded on first use, so importing the package does not import FlashRAG.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 _EXPORTS = {
@@ -25,6 +26,5 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'pipelines' has no attribute {name!r}")
-    import importlib
 
     return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -24,6 +24,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from harness.backends.base import SamplingParams, run_sync
 from harness.retrieval.base import Retriever
 from harness.types import Example, SearchRecord
@@ -36,7 +38,7 @@ SAFE_METRICS = ["em", "f1", "acc"]
 @contextlib.contextmanager
 def _no_global_side_effects():
     """Restore os.environ and the global RNG states after FlashRAG code runs."""
-    import numpy as np
+    # deferred: torch costs ~1.4 s at import
     import torch
 
     env = dict(os.environ)
@@ -59,6 +61,7 @@ def _no_global_side_effects():
 def safe_config(**overrides: Any) -> Any:
     """A FlashRAG ``Config`` with its side effects switched off (see module docstring)."""
     with _no_global_side_effects():
+        # deferred: flashrag imports torch and its own stack (seconds)
         from flashrag.config import Config
 
         base = {
@@ -82,6 +85,7 @@ def safe_config(**overrides: Any) -> Any:
 
 
 def to_flashrag_dataset(examples: Sequence[Example], config: Any = None) -> Any:
+    # deferred: flashrag imports torch and its own stack (seconds)
     from flashrag.dataset import Dataset
 
     data = [
@@ -267,6 +271,7 @@ class FlashRAGRetriever:
 
 def pipeline_base() -> type:
     """FlashRAG's ``BasicPipeline`` (imported here, the one place that knows where it lives)."""
+    # deferred: flashrag imports torch and its own stack (seconds)
     from flashrag.pipeline import BasicPipeline
 
     return BasicPipeline

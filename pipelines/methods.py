@@ -12,7 +12,7 @@ from typing import Any
 
 from harness.config import from_dict
 from harness.registry import Registry
-from pipelines.baselines.flashrag_methods import BASELINES, WITHOUT_RETRIEVAL
+from pipelines.baselines.flashrag_methods import BASELINES, WITHOUT_RETRIEVAL, BaselineConfig, FlashRAGBaseline
 from pipelines.method import Method
 
 __all__ = ["AGENT_METHODS", "METHODS", "Method", "build_method", "method_kind", "needs_retriever", "validate_options"]
@@ -24,6 +24,7 @@ AGENT_METHODS = ("research", "search_r1", "r1_searcher", "rag_r1", "prorag")
 
 def _agent_builder(dialect: str):
     def build(backend: Any, retriever: Any, options: dict[str, Any]) -> Any:
+        # deferred: pipelines.search_agent imports flashrag and torch (seconds)
         from pipelines.search_agent import AgentConfig, SearchAgent
 
         cfg = options if isinstance(options, AgentConfig) else from_dict(AgentConfig, options, where="agent")
@@ -34,8 +35,6 @@ def _agent_builder(dialect: str):
 
 def _baseline_builder(name: str):
     def build(backend: Any, retriever: Any, options: dict[str, Any]) -> Any:
-        from pipelines.baselines.flashrag_methods import BaselineConfig, FlashRAGBaseline
-
         cfg = from_dict(BaselineConfig, options, where="baseline")
         return FlashRAGBaseline(name, backend, retriever, cfg)
 
@@ -53,10 +52,10 @@ def validate_options(name: str, options: dict[str, Any], where: str | None = Non
     naming a wrong key or value under ``where`` (default ``agent`` / ``baseline``). Cheap:
     nothing is built."""
     if method_kind(name) == "agent":
+        # deferred: pipelines.search_agent imports flashrag and torch (seconds)
         from pipelines.search_agent import AgentConfig
 
         return from_dict(AgentConfig, options, where=where or "agent")
-    from pipelines.baselines.flashrag_methods import BaselineConfig
 
     return from_dict(BaselineConfig, options, where=where or "baseline")
 

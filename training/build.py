@@ -20,20 +20,25 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from benchmarks.build import build_eval, dataset_retriever
 from benchmarks.evaluate import evaluate
 from harness import safe_delete
 from harness.backends import build_backend
+from harness.backends.hf import HFBackend
 from harness.backends.vllm_sync import RL_ARGS as VLLM_RL_ARGS
 from harness.backends.vllm_sync import RL_ENV as VLLM_RL_ENV
-from harness.config import compose, from_dict, pop_paths, to_dict
+from harness.config import ConfigError, compose, from_dict, pop_paths, to_dict
 from harness.engines import engine_for_backend, sigterm_as_exit, start_engine
+from harness.eval_config import EvalConfig
 from harness.models import MODEL_FILES
 from harness.registry import Registry
 from harness.run_records import RunManifest, RunResults
 from harness.runlock import run_lock
 from harness.runlog import RUN_ENTRIES
 from harness.safe_delete import FILE, OPAQUE, Folder, Layout
-from training.config import TrainConfig
+from harness.tokenization import byte_tokenizer
+from pipelines.methods import build_method, method_kind, validate_options
+from training.config import TrainConfig, check_ranks
 from training.examples import first_dataset, merged_corpus_dataset, train_examples
 
 logger = logging.getLogger(__name__)
@@ -70,8 +75,7 @@ def rollout_backend(cfg: TrainConfig) -> Any:
     """
     b = cfg.rollout.backend
     if cfg.model.tiny is not None:
-        from harness.backends.hf import HFBackend
-        from harness.tokenization import byte_tokenizer
+        # deferred: training.engine imports torch (~1.4 s)
         from training.engine import build_model
 
         if b.kind != "hf":
@@ -107,9 +111,6 @@ class Validation:
 def build_validation(cfg: TrainConfig, backend: Any, out: Path) -> Validation | None:
     """The validation of ``data.val_split`` (None without one), built like ``harness eval``
     builds a run: the split's own corpus, the rollout agent's options at temperature 0."""
-    from benchmarks.build import build_eval
-    from harness.eval_config import EvalConfig
-
     d = cfg.data
     if not d.val_split:
         return None
@@ -146,8 +147,7 @@ def rollout_agent_options(cfg: TrainConfig, validation: bool = False) -> dict[st
 
 def _rl_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
     """``algo.kind: rl``: the search agent's rollouts (through ``build_method``) on the policy."""
-    from benchmarks.build import dataset_retriever
-    from pipelines.methods import build_method, method_kind, validate_options
+    # deferred: training.trainer imports torch (~1.4 s)
     from training.trainer import RLTrainer
 
     d = cfg.data
@@ -164,18 +164,21 @@ def _rl_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
 
 
 def _sft_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
+    # deferred: training.sft imports torch (~1.4 s)
     from training.sft import SFTTrainer
 
     return SFTTrainer(cfg, out)
 
 
 def _prm_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
+    # deferred: training.prm imports torch (~1.4 s)
     from training.prm import PRMTrainer
 
     return PRMTrainer(cfg, out)
 
 
 def _retriever_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
+    # deferred: training.retriever_rl imports torch (~1.4 s)
     from training.retriever_rl import RetrieverTrainer
 
     return RetrieverTrainer(cfg, out, backend)
@@ -298,8 +301,6 @@ def train(
     claims it (:func:`claim_run_folder`, which ``overwrite`` lets clear it). A
     rank of a multi-rank run ends its process groups when its training ends well
     (:func:`training.engine.end_distributed`)."""
-    from training.config import check_ranks
-
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))  # as the launcher set
     b = cfg.rollout.backend
     launch = b.launch and TRAINERS.info(cfg.algo.kind).get("rollout_engine")
@@ -351,8 +352,6 @@ def next_step(cfg: TrainConfig, final: Path) -> str:
 def _as_current(recorded: Path) -> Any:
     """A run's recorded config as this harness writes it: keys added since (with their defaults)
     filled in, so a new option never invalidates a cached run; None where it no longer loads."""
-    from harness.config import ConfigError
-
     try:
         return json.loads(json.dumps(to_dict(from_dict(TrainConfig, json.loads(recorded.read_text())))))
     except (ConfigError, ValueError, TypeError):

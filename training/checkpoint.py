@@ -36,7 +36,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
+from harness import safe_delete
 from harness.fsutil import atomic_dir, commit_dir, tmp_sibling
 from harness.models import untie
 from training.divergence import DivergenceError, check_finite
@@ -116,8 +119,6 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     """``safetensors.torch.save_file``, with a failure to write (a full disk: safetensors reports
     it as a ``SafetensorError`` quoting the OS error, without the file) as an ``OSError`` naming
     ``path``."""
-    from safetensors.torch import save_file
-
     with write_errors(path):
         save_file(tensors, str(path))
 
@@ -127,8 +128,6 @@ def write_errors(path: Path) -> Iterator[Path]:
     """Writing ``path`` with a library that reports a failed write (a full disk, say) without the
     file: safetensors' ``SafetensorError`` and torch.save's ``RuntimeError`` quote the OS error in
     their text only. Either becomes an ``OSError`` naming ``path``."""
-    from safetensors import SafetensorError
-
     try:
         yield path
     except (SafetensorError, RuntimeError) as e:
@@ -138,8 +137,6 @@ def write_errors(path: Path) -> Iterator[Path]:
 
 def load_checkpoint(ckpt: Path, policy: Any, critic: Any = None) -> dict[str, Any]:
     """Restore weights, optimizer/scheduler and RNG states; returns the trainer state."""
-    from safetensors.torch import load_file
-
     rank, _ = rank_and_world()
     for name, eng in (("model", policy), ("critic", critic)):
         if eng is None:
@@ -180,6 +177,7 @@ def _load_optimizer(eng: Any, state: dict[str, Any]) -> None:
 def _deepspeed_safe_globals() -> list[Any]:
     """The few plain DeepSpeed classes ZeRO optimizer states contain, allow-listed by name so
     ``weights_only`` loading still refuses everything else."""
+    # deferred: optional extra (harness[train])
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
@@ -348,8 +346,6 @@ def save_and_prune(
     between two ``save_every`` steps). It is only for resuming, so the next checkpoint of any kind
     replaces it, and it never counts towards ``keep``: the every-N-steps checkpoints a researcher
     evaluates are not pushed out by the clock's."""
-    from harness import safe_delete
-
     path = save_checkpoint(out_dir, step, policy, {**state, "interim": interim}, critic, tokenizer)
     rank, _ = rank_and_world()
     if keep and rank == 0:

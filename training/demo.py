@@ -28,12 +28,23 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any, Protocol
 
+from benchmarks.build import dataset_retriever
+from benchmarks.datasets import corpus_path, dataset_file, load_examples
+from benchmarks.demo_summary import summarize
+from benchmarks.eval_runs import run_configs
+from benchmarks.report_write import write_report
 from harness import safe_delete
-from harness.runlog import RUN_ENTRIES
-from training.build import TRAIN_ENTRIES
+from harness.config import compose, deep_merge, from_dict, load_yaml
+from harness.eval_config import EvalConfig, RetrieverConfig
+from harness.models import load_tokenizer
+from harness.runlog import RUN_ENTRIES, file_hash
+from pipelines.dialects import resolve_dialect
+from training.build import TRAIN_ENTRIES, train_cached
+from training.config import RolloutAgentConfig, SamplingConfig, TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -118,8 +129,6 @@ def auto_threads() -> tuple[int, str]:
     threads spin-wait on each other (~3x the CPU time of a step, measured under load). Quiet, two
     threads make a GRPO step of the demo 1.5x faster than one (111 s against 171 s, measured with
     benchmarks/perf/train_step.py; see docs/training.md)."""
-    import os
-
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     if cores > 1 and load < cores / 2:
@@ -132,8 +141,6 @@ def _with_model(data: dict[str, Any], model: Path) -> dict[str, Any]:
 
 
 def _eval_data(methods_config: str, eval_dir: Path, threads: int) -> dict[str, Any]:
-    from harness.config import load_yaml
-
     data = load_yaml(methods_config)
     backend = {**data.get("backend", {}), "threads": threads}  # execution-only: runs still resume
     return {**data, "backend": backend, "dataset": {"name": "demo", "split": TEST_SPLIT}, "out": str(eval_dir)}
@@ -144,10 +151,6 @@ def _limited(data: dict[str, Any], limit: int) -> dict[str, Any]:
 
 
 def _evaluate(ui: DemoUI, data: dict[str, Any], methods: list[str], label: str | None = None) -> None:
-    from benchmarks.eval_runs import run_configs
-    from harness.config import deep_merge, from_dict
-    from harness.eval_config import EvalConfig
-
     configs = [from_dict(EvalConfig, deep_merge(data, {"method": m, "label": label})) for m in methods]
     results = run_configs(configs, say=ui.say)
     ui.results(results)
@@ -159,12 +162,7 @@ def _evaluate(ui: DemoUI, data: dict[str, Any], methods: list[str], label: str |
 def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path) -> Path:
     """The research_small trajectories of the first :data:`SFT_QUESTIONS` questions of the demo's
     train split, kept while their inputs are unchanged."""
-    from benchmarks.build import dataset_retriever
-    from benchmarks.datasets import corpus_path, dataset_file, load_examples
-    from harness.eval_config import RetrieverConfig
-    from harness.models import load_tokenizer
-    from harness.runlog import file_hash
-    from pipelines.dialects import resolve_dialect
+    # deferred: training.synthesize imports flashrag and torch (seconds)
     from training.synthesize import corpus_titles, synthesize
 
     agent = data.get("agent", {})
@@ -201,10 +199,6 @@ def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path) -> Path:
 
 def _train(ui: DemoUI, train_config: str, overrides: list[str], data: Path, run: Path) -> tuple[Path, bool]:
     """The SFT model folder and whether it was (re)trained now (see :func:`training.build.train_cached`)."""
-    from harness.config import compose
-    from training.build import train_cached
-    from training.config import TrainConfig
-
     source = f"sft.sources=[{{kind: synth, path: {json.dumps(str(data))}}}]"
     final, retrained = train_cached(compose(TrainConfig, [train_config], [source, *overrides]), run)
     ui.say(f"trained → {final}" if retrained else f"cached: {final} (trained with this recipe)")
@@ -216,10 +210,6 @@ def _train_rl(
 ) -> tuple[Path, bool]:
     """GRPO from ``sft_model``; the rollouts use the evaluation's agent and retriever options, so
     the agent trained is the agent evaluated. Cached like the SFT run."""
-    from harness.config import compose
-    from training.build import train_cached
-    from training.config import RolloutAgentConfig, SamplingConfig, TrainConfig
-
     agent = data.get("agent", {})
     # The evaluation's turn length is the rollouts' (rollout.sampling owns it); its temperature,
     # top_p and seed are evaluation's: rollouts sample as the RL recipe says.
@@ -239,9 +229,6 @@ def _train_rl(
 
 
 def _report(ui: DemoUI, eval_dir: Path, out: Path, rl_run: Path) -> Path:
-    from benchmarks.demo_summary import summarize
-    from benchmarks.report_write import write_report
-
     # Every row is paired against the SFT agent, the RL stage's starting point (demo.md pairs the
     # whole chain: SFT against the untrained agent, RL against SFT); the RL run's folder makes the
     # report draw its training curves (report.html and out/curves/*.png).

@@ -23,6 +23,8 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+from torch.distributed import PrefixStore, rendezvous
+from torch.distributed.distributed_c10d import Backend, _new_process_group_helper, _world
 
 
 def free_port() -> int:
@@ -36,9 +38,6 @@ def join_group(address: str, port: int, rank: int, world_size: int, group_name: 
     way SGLang's ``init_custom_process_group`` builds its side, so the two meet: a ``tcp://``
     rendezvous, the store prefixed with ``group_name``, then torch's group constructor (which
     prefixes ``group_name/`` again). Needs no default process group."""
-    from torch.distributed import PrefixStore, rendezvous
-    from torch.distributed.distributed_c10d import Backend, _new_process_group_helper, _world
-
     if comm not in ("gloo", "nccl"):
         raise ValueError(f"unknown weight-sync communication backend {comm!r}; use nccl or gloo")
     timeout = timedelta(seconds=timeout_s)

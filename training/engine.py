@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from harness.models import resolve_model
 from harness.registry import Registry
 from training.config import ModelConfig, OptimConfig
 
@@ -96,6 +97,7 @@ def _end_single_process_group() -> None:
 
 def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> Any:
     """The policy LM: a tiny random Llama from a config (tests, offline) or weights (safetensors only)."""
+    # deferred: transformers costs ~0.8 s at import
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     dtype = getattr(torch, cfg.dtype)
@@ -105,8 +107,6 @@ def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> Any:
         config._attn_implementation = attn
         model = LlamaForCausalLM(config).to(dtype)
     else:
-        from harness.models import resolve_model
-
         model = AutoModelForCausalLM.from_pretrained(
             resolve_model(cfg.path), dtype=dtype, use_safetensors=True, attn_implementation=attn
         )
@@ -218,6 +218,7 @@ def initialize(
     The LR follows ``cfg.schedule`` after ``warmup_steps`` (default ``cfg.warmup_steps``) over a
     run of ``max_steps`` training steps, each of which makes ``updates_per_step`` optimizer steps
     (RL: ppo_epochs × mini-batches; SFT, PRM: 1); see :func:`lr_schedule`."""
+    # deferred: optional extra (harness[train])
     import deepspeed
 
     setup_distributed_env()
@@ -346,6 +347,7 @@ def unwrap(engine: Any) -> Any:
 def _gathered(engine: Any, modifier_rank: int | None) -> Any:
     """Under ZeRO-3 parameters are partitioned: gather them for the duration of the block."""
     if getattr(engine, "zero_optimization_stage", lambda: 0)() == 3:
+        # deferred: optional extra (harness[train])
         import deepspeed
 
         return deepspeed.zero.GatheredParameters(list(unwrap(engine).parameters()), modifier_rank=modifier_rank)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from benchmarks.datasets import load_examples, load_merged_examples, read_examples
 from harness.types import Example
 from training.config import TrainConfig
 
@@ -9,8 +10,6 @@ from training.config import TrainConfig
 def train_examples(cfg: TrainConfig) -> list[Example]:
     """The training questions: ``data.file``, else ``data.dataset``'s split (several datasets
     merged), at most ``data.limit`` (of each dataset)."""
-    from benchmarks.datasets import load_examples, load_merged_examples, read_examples
-
     d = cfg.data
     if d.file:
         return read_examples(d.file)[: d.limit] if d.limit else read_examples(d.file)

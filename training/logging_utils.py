@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -17,8 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from benchmarks.evaluate import score_trajectory
+from harness.config import to_dict
 from harness.textfiles import parse_json_line
+from pipelines.dialects import get_dialect
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +42,14 @@ class MetricsLog:
         self.tb: Any = None
         self.wandb: Any = None
         if tensorboard:
-            try:
+            try:  # deferred: optional (tensorboard, harness[train]), and it imports torch
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.tb = SummaryWriter(str(out / "tensorboard"))
             except ImportError:
                 logger.warning("tensorboard is not installed (pip install tensorboard); metrics go to JSONL only")
         if wandb_project:
-            try:
+            try:  # deferred: optional, not a dependency
                 import wandb
 
                 self.wandb = wandb.init(project=wandb_project, config=config or {}, dir=str(out), resume="allow")
@@ -71,6 +76,7 @@ class MetricsLog:
         """
         dropped = sum(_truncate_jsonl(p, step) for p in (self.path, self.rollouts_path))
         if self.tb is not None:
+            # deferred: optional extra (harness[train])
             from torch.utils.tensorboard import SummaryWriter
 
             logdir = self.tb.get_logdir()
@@ -100,8 +106,6 @@ def open_run_records(out: Path, cfg: Any, resumed_step: int | None = None) -> Me
     damaged, a foreign folder) leaves the records of the run it was meant to continue as they were.
     ``resumed_step``: the step a resume restored; log records after it are dropped (those steps run
     again and are logged once)."""
-    from harness.config import to_dict
-
     config = to_dict(cfg)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
@@ -143,9 +147,6 @@ def rollout_metrics(
     EM/F1 are the item scores ``harness eval`` writes (``benchmarks.evaluate.score_trajectory``),
     whatever the training reward is, so runs with different rewards stay comparable.
     """
-    from benchmarks.evaluate import score_trajectory
-    from pipelines.dialects import get_dialect
-
     d = get_dialect(dialect)
     scores = [score_trajectory(t, ("em", "f1")) for t in trajectories]
     out = {
@@ -172,8 +173,6 @@ class ProgressBar:
 
     def __enter__(self) -> ProgressBar:
         if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
             self._progress = Progress(
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
             )
@@ -214,8 +213,6 @@ def release_freed_memory() -> None:
     Each step allocates tensors of new shapes (rollout lengths vary); glibc keeps the freed
     chunks in per-thread arenas, so a CPU run's RSS creeps up step after step without it.
     """
-    import ctypes
-
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):

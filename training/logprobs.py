@@ -27,6 +27,9 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from training.batch import token_logprobs
+from training.losses import entropy_from_logits
+
 
 class _LogProbEntropy(torch.autograd.Function):
     """One chunk's logits [n, V] (model dtype), targets [n] → log-prob [n] and entropy [n] (or an
@@ -173,9 +176,6 @@ def window_token_stats(
     b, w = targets.shape
     L = input_ids.shape[1]
     if chunk_tokens <= 0 or not supports_chunking(model):
-        from training.batch import token_logprobs
-        from training.losses import entropy_from_logits
-
         logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=w + 1).logits[:, :-1]
         if temperature != 1.0:
             logits = logits / temperature  # [b, w, V]

@@ -30,11 +30,13 @@ from typing import Any
 import torch
 
 from training.config import LoraConfig
+from training.engine import _gathered, unwrap
 
 logger = logging.getLogger(__name__)
 
 
 def peft_config(cfg: LoraConfig) -> Any:
+    # deferred: optional extra (harness[train])
     from peft import LoraConfig as PeftLoraConfig
 
     return PeftLoraConfig(
@@ -44,6 +46,7 @@ def peft_config(cfg: LoraConfig) -> Any:
 
 def apply_lora(model: Any, cfg: LoraConfig) -> Any:
     """The policy LM with LoRA adapters (a ``peft`` model); base weights frozen."""
+    # deferred: optional extra (harness[train])
     from peft import get_peft_model
 
     c = peft_config(cfg)
@@ -57,6 +60,7 @@ def apply_lora(model: Any, cfg: LoraConfig) -> Any:
 
 def lora_critic(critic: Any, cfg: LoraConfig) -> Any:
     """Inject adapters into a :class:`~training.engine.ValueHead`'s body; body frozen, head trains."""
+    # deferred: optional extra (harness[train])
     from peft import inject_adapter_in_model
 
     inject_adapter_in_model(peft_config(cfg), critic.body)
@@ -66,23 +70,17 @@ def lora_critic(critic: Any, cfg: LoraConfig) -> Any:
 
 
 def is_lora(model: Any) -> bool:
-    from training.engine import unwrap
-
     return hasattr(unwrap(model), "disable_adapter") and hasattr(unwrap(model), "get_base_model")
 
 
 def base_model(model: Any) -> Any:
     """The plain transformers model inside a peft model (adapter layers still in it)."""
-    from training.engine import unwrap
-
     m = unwrap(model)
     return m.get_base_model() if hasattr(m, "get_base_model") else m
 
 
 def adapters_disabled(model: Any) -> Any:
     """Context in which the policy computes as its base (the KL reference); a no-op without LoRA."""
-    from training.engine import unwrap
-
     return unwrap(model).disable_adapter() if is_lora(model) else contextlib.nullcontext()
 
 
@@ -90,9 +88,8 @@ def adapters_disabled(model: Any) -> Any:
 def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """Full weights W + ΔW under the base model's key names, computed beside the training weights
     (nothing is merged in place, so no unmerge rounding creeps into the adapters or the base)."""
+    # deferred: optional extra (harness[train])
     from peft.tuners.lora import LoraLayer
-
-    from training.engine import _gathered
 
     base = base_model(model)
     with _gathered(model, None):
@@ -116,7 +113,5 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
 
 def save_adapter(model: Any, out: Path) -> Path:
     """peft's adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``)."""
-    from training.engine import unwrap
-
     unwrap(model).save_pretrained(str(out), safe_serialization=True)
     return out

@@ -50,11 +50,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.config import require_at_least
-from harness.eval_config import BackendConfig, DatasetConfig, RetrieverConfig
+from benchmarks.build import build_eval
+from harness.config import compose, from_dict, require_at_least, to_dict
+from harness.eval_config import BackendConfig, DatasetConfig, EvalConfig, RetrieverConfig
 from harness.textfiles import parse_json_line, read_jsonl
 from harness.types import Example, Segment, Trajectory
 from pipelines.concurrency import run_bounded
+from training.rewards import build_reward
 
 logger = logging.getLogger(__name__)
 
@@ -402,8 +404,6 @@ class MCTSStats:
 
 def run_mcts(agent: Any, examples: Sequence[Example], cfg: MCTSConfig, out: str | Path) -> MCTSStats:
     """Search every example not yet done in ``out``; append each one's records when it finishes."""
-    from training.rewards import build_reward
-
     writer, stats = MCTSWriter(out), MCTSStats()
     todo = [e for e in examples if e.id not in writer.done]
     stats.skipped = len(examples) - len(todo)
@@ -462,10 +462,6 @@ def run_mcts_recipe(files: list[str], overrides: list[str], out: str | None = No
     """``harness data mcts``: compose an :class:`MCTSRunConfig` from YAML ``files`` and
     ``key.path=value`` overrides, build its agent and questions as ``harness eval`` builds a run,
     and :func:`run_mcts` into ``out`` (default: the config's). Returns the stats and the folder."""
-    from benchmarks.build import build_eval
-    from harness.config import compose, from_dict, to_dict
-    from harness.eval_config import EvalConfig
-
     cfg = compose(MCTSRunConfig, files, overrides)
     ecfg = from_dict(
         EvalConfig,

@@ -27,6 +27,7 @@ server is a separate process (its ``mem_fraction_static``) and is not counted.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.config import compose, load_yaml
+from harness.models import EMBEDDED_ALIASES, cache_root
 from training.config import TrainConfig
 from training.stages import Stage, load_chain
 
@@ -74,6 +76,7 @@ def shipped_archs() -> dict[str, Path]:
 
 def _config_of(path: str) -> tuple[Any, str]:
     """A transformers config for ``path``: a local folder, the hub cache, a shipped file, the hub."""
+    # deferred: transformers costs ~0.8 s at import
     from transformers import AutoConfig
 
     local = Path(path).expanduser()
@@ -99,6 +102,7 @@ def _config_of(path: str) -> tuple[Any, str]:
 
 
 def _from_json(f: Path) -> Any:
+    # deferred: transformers costs ~0.8 s at import
     from transformers import AutoConfig
 
     raw = {k: v for k, v in json.loads(f.read_text()).items() if not k.startswith("_")}
@@ -107,10 +111,12 @@ def _from_json(f: Path) -> Any:
 
 def arch_of(path: str, tiny: dict[str, Any] | None = None) -> Arch:
     """The :class:`Arch` of ``model.path`` (or of ``model.tiny``), built on the meta device."""
+    # deferred: torch costs ~1.4 s at import
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     if tiny is not None:
+        # deferred: training.engine imports torch (~1.4 s)
         from training.engine import TINY_DEFAULTS
 
         config, source = LlamaConfig(vocab_size=260, **{**TINY_DEFAULTS, **tiny}), "model.tiny"
@@ -297,8 +303,6 @@ def _knob(cfg: TrainConfig, p: Plan, model: Arch, prm: Arch | None, gpus: int) -
     """The settings that make it fit, turned in the order that costs least: a smaller
     micro-batch (gradient accumulation keeps the batch), gradient checkpointing, chunked
     logits, a higher ZeRO stage, each with the largest micro-batch that then fits."""
-    import dataclasses
-
     if p.fits:
         return ""
     if p.max_micro_batch >= 1:
@@ -329,8 +333,6 @@ def _knob(cfg: TrainConfig, p: Plan, model: Arch, prm: Arch | None, gpus: int) -
 def resolve_model_path(path: str) -> str:
     """``model.path`` as the planner reads it: the embedded model's cached folder if converted,
     else its shipped architecture (converting it would load weights)."""
-    from harness.models import EMBEDDED_ALIASES, cache_root
-
     if path in EMBEDDED_ALIASES:
         cached = cache_root() / "models" / EMBEDDED_ALIASES[0]
         return str(cached) if (cached / "config.json").is_file() else path

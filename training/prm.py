@@ -20,10 +20,15 @@ rebuild the tokenizer), and the tokenizer files when it has them. :func:`load_pr
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import os
 import random
 import re
+import socket
+import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -31,17 +36,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
+from harness.models import load_tokenizer
 from harness.registry import Registry
 from harness.textfiles import read_jsonl
+from harness.tokenization import byte_tokenizer
 from training.checkpoint import restore_position, resume_checkpoint, save_position, write_safetensors
 from training.config import TrainConfig
 from training.divergence import NonFiniteGuard, check_finite, poisoned, update_applied
 from training.engine import ValueHead, build_model, initialize, optimizer_step, rank_and_world, unwrap
 from training.epochs import EpochSampler
 from training.logging_utils import MetricsLog, ProgressBar, open_run_records
+from training.lora import lora_critic, merged_state_dict
+from training.prm_server import MAX_TOKENS, create_app
+from training.sft import sft_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -180,8 +192,6 @@ PRM_LOSSES.register(
 
 
 def prm_tokenizer(cfg: TrainConfig) -> Any:
-    from training.sft import sft_tokenizer
-
     return sft_tokenizer(cfg)
 
 
@@ -208,8 +218,6 @@ class PRMTrainer:
             raise ValueError(f"prm.batch_size={p.batch_size} must divide by {self.world} ranks")
         model = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))
         if cfg.model.lora is not None:
-            from training.lora import lora_critic
-
             model = lora_critic(model, cfg.model.lora)
         self.engine = initialize(model, cfg.optim, cfg.optim.lr, p.batch_size, max_steps=cfg.trainer.max_steps)
         self.sampler = EpochSampler(len(items), cfg.trainer.seed, True)
@@ -317,8 +325,6 @@ class PRMTrainer:
 # ---- saving, loading, scoring -----------------------------------------------------------------
 def save_prm(model: Any, tokenizer: Any, out: Path, cfg: TrainConfig, metrics: dict[str, float]) -> Path:
     """The PRM folder (safetensors; LoRA merged into the body); see the module docstring."""
-    from training.lora import merged_state_dict
-
     m = unwrap(model)
     out = Path(out)
     body = m.body
@@ -350,8 +356,6 @@ class PRM:
     """A trained PRM in process: ``score(seqs)`` → raw head scores (logits), no gradients."""
 
     def __init__(self, model: Any, tokenizer: Any, append_eos: bool = True, max_len: int | None = None) -> None:
-        import threading
-
         self.model, self.tokenizer = model.eval(), tokenizer
         self.append_eos, self.max_len = append_eos, max_len
         # Local rank 0 scores in process while its server thread scores for the node's other ranks.
@@ -396,7 +400,7 @@ class PRM:
 def load_prm(path: str | Path, threads: int | None = None, device: str | torch.device | None = None) -> PRM:
     """Read a folder :func:`save_prm` wrote (safetensors only), onto ``device`` (default CPU):
     bf16 on a GPU (as the policy), fp32 on CPU."""
-    from safetensors.torch import load_file
+    # deferred: transformers costs ~0.8 s at import
     from transformers import AutoConfig, AutoModel
 
     path = Path(path)
@@ -418,12 +422,8 @@ def load_prm(path: str | Path, threads: int | None = None, device: str | torch.d
     model = ValueHead(lm)
     model.head.load_state_dict(load_file(str(path / "head.safetensors")))
     if meta.get("tokenizer") == "byte":
-        from harness.tokenization import byte_tokenizer
-
         tok = byte_tokenizer()
     else:
-        from harness.models import load_tokenizer
-
         tok = load_tokenizer(str(path))
     device = torch.device(device or "cpu")
     model = model.to(device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
@@ -500,7 +500,6 @@ class PRMStepScorer:
             return []
         if self.prm is not None:
             return self.prm.score(seqs, self.batch_size)
-        import httpx
 
         r = httpx.post(f"{self.url}/score", json={"sequences": seqs}, timeout=600.0)
         if r.status_code != 200:
@@ -534,16 +533,11 @@ class PRMStepScorer:
 # ---- one PRM per node ---------------------------------------------------------------------------
 def _rendezvous_file() -> Path:
     """Node-local (the temp dir) and per job (the launcher's master address and port)."""
-    import os
-    import tempfile
-
     addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), os.environ.get("MASTER_PORT", "0")
     return Path(tempfile.gettempdir()) / f"harness-prm-{addr}-{port}.json"
 
 
 def _healthy(url: str, path: str) -> bool:
-    import httpx
-
     try:
         r = httpx.get(f"{url}/health", timeout=5.0)
         return r.status_code == 200 and r.json().get("path") == path
@@ -561,8 +555,6 @@ def node_local_prm(
     serve prm`` app, in a daemon thread) and writes the URL to a node-local rendezvous file; the
     other local ranks wait for that file and a healthy server (the job's master address and port
     name the file, and the server must report this PRM's path, so a stale file is never used)."""
-    import os
-
     world, local_rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_RANK", "0"))
     if world <= 1:
         return load_prm(path, device=device), None
@@ -574,7 +566,6 @@ def node_local_prm(
         tmp = meet.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps({"url": url, "path": str(path), "kind": "harness-prm-rendezvous"}))
         tmp.replace(meet)
-        import atexit
 
         atexit.register(meet.unlink, missing_ok=True)
         logger.info("PRM %s on %s, served to this node's ranks at %s", path, prm.device, url)
@@ -601,9 +592,8 @@ def serve(
 ) -> None:
     """``harness serve prm``: load the PRM folder ``path`` and serve it (:mod:`training.prm_server`)
     until interrupted; sequences over ``max_tokens`` are refused (413)."""
+    # deferred: uvicorn costs ~0.1 s at import, only for a server
     import uvicorn
-
-    from training.prm_server import MAX_TOKENS, create_app
 
     app = create_app(load_prm(path, threads), path, batch_size, max_tokens or MAX_TOKENS)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
@@ -611,12 +601,8 @@ def serve(
 
 def _serve_in_thread(prm: PRM, path: str) -> str:
     """Start the PRM app on a free local port in a daemon thread; returns its URL once healthy."""
-    import socket
-    import threading
-
+    # deferred: uvicorn costs ~0.1 s at import, only for a server
     import uvicorn
-
-    from training.prm_server import create_app
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -42,16 +42,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 
+from benchmarks.datasets import corpus_path
 from benchmarks.metrics import normalize_answer, score_prediction
-from harness.retrieval.state import RetrievalState
-from harness.retrieval.stochastic import StochasticDenseRetriever
+from harness import safe_delete
+from harness.backends import build_backend
+from harness.config import from_dict, to_dict
+from harness.retrieval.factory import ensure_index
+from harness.retrieval.index import load_index
+from harness.retrieval.state import RetrievalState, state_for
+from harness.retrieval.stochastic import QueryTower, StateFormat, StochasticDenseRetriever
 from harness.types import Example, SearchRecord, Trajectory
+from pipelines.baselines.flashrag_methods import BaselineConfig, FlashRAGBaseline
+from pipelines.methods import build_method, method_kind, validate_options
 from training.advantages import gae, grpo, outcome_to_tokens
+from training.checkpoint import write_safetensors
 from training.config import TrainConfig, TrainerConfig
 from training.divergence import NonFiniteGuard, check_finite, is_finite
 from training.engine import ValueHead
+from training.examples import first_dataset, train_examples
 from training.losses import aggregate, kl_loss, kl_penalty, policy_loss, value_loss
 from training.retriever_config import RetrieverRLConfig
 
@@ -89,8 +100,6 @@ class _RecordingRetriever:
 
 
 def _history(log: list[SearchRecord]) -> tuple:
-    from harness.retrieval.state import state_for
-
     return state_for("", log).history
 
 
@@ -98,9 +107,6 @@ class BaselineRunner:
     """Rollouts through a FlashRAG baseline; the searches on each trajectory are the recorded calls."""
 
     def __init__(self, name: str, backend: Any, retriever: StochasticDenseRetriever, options: dict[str, Any]) -> None:
-        from harness.config import from_dict
-        from pipelines.baselines.flashrag_methods import BaselineConfig, FlashRAGBaseline
-
         self.recorder = _RecordingRetriever(retriever)
         opts = from_dict(BaselineConfig, {**options, "max_concurrency": 1}, where="baseline")
         self.baseline = FlashRAGBaseline(name, backend, self.recorder, opts)  # type: ignore[arg-type]
@@ -376,8 +382,6 @@ class RetrieverRL:
     def sync_served(self) -> dict[str, Any]:
         """Save the tower to ``out/sync/step-N`` and have the served retriever at ``cfg.sync_url``
         reload it (the previous sync dir is removed once the server has moved on)."""
-        from harness import safe_delete
-
         check_finite(self.tower.state_dict(), f"not syncing the encoder of step {self.step_no}")
         path = self.retriever.save_tower(self.out / "sync" / f"step-{self.step_no}")
         safe_delete.mark(path, "encoder", entries=[p.name for p in path.iterdir()])  # ours: removable later
@@ -422,8 +426,6 @@ class RetrieverRL:
         """Write the trained encoder (and the value head) into the run folder; returns ``encoder/``."""
         check_finite(self.tower.state_dict(), f"not writing the encoder {self.out / 'encoder'}")
         if self.value_head is not None:  # for resuming / inspection; evaluation needs only the encoder
-            from training.checkpoint import write_safetensors
-
             check_finite(self.value_head.state_dict(), "not writing the value head")
             write_safetensors(self.value_head.state_dict(), self.out / "value_head.safetensors")
         return self.retriever.save_tower(self.out / "encoder")
@@ -432,8 +434,6 @@ class RetrieverRL:
 def reload_served_encoder(url: str, path: str, timeout: float = 300.0) -> dict[str, Any]:
     """``POST {url}/admin/reload_encoder {"path": path}`` (the server must be on this host: it
     accepts the call from loopback clients only). Raises ``RuntimeError`` naming the server's reason."""
-    import httpx
-
     endpoint = url.rstrip("/") + "/admin/reload_encoder"
     try:
         r = httpx.post(endpoint, json={"path": path}, timeout=timeout)
@@ -465,8 +465,6 @@ def filter_examples(
 def rollout_options(cfg: TrainConfig) -> dict[str, Any]:
     """The options the frozen generator's pipeline is built with: ``retriever_rl.agent`` (or
     ``baseline``) over the sampled top-k (the recipe test resolves the effective agent from it)."""
-    from pipelines.methods import method_kind
-
     r = cfg.retriever_rl
     return {"topk": r.sampling.topk, **(r.agent if method_kind(r.method) == "agent" else r.baseline)}
 
@@ -474,12 +472,6 @@ def rollout_options(cfg: TrainConfig) -> dict[str, Any]:
 def build_from_config(cfg: TrainConfig, backend: Any = None) -> tuple[StochasticDenseRetriever, Any]:
     """The stochastic retriever (tower + fixed index) and the rollout runner of an
     ``algo.kind: retriever`` recipe (its ``retriever_rl`` section; the corpus of ``data``)."""
-    from harness.backends import build_backend
-    from harness.retrieval.factory import ensure_index
-    from harness.retrieval.index import load_index
-    from harness.retrieval.stochastic import QueryTower, StateFormat
-    from pipelines.methods import build_method, method_kind, validate_options
-
     r = cfg.retriever_rl
     e, s = r.encoder, r.sampling
     agent = method_kind(r.method) == "agent"
@@ -513,9 +505,6 @@ def build_from_config(cfg: TrainConfig, backend: Any = None) -> tuple[Stochastic
 
 
 def _corpus(cfg: TrainConfig) -> Path:
-    from benchmarks.datasets import corpus_path
-    from training.examples import first_dataset
-
     d = cfg.data
     corpus = cfg.retriever_rl.corpus or corpus_path(first_dataset(cfg), d.split, data_dir=d.data_dir)
     if corpus is None:
@@ -530,8 +519,6 @@ class RetrieverTrainer:
     encoder lands in ``RUN/encoder`` (what :meth:`train` returns)."""
 
     def __init__(self, cfg: TrainConfig, out: Path, backend: Any = None) -> None:
-        from training.examples import train_examples
-
         self.cfg, self.out = cfg, Path(out)
         # Built here, before the run folder is claimed: a recipe that fails to build leaves none.
         self.retriever, self.runner = build_from_config(cfg, backend)
@@ -555,8 +542,6 @@ class RetrieverTrainer:
     def _start(self) -> None:
         """The run's records, once: ``config.json`` and the open ``metrics.jsonl``."""
         if self._log is None:
-            from harness.config import to_dict
-
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "config.json").write_text(json.dumps(to_dict(self.cfg), indent=2) + "\n", encoding="utf-8")
             self._log = open(self.out / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
@@ -591,8 +576,6 @@ def harr_filter(
     """``harness data harr-filter``: run :func:`filter_examples` over the recipe's training
     questions and write the kept ones to ``out`` (FlashRAG JSONL, a ``data.file`` for training)
     and one count row per question to ``out``'s ``.stats.jsonl``. Returns (out, stats, kept, of)."""
-    from training.examples import train_examples
-
     if cfg.algo.kind != "retriever":
         raise ValueError(
             f"harr-filter reads a retriever-RL recipe (algo.kind: retriever), not algo.kind {cfg.algo.kind}"

@@ -35,13 +35,16 @@ Definitions (and where they come from):
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from benchmarks.metrics import exact_match, f1_score, normalize_answer
+from benchmarks.metrics import cover_em, exact_match, f1_r1_searcher, f1_score, normalize_answer
 from harness.registry import Registry
 from harness.types import Trajectory
+from pipelines.dialects import get_dialect
+from pipelines.dialects.protocols import qa_em_answer, r1_searcher_validate_llama
 
 RewardOut = tuple[float, dict[str, float]]
 RewardFn = Callable[[Trajectory], RewardOut]
@@ -52,7 +55,6 @@ def _dialect(traj: Trajectory, validator: Any) -> Any:
     """The object that validates/extracts: ``validator`` if given, else the trajectory's dialect."""
     if validator is not None:
         return validator
-    from pipelines.dialects import get_dialect  # lazy: pipelines is heavier than this module
 
     return get_dialect(traj.metadata.get("dialect", "search_r1"))
 
@@ -107,8 +109,6 @@ class EM:
 
     def __call__(self, traj: Trajectory) -> RewardOut:
         if self.answer_from == "prompt_response":
-            from pipelines.dialects.protocols import qa_em_answer  # lazy, as _dialect
-
             answer = qa_em_answer("".join(s.text for s in traj.segments))
         else:
             answer = extract_answer(traj, self.validator)
@@ -146,8 +146,6 @@ class R1SearcherStage1:
     validator: Any = None
 
     def __call__(self, traj: Trajectory) -> RewardOut:
-        from benchmarks.metrics import cover_em
-
         text = traj.response_text
         stage1 = getattr(_dialect(traj, self.validator), "options", {}).get("stage1_checks")
         if stage1 is not None:
@@ -183,9 +181,6 @@ class R1SearcherStage2:
             raise ValueError(f"r1_searcher_stage2: server must be 'llama' or 'qwen', not {self.server!r}")
 
     def __call__(self, traj: Trajectory) -> RewardOut:
-        from benchmarks.metrics import f1_r1_searcher
-        from pipelines.dialects.protocols import r1_searcher_validate_llama
-
         validator = self.validator
         if validator is None and self.server == "llama":
             validator = r1_searcher_validate_llama
@@ -199,8 +194,6 @@ class R1SearcherStage2:
 def prorag_f1(prediction: str, gold: str) -> float:
     """ProRAG's ``calculate_f1_score`` (``prorag/utils/metric.py``): token F1 over lower-cased
     whitespace tokens, no SQuAD normalisation (punctuation and articles count)."""
-    from collections import Counter
-
     p, g = prediction.lower().split(), gold.lower().split()
     if not p or not g:
         return 0.0

@@ -41,8 +41,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from benchmarks.evaluate import aggregate
+from harness.fsutil import atomic_dir, write_json_atomic
+from harness.run_records import RunManifest
+from harness.runlog import MANIFEST, RunDir
 from harness.types import Segment, Trajectory
 from training.rewards import build_step_scorer
+from training.sft_data import parse_filter, score_env
 
 logger = logging.getLogger(__name__)
 
@@ -125,16 +130,12 @@ class _Filter:
     """Applies one config to trajectories in turn, remembering the kept responses per question."""
 
     def __init__(self, cfg: RFTFilterConfig, scorer: Any) -> None:
-        from training.sft_data import parse_filter
-
         self.cfg, self.scorer = cfg, scorer
         self.where = parse_filter(cfg.where) if cfg.where else None
         self.seen: dict[str, set[str]] = {}
         self.next_index: Counter[str] = Counter()
 
     def __call__(self, source: str, traj: Trajectory, score: Any) -> tuple[Decision, Trajectory | None]:
-        from training.sft_data import score_env
-
         c = self.cfg
         d = Decision(source, traj.example_id, traj.sample_index, kept=False)
         if score is None or score.error or traj.error or traj.finish_reason == "error":
@@ -200,8 +201,6 @@ def _common(values: list[Any], mixed: str) -> Any:
 def expand_run_dirs(paths: list[str | Path]) -> list[Path]:
     """Run directories from the given paths: a run directory itself (it has a manifest), or a
     folder of them (``harness eval --out DIR`` with several datasets), taken in name order."""
-    from harness.runlog import MANIFEST
-
     out: list[Path] = []
     for p in map(Path, paths):
         if (p / MANIFEST).is_file():
@@ -218,11 +217,6 @@ def rft_filter(run_dirs: list[str | Path], out: str | Path, cfg: RFTFilterConfig
     """Filter the trajectories of ``run_dirs`` (run directories, or folders of them) into the run
     directory ``out`` (see the module docstring). ``scorer``: a built step scorer (default: built
     from ``cfg``). ``out`` is replaced only when it is empty or a previous filter output."""
-    from benchmarks.evaluate import aggregate
-    from harness.fsutil import atomic_dir, write_json_atomic
-    from harness.run_records import RunManifest
-    from harness.runlog import RunDir
-
     out = Path(out)
     _check_out(out)
     run_dirs = expand_run_dirs(run_dirs)

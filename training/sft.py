@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from harness.models import load_tokenizer
+from harness.tokenization import byte_tokenizer
 from harness.types import Trajectory
 from training.batch import Batch, collate
 from training.checkpoint import export_hf, restore_position, resume_checkpoint, save_position
@@ -36,10 +38,7 @@ logger = logging.getLogger(__name__)
 def sft_tokenizer(cfg: TrainConfig) -> Any:
     """The policy's tokenizer: the byte tokenizer for ``model.tiny``, else the model's own."""
     if cfg.model.tiny is not None:
-        from harness.tokenization import byte_tokenizer
-
         return byte_tokenizer()
-    from harness.models import load_tokenizer
 
     return load_tokenizer(cfg.model.path)
 

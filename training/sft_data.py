@@ -35,8 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.registry import Registry
+from harness.runlog import RunDir
 from harness.textfiles import read_jsonl
 from harness.types import Segment, Trajectory
+from pipelines.dialects import resolve_dialect
 
 logger = logging.getLogger(__name__)
 
@@ -239,8 +241,6 @@ def load_chat(path: str | Path, tokenizer: Any, limit: int | None = None, chat: 
 def load_synth(path: str | Path, tokenizer: Any, limit: int | None = None, chat: bool = True) -> list[Trajectory]:
     """Source (c): ``harness data synthesize`` output. The prompt is rendered by the record's
     dialect with THIS tokenizer (``Dialect.prompt_ids``, as the agent does)."""
-    from pipelines.dialects import resolve_dialect
-
     path = Path(path)
     out: list[Trajectory] = []
     for n, rec in read_jsonl(path, SFTDataError):
@@ -372,8 +372,6 @@ def load_run(
 ) -> list[Trajectory]:
     """Source (a): a run directory's trajectories whose scores pass ``where`` (all without one).
     Failed items are never kept. Segments are re-tokenized from their text, segment by segment."""
-    from harness.runlog import RunDir
-
     run = RunDir(run_dir)
     pred = parse_filter(where) if where else (lambda env: True)
     scores = {s.key: s for s in run.scores()}

@@ -51,9 +51,12 @@ renames), so the next run resumes it. One runner per workdir: ``WORKDIR/.stages/
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -64,6 +67,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands import stage_commands
+from harness.config import load_yaml
+from harness.engines import _die_with_parent
+from harness.fsutil import write_json_atomic
+from harness.runlock import RunLockedError, run_lock
+from harness.safe_delete import move_aside
 
 logger = logging.getLogger(__name__)
 
@@ -136,8 +144,6 @@ def _substitute(text: str, values: dict[str, str], where: str) -> str:
 
 def load_chain(path: str | Path, workdir: str | None = None, variables: dict[str, str] | None = None) -> Chain:
     """Read and resolve a chain file; every problem raises :class:`StageError` naming where."""
-    from harness.config import load_yaml
-
     path = Path(path)
     if not path.is_file():
         raise StageError(f"{path}: no such chain file")
@@ -227,8 +233,6 @@ def marker_path(chain: Chain, stage: Stage) -> Path:
 
 
 def read_marker(chain: Chain, stage: Stage) -> dict[str, Any] | None:
-    import json
-
     p = marker_path(chain, stage)
     if not p.exists():
         return None
@@ -273,8 +277,6 @@ def stage_state(chain: Chain, stage: Stage) -> str:
 
 
 def _write_marker(chain: Chain, stage: Stage, state: str, run_id: str, argv: list[str], **extra: Any) -> None:
-    from harness.fsutil import write_json_atomic
-
     chain.state_dir.mkdir(parents=True, exist_ok=True)
     record = {
         "chain": chain.name,
@@ -293,8 +295,6 @@ def _write_marker(chain: Chain, stage: Stage, state: str, run_id: str, argv: lis
 def _move_stale(chain: Chain, stage: Stage, stamp: str) -> Path:
     """Move a stale output aside into ``WORKDIR/.stale-<stamp>/`` (never deleted: a missing
     marker may be the only thing wrong with it); returns where it went."""
-    from harness.safe_delete import move_aside
-
     out = Path(stage.output)
     workdir = Path(chain.workdir).resolve()
     if workdir not in out.resolve().parents:
@@ -332,10 +332,6 @@ def run_child(cmd: list[str], log_path: Path) -> int:
     dies with the runner: when the runner is interrupted (Ctrl-C, or SIGTERM under
     ``harness.engines.sigterm_as_exit``) the whole group gets SIGTERM, then SIGKILL after
     :data:`STOP_GRACE_S`; when the runner dies outright (kill -9), Linux SIGKILLs the child."""
-    import functools
-    import signal
-
-    from harness.engines import _die_with_parent
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a", encoding="utf-8") as log:
@@ -364,8 +360,6 @@ def run_child(cmd: list[str], log_path: Path) -> int:
 
 def _stop_group(proc: subprocess.Popen) -> None:
     """SIGTERM the child's process group, SIGKILL it after :data:`STOP_GRACE_S`."""
-    import signal
-
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
@@ -395,7 +389,6 @@ def run_chain(chain: Chain, executor: Executor = subprocess_executor, dry_run: b
     or when another runner holds the workdir (its pid named)."""
     if dry_run:
         return _run_chain(chain, executor, dry_run)
-    from harness.runlock import RunLockedError, run_lock
 
     try:
         with run_lock(chain.state_dir, "stage chain"):

@@ -17,6 +17,7 @@ Records are JSON lines read by :func:`training.sft_data.load_synth`: the dialect
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import re
@@ -25,9 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.build import dataset_retriever
+from benchmarks.datasets import corpus_path, load_examples
+from harness.eval_config import RetrieverConfig
+from harness.models import load_tokenizer
 from harness.retrieval.corpus import iter_corpus
 from harness.types import Doc, Example
-from pipelines.dialects import Dialect
+from pipelines.dialects import Dialect, resolve_dialect
 from pipelines.search_agent import cap_doc
 
 logger = logging.getLogger(__name__)
@@ -67,8 +72,6 @@ def _maybe_json(v: Any) -> Any:
         try:
             return json.loads(v)
         except json.JSONDecodeError:
-            import ast
-
             return ast.literal_eval(v)  # literals only (the metadata was written with repr)
     return v
 
@@ -303,11 +306,6 @@ def synthesize_split(
     :class:`~harness.eval_config.RetrieverConfig`, default BM25 over the split's corpus); documents
     are capped to ``max_doc_tokens`` of ``tokenizer``'s model as the agent caps them. Returns the
     dialect's name and what was kept."""
-    from benchmarks.build import dataset_retriever
-    from benchmarks.datasets import corpus_path, load_examples
-    from harness.eval_config import RetrieverConfig
-    from pipelines.dialects import resolve_dialect
-
     rcfg = retriever or RetrieverConfig()
     d = resolve_dialect(dialect, variant)
     examples = load_examples(dataset, split, data_dir=data_dir)[offset:]
@@ -317,7 +315,5 @@ def synthesize_split(
     titles = corpus_titles(corpus_path(dataset, split, data_dir)) if needs_titles else {}
     tok = None
     if tokenizer:
-        from harness.models import load_tokenizer
-
         tok = load_tokenizer(tokenizer)
     return d.name, synthesize(examples, d, ret, out, rcfg.topk, tok, max_doc_tokens, titles)

@@ -24,6 +24,10 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from benchmarks.datasets import corpus_path, load_examples
+from benchmarks.demo_summary import question_template
+from harness.retrieval.bm25 import BM25Retriever, build_bm25
+from harness.retrieval.corpus import iter_corpus, read_corpus
 from harness.types import Example
 
 logger = logging.getLogger(__name__)
@@ -34,8 +38,6 @@ Shares = dict[str, dict[str, dict[str, dict[int, float]]]]  # split → template
 
 def template_of(example: Example) -> str:
     """The question's template: v2 questions name theirs in metadata; v1 ones by their wording."""
-    from benchmarks.demo_summary import question_template
-
     return example.metadata.get("template") or question_template(example.question)
 
 
@@ -55,9 +57,6 @@ def hop_hits(examples: list[Example], retriever, titles: dict[str, str], k: int)
 
 def bm25_over(corpus: Path, workdir: Path):
     """A BM25 retriever over ``corpus``, its index built in ``workdir``."""
-    from harness.retrieval.bm25 import BM25Retriever, build_bm25
-    from harness.retrieval.corpus import read_corpus
-
     docs = read_corpus(corpus)
     build_bm25(docs, workdir)
     return BM25Retriever(workdir, docs, index_id=f"bm25:{corpus}")
@@ -65,9 +64,6 @@ def bm25_over(corpus: Path, workdir: Path):
 
 def retrievability(splits: list[str], ks: tuple[int, ...] = (3, 5)) -> Shares:
     """split → template (and ``all``) → measure → k → share of its questions."""
-    from benchmarks.datasets import corpus_path, load_examples
-    from harness.retrieval.corpus import iter_corpus
-
     result: Shares = {}
     retrievers: dict[Path, object] = {}
     with tempfile.TemporaryDirectory() as tmp:

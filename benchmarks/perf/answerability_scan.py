@@ -24,13 +24,13 @@ import time
 import tracemalloc
 from pathlib import Path
 
+from benchmarks.answerability import SPAN, answer_keys, question_kind, scan_corpus
+from benchmarks.datasets import load_examples
+
 DEV_SETS = (("hotpotqa", "dev"), ("2wikimultihopqa", "dev"), ("musique", "dev"), ("bamboogle", "test"))
 
 
 def answer_set(data_dir: str) -> list[str]:
-    from benchmarks.answerability import SPAN, answer_keys, question_kind
-    from benchmarks.datasets import load_examples
-
     keys: set[str] = set()
     for name, split in DEV_SETS:
         for e in load_examples(name, split, data_dir=data_dir):
@@ -42,8 +42,6 @@ def answer_set(data_dir: str) -> list[str]:
 
 def child(corpus: str, keys_file: str, workers: int, trace: bool) -> None:
     """One scan in this process; prints a JSON line."""
-    from benchmarks.answerability import scan_corpus
-
     keys = json.loads(Path(keys_file).read_text())
     if trace:
         tracemalloc.start()

@@ -23,6 +23,9 @@ import time
 
 from benchmarks.build import dataset_retriever
 from benchmarks.datasets import load_examples
+from harness.backends.hf import HFBackend
+from harness.backends.openai import OpenAIBackend
+from harness.backends.sglang import SGLangBackend
 from harness.engines import EngineConfig, engine_ready, launched
 from harness.eval_config import RetrieverConfig
 from harness.models import resolve_model
@@ -33,8 +36,6 @@ def make_backends(name: str, model: str, dtype: str, concurrency: int, stack: co
     """A factory ``c -> backend`` for one backend kind (starting its engine once), and start-up seconds."""
     t0 = time.perf_counter()
     if name == "hf":
-        from harness.backends.hf import HFBackend
-
         return (lambda c: HFBackend(model=model, dtype=dtype, max_batch_size=c, threads=None)), 0.0
     engine = {"sglang": "sglang", "vllm": "vllm"}[name]
     if not engine_ready(engine):  # type: ignore[arg-type]
@@ -43,10 +44,7 @@ def make_backends(name: str, model: str, dtype: str, concurrency: int, stack: co
     proc = stack.enter_context(launched(engine, model, EngineConfig(device="cpu", args=args), log_dir=logs))  # type: ignore[arg-type]
     startup = time.perf_counter() - t0
     if engine == "sglang":
-        from harness.backends.sglang import SGLangBackend
-
         return (lambda c: SGLangBackend(proc.url, model=model, max_concurrency=c)), startup
-    from harness.backends.openai import OpenAIBackend
 
     return (lambda c: OpenAIBackend(proc.url, model=model, max_concurrency=c)), startup
 

@@ -105,6 +105,7 @@ from harness.backends.base import BackendBase, Completion, SamplingParams
 from harness.retrieval.memory import InMemoryRetriever
 from harness.textfiles import read_jsonl
 from harness.types import Doc, Example
+from pipelines.methods import build_method
 
 logger = logging.getLogger("eval_sim")
 
@@ -403,8 +404,6 @@ class SimEngine(BackendBase):
 # ---- running it ------------------------------------------------------------------------------
 def simulate(shapes: list[Shape], schedule: str, concurrency: int, cost: CostModel) -> dict[str, float]:
     """Run the real agent over ``shapes`` against the simulated engine; simulated figures."""
-    from pipelines.methods import build_method
-
     tok = _Bytes()
     examples = [Example(f"q{i}", f"Which town is number {i}?", ("x",)) for i in range(len(shapes))]
     retriever = InMemoryRetriever([Doc("d1", "Town", "A town.")])

@@ -55,6 +55,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.build import run_dir_for, simple_evaluate
+from harness import safe_delete
+from harness.backends import build_backend
+from harness.config import from_dict
+from harness.eval_config import BackendConfig, EvalConfig
+from harness.runlog import RUN_ENTRIES, RunDir
+from harness.tokenization import byte_tokenizer
+from pipelines.methods import method_kind
+from training.config import TrainConfig
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
 
 from benchmarks.datasets import read_examples  # noqa: E402
@@ -93,9 +103,8 @@ class OracleReader(ScriptedBackend):
 
 def tiny_model_dir(out: Path) -> str:
     """A model dir FlashRAG's prompt templates can read (config + the byte tokenizer)."""
+    # deferred: transformers costs ~0.8 s at import
     from transformers import LlamaConfig
-
-    from harness.tokenization import byte_tokenizer
 
     d = out / "oracle-model"
     if not (d / "config.json").is_file():
@@ -134,11 +143,7 @@ BASELINE_OPTIONS = {
 def heldout_eval(method: str, backend: Any, retriever: Any, heldout: list[Example], args: Any, out: Path) -> dict:
     """Greedy (top-k) retrieval through the eval path (``simple_evaluate``, as ``harness eval
     --retriever harr`` runs it): EM, F1 and answer-recall over the held-out questions."""
-    from benchmarks.build import run_dir_for, simple_evaluate
-    from harness import safe_delete
-    from harness.config import from_dict
-    from harness.eval_config import EvalConfig
-    from harness.runlog import RUN_ENTRIES, RunDir
+    # deferred: training.retriever_rl imports torch (~1.4 s)
     from training.retriever_rl import answer_recall
 
     for old in sorted(out.iterdir()) if out.is_dir() else []:  # a run of an older tower must not be resumed
@@ -163,9 +168,7 @@ def heldout_eval(method: str, backend: Any, retriever: Any, heldout: list[Exampl
 
 
 def run_pipeline(method: str, args: argparse.Namespace, heldout: list[Example], train: list[Example]) -> dict:
-    from harness.config import from_dict
-    from pipelines.methods import method_kind
-    from training.config import TrainConfig
+    # deferred: training.retriever_rl imports torch (~1.4 s)
     from training.retriever_rl import RetrieverRL, build_from_config, filter_examples
 
     out = Path(args.out) / method
@@ -197,9 +200,6 @@ def run_pipeline(method: str, args: argparse.Namespace, heldout: list[Example], 
     if args.generator == "oracle":
         backend: Any = OracleReader(golds, agent, model_path=None if agent else tiny_model_dir(Path(args.out)))
     else:
-        from harness.backends import build_backend
-        from harness.eval_config import BackendConfig
-
         backend = build_backend(BackendConfig(kind="hf", model=args.model))
     retriever, runner = build_from_config(cfg, backend=backend)
     t0 = time.perf_counter()

@@ -35,6 +35,13 @@ from benchmarks.datasets import load_examples
 from harness.backends.hf import HFBackend
 from harness.config import from_dict
 from harness.eval_config import EvalConfig, RetrieverConfig
+from pipelines.flashrag_compat import (
+    FlashRAGChatPrompt,
+    FlashRAGGenerator,
+    FlashRAGRetriever,
+    safe_config,
+    to_flashrag_dataset,
+)
 
 
 def agent_qps(backend: HFBackend, retriever: Any, args: argparse.Namespace, continuous: bool) -> tuple[float, dict]:
@@ -62,8 +69,6 @@ class _Generator:
     """The backend as FlashRAG's generator, with the agent's per-turn budget."""
 
     def __init__(self, backend: HFBackend, max_new_tokens: int) -> None:
-        from pipelines.flashrag_compat import FlashRAGGenerator
-
         self.generator, self.max_new_tokens = FlashRAGGenerator(backend), max_new_tokens
 
     def generate(self, prompts: list[str], **kw: Any) -> list[str]:
@@ -71,9 +76,8 @@ class _Generator:
 
 
 def flashrag_qps(backend: HFBackend, retriever: Any, args: argparse.Namespace) -> tuple[float, dict]:
+    # deferred: flashrag imports torch and its own stack (seconds)
     from flashrag.pipeline import SearchR1Pipeline
-
-    from pipelines.flashrag_compat import FlashRAGChatPrompt, FlashRAGRetriever, safe_config, to_flashrag_dataset
 
     config = safe_config()
     examples = load_examples("demo", "test", limit=args.n)

@@ -37,11 +37,19 @@ from typing import Any
 from benchmarks.build import dataset_retriever, simple_evaluate
 from benchmarks.datasets import get_spec
 from harness.backends import build_backend
+from harness.backends.base import SamplingParams
 from harness.backends.hf import HFBackend
 from harness.backends.hf_prefix import PrefixCache
 from harness.config import compose, from_dict, load_yaml
 from harness.eval_config import BackendConfig, EvalConfig
 from harness.textfiles import read_jsonl
+from pipelines.methods import build_method
+from training.build import rollout_agent_options, rollout_backend
+from training.config import TrainConfig
+from training.demo import auto_threads
+from training.examples import merged_corpus_dataset, train_examples
+from training.rewards import build_reward
+from training.rollout import PromptSampler, collect
 
 METHODS_CONFIG = "configs/methods/demo_cpu.yaml"
 RL_CONFIG = "configs/train/smollm2_cpu_grpo_demo.yaml"
@@ -102,14 +110,6 @@ def eval_workload(args: argparse.Namespace, model: str) -> tuple[HFBackend, Any]
 
 def rollout_workload(args: argparse.Namespace, model: str) -> tuple[HFBackend, Any]:
     """The demo's GRPO rollouts of ``args.rl_steps`` steps, as the trainer collects them."""
-    from harness.backends.base import SamplingParams
-    from pipelines.methods import build_method
-    from training.build import rollout_agent_options, rollout_backend
-    from training.config import TrainConfig
-    from training.examples import merged_corpus_dataset, train_examples
-    from training.rewards import build_reward
-    from training.rollout import PromptSampler, collect
-
     cfg = compose(TrainConfig, [RL_CONFIG], [f"model.path={model}", f"optim.threads={args.threads}"])
     backend = rollout_backend(cfg)
     retriever = dataset_retriever(cfg.retriever, merged_corpus_dataset(cfg), cfg.data.split, cfg.data.data_dir)
@@ -151,8 +151,6 @@ def main() -> None:
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.threads is None:
-        from training.demo import auto_threads
-
         args.threads, why = auto_threads()
         print(f"torch threads: {args.threads} ({why})", flush=True)
     model = args.model or (str(SFT_MODEL) if SFT_MODEL.is_dir() else "smollm2-135m-instruct")

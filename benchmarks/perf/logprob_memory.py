@@ -19,6 +19,7 @@ whose predicted peak exceeds ``MemAvailable`` is skipped and said so.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -47,11 +48,11 @@ def mem_available() -> int:
 
 def child(path: str, tokens: int, chunk: int, entropy_coef: float, dtype: str, threads: int) -> dict:
     """One measurement in this (fresh) process; returns the figures as a dict."""
-    import gc
-
+    # deferred: torch costs ~1.4 s at import
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    # deferred: training.batch imports torch (~1.4 s)
     from training.batch import token_logprobs
     from training.logprobs import window_token_stats
     from training.losses import RLLoss, entropy_from_logits

@@ -16,16 +16,18 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from benchmarks.perf.logprob_memory import proc_status
+from harness.config import compose
+from training.config import ModelConfig, OptimConfig, TrainConfig
+from training.memory_plan import PROMPT_TOKENS, plan
 
 GiB = 2**30
 
 
 def recipe(micro_batch: int, seq: int, bf16: bool, checkpointing: bool) -> list[str]:
     """Overrides of the SmolLM2 GRPO recipe that make the plan describe exactly the measured step."""
-    from training.memory_plan import PROMPT_TOKENS
-
     return [
         "model.path=smollm2-135m-instruct",
         f"model.dtype={'bfloat16' if bf16 else 'float32'}",
@@ -43,11 +45,6 @@ def recipe(micro_batch: int, seq: int, bf16: bool, checkpointing: bool) -> list[
 
 def planned(micro_batch: int, seq: int, bf16: bool, checkpointing: bool) -> float:
     """The plan's per-rank total (bytes) for one GPU."""
-    from pathlib import Path
-
-    from harness.config import compose
-    from training.config import TrainConfig
-    from training.memory_plan import plan
 
     root = Path(__file__).resolve().parents[2]
     cfg = compose(
@@ -58,9 +55,10 @@ def planned(micro_batch: int, seq: int, bf16: bool, checkpointing: bool) -> floa
 
 def measure(micro_batch: int, seq: int, checkpointing: bool, device: str) -> float:
     """Peak bytes of two RL micro-steps + optimizer steps (see the module docstring)."""
+    # deferred: torch costs ~1.4 s at import
     import torch
 
-    from training.config import ModelConfig, OptimConfig
+    # deferred: training.engine imports torch (~1.4 s)
     from training.engine import build_model, initialize
     from training.logprobs import window_token_stats
     from training.losses import RLLoss
@@ -99,6 +97,7 @@ def main() -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    # deferred: torch costs ~1.4 s at import
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -24,10 +24,12 @@ import time
 
 import numpy as np
 
+from harness.models import load_tokenizer, resolve_model
+from harness.types import Segment, Trajectory
+from training.config import ModelConfig
+
 
 def trajectories(n: int, prompt: int, turns: int, turn: int, obs: int, vocab: int) -> list:
-    from harness.types import Segment, Trajectory
-
     rng = np.random.default_rng(0)
     out = []
     for k in range(n):
@@ -53,10 +55,10 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=1)
     args = p.parse_args()
+    # deferred: torch costs ~1.4 s at import
     import torch
 
-    from harness.models import load_tokenizer, resolve_model
-    from training.config import ModelConfig
+    # deferred: training.engine imports torch (~1.4 s)
     from training.engine import ValueHead, build_model
     from training.prm import PRM, PRMStepScorer
 

@@ -139,6 +139,7 @@ def main() -> None:
     logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs each build step at DEBUG
     logging.getLogger("harness.retrieval.encoders").setLevel(logging.INFO)  # encoding progress
     if args.threads:
+        # deferred: torch costs ~1.4 s at import
         import torch
 
         torch.set_num_threads(args.threads)

@@ -40,11 +40,10 @@ from benchmarks.perf.loadgen import (
     server,
     write_lua,
 )
+from harness.retrieval.index import build_index
 
 
 def build(kind: str, tmp: Path) -> Path:
-    from harness.retrieval.index import build_index
-
     out = tmp / f"idx-{kind}"
     build_index(CORPUS, kind, out)
     return out

@@ -25,6 +25,12 @@ import json
 import logging
 from pathlib import Path
 
+from benchmarks.datasets import corpus_path, dataset_file
+from harness.config import compose
+from harness.runlog import file_hash
+from training.build import train_cached
+from training.config import TrainConfig
+
 logger = logging.getLogger("search_model")
 
 RECIPE = "configs/train/smollm2_cpu_sft_demo.yaml"
@@ -41,8 +47,7 @@ def synthesize_cached(
     limit: int | None,
 ) -> Path:
     """The search_r1 trajectories of the split under ``out``, re-synthesized only when an input changed."""
-    from benchmarks.datasets import corpus_path, dataset_file
-    from harness.runlog import file_hash
+    # deferred: training.synthesize imports flashrag and torch (seconds)
     from training.synthesize import synthesize_split
 
     inputs = {
@@ -86,10 +91,6 @@ def build_search_model(
     overrides: list[str] | None = None,
 ) -> tuple[Path, bool]:
     """Synthesize (cached) then SFT (cached); returns the final model folder and whether it trained now."""
-    from harness.config import compose
-    from training.build import train_cached
-    from training.config import TrainConfig
-
     out = Path(out)
     probe = compose(TrainConfig, [recipe], list(overrides or []))  # the tokenizer the doc cap uses
     data = synthesize_cached(

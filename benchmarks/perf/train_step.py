@@ -18,7 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.config import compose
 from harness.textfiles import read_jsonl
+from training.build import build_trainer
+from training.config import TrainConfig
 
 PHASES = ("rollout", "reward", "update", "sync", "step")
 
@@ -60,10 +63,6 @@ def main() -> None:
             print(f"step {r['step']}: {line(r)}")
         summary(rows)
         return
-
-    from harness.config import compose
-    from training.build import build_trainer
-    from training.config import TrainConfig
 
     overrides = [f"data.data_dir={args.data_dir}", f"trainer.max_steps={args.steps}", "trainer.save_every=0"]
     overrides += ["data.val_split=null", "trainer.progress=false", *args.overrides]

@@ -58,13 +58,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+
 from benchmarks.build import dataset_retriever
 from benchmarks.datasets import load_examples
 from benchmarks.metrics import normalize_answer
 from harness.backends.base import SamplingParams
+from harness.backends.hf import HFBackend
+from harness.backends.openai import OpenAIBackend
+from harness.backends.sglang import SGLangBackend
+from harness.engines import EngineConfig, launched
 from harness.eval_config import RetrieverConfig
 from harness.types import Example
-from pipelines.dialects import FLASHRAG_DIFFERENCES
+from pipelines.dialects import FLASHRAG_DIFFERENCES, get_dialect
 from pipelines.flashrag_compat import (
     FlashRAGChatPrompt,
     FlashRAGGenerator,
@@ -124,8 +130,6 @@ class _AgentPrompt:
     (``--flashrag-prompt agent``), so the two loops start from the same text."""
 
     def __init__(self, tokenizer: Any, dialect: str) -> None:
-        from pipelines.dialects import get_dialect
-
         self.tokenizer, self.dialect = tokenizer, get_dialect(dialect)
 
     def get_string(self, question: str, **_: Any) -> str:
@@ -133,6 +137,7 @@ class _AgentPrompt:
 
 
 def run_flashrag(pair: str, backend: Any, retriever: Any, examples: list[Example], args: argparse.Namespace):
+    # deferred: flashrag imports torch and its own stack (seconds)
     from flashrag.pipeline import ReasoningPipeline, SearchR1Pipeline
 
     cls = SearchR1Pipeline if pair == "search_r1" else ReasoningPipeline
@@ -248,13 +253,9 @@ def versions(args: argparse.Namespace, backend: Any) -> str:
 
 def make_backend(args: argparse.Namespace, stack: contextlib.ExitStack) -> Any:
     if args.backend == "hf":
-        from harness.backends.hf import HFBackend
-
         return HFBackend(model=args.model, dtype=args.dtype, max_batch_size=args.n, threads=args.threads)
     url = args.url
     if args.launch:
-        from harness.engines import EngineConfig, launched
-
         engine = "sglang" if args.backend == "sglang" else "vllm"
         extra = ["--dtype", args.dtype] + (["--max-total-tokens", "65536"] if engine == "sglang" else [])
         logs = stack.enter_context(tempfile.TemporaryDirectory())
@@ -265,18 +266,13 @@ def make_backend(args: argparse.Namespace, stack: contextlib.ExitStack) -> Any:
     if not url:
         raise SystemExit(f"--backend {args.backend} needs --url URL or --launch")
     if args.backend == "sglang":
-        from harness.backends.sglang import SGLangBackend
-
         return SGLangBackend(url, model=args.model, max_concurrency=args.n, batch_window_ms=args.batch_window_ms)
-    from harness.backends.openai import OpenAIBackend
 
     return OpenAIBackend(url, model=args.model, max_concurrency=args.n)
 
 
 def flush_cache(backend: Any, args: argparse.Namespace) -> None:
     """Empty the engine's prefix cache so the next run starts cold (see module docstring)."""
-    import httpx
-
     if args.backend == "hf":
         return  # in process: no KV is kept between requests
     path = "/flush_cache" if args.backend == "sglang" else "/reset_prefix_cache"

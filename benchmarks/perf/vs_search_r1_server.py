@@ -46,6 +46,8 @@ from benchmarks.perf.loadgen import (
     server,
     write_lua,
 )
+from harness.retrieval.encoders import default_encoder_path
+from harness.retrieval.index import build_index, read_manifest
 
 SHIM = """\
 import runpy, sys
@@ -155,8 +157,6 @@ def main() -> int:
         "one 2-core machine shared by server, wrk and other jobs"
     )
     print(versions(peer))
-    from harness.retrieval.encoders import default_encoder_path
-    from harness.retrieval.index import build_index, read_manifest
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)

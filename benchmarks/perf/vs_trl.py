@@ -41,6 +41,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.datasets import load_examples
+from harness.config import compose
+from harness.models import load_tokenizer, resolve_model
+from harness.types import Trajectory
+from pipelines.dialects import resolve_dialect
+from training.build import build_trainer
+from training.config import TrainConfig
+from training.rewards import build_reward
+
 NOT_LIKE_FOR_LIKE = (
     "NOT LIKE-FOR-LIKE: TRL generates with model.generate on the training model (padded static "
     "batch, stops only at EOS or the token limit) while the harness agent generates on its hf "
@@ -88,10 +97,6 @@ class BusyClock:
 # ---------------------------------------------------------------------------------------- harness
 def harness_trainer(args: argparse.Namespace, out: Path, extra: tuple[str, ...] = ()) -> tuple[Any, BusyClock]:
     """The harness's GRPO trainer with the settings above; ``extra`` overrides come last (they win)."""
-    from harness.config import compose
-    from training.build import build_trainer
-    from training.config import TrainConfig
-
     rows = args.group_size * args.prompts
     overrides = [
         f"model.path={args.model}",
@@ -152,6 +157,7 @@ PREP = {"collate": 0.0, "advantages": 0.0, "uniform": float("nan")}
 def _time_prep(trainer: Any) -> None:
     """Time the trainer's collation and advantage computation (overhead, not update): the module's
     ``collate`` and the instance's ``advantages`` are wrapped for this benchmark only."""
+    # deferred: training.trainer imports torch (~1.4 s)
     import training.trainer as tt
 
     def wrap(fn: Any, key: str) -> Any:
@@ -208,9 +214,6 @@ def trl_reward(name: str, group_size: int, sink: list[float]) -> Any:
     """TRL's reward function: the harness's registered reward ``name`` on a trajectory holding the
     completion as its response (the dialect the harness side runs), so both sides score alike.
     Each call's rewards are also appended to ``sink`` (the uniform-group count)."""
-    from harness.types import Trajectory
-    from training.rewards import build_reward
-
     reward = build_reward(name)
 
     def fn(completions: list[str], answers: list[list[str]], **_: Any) -> list[float]:
@@ -246,12 +249,11 @@ class TRLSide:
         extra: dict[str, Any] | None = None,
     ) -> None:
         """``extra``: GRPOConfig fields that replace the defaults below (a seed, the data order)."""
+        # deferred: torch costs ~1.4 s at import
         import torch
         from datasets import Dataset
         from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
-
-        from harness.models import resolve_model
 
         torch.set_num_threads(args.threads)
         path = resolve_model(args.model)
@@ -381,10 +383,6 @@ class TRLSide:
 
 def trl_prompts(args: argparse.Namespace) -> tuple[list[str], list[list[str]]]:
     """The split's questions as the harness agent renders them (same dialect, shot, no chat)."""
-    from benchmarks.datasets import load_examples
-    from harness.models import load_tokenizer
-    from pipelines.dialects import resolve_dialect
-
     examples = load_examples(args.dataset, args.split, data_dir=args.data_dir)
     tok = load_tokenizer(args.model)
     d = resolve_dialect("search_r1", "small")
@@ -428,7 +426,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed first steps per side")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    try:
+    try:  # deferred: optional extra (harness[compare])
         import trl  # noqa: F401
         from trl import GRPOTrainer  # noqa: F401
     except Exception as e:  # any import failure: say so and stop

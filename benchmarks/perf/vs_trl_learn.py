@@ -40,6 +40,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from benchmarks.datasets import corpus_path, load_examples
+from benchmarks.perf.vs_trl import TRLSide, _versions, harness_step, harness_trainer, trl_reward
+from benchmarks.stats import bootstrap_ci, paired_bootstrap
+from harness.models import load_tokenizer, resolve_model
+from harness.types import Example
+from pipelines.dialects import resolve_dialect
+
 # The settings the two sides cannot share (printed first, as vs_trl.py does).
 NOT_LIKE_FOR_LIKE = (
     "NOT LIKE-FOR-LIKE: TRL generates with model.generate on the training model (stops only at EOS or "
@@ -58,9 +67,6 @@ def with_passages(question: str, passages: list[tuple[str, str]]) -> str:
 
 def demo_examples(split: str) -> list[Any]:
     """The demo split's questions with their two supporting passages in the question text."""
-    from benchmarks.datasets import corpus_path, load_examples
-    from harness.types import Example
-
     corpus: dict[str, tuple[str, str]] = {}
     path = corpus_path("demo", split)
     if path is None:
@@ -89,9 +95,6 @@ def seed_order(examples: list[Any], seed: int, n: int) -> list[Any]:
 
 def render(examples: list[Any], model: str, few_shot: bool) -> list[str]:
     """The prompt strings the harness agent renders (search_r1 small, no chat)."""
-    from harness.models import load_tokenizer
-    from pipelines.dialects import resolve_dialect
-
     tok = load_tokenizer(model)
     d = resolve_dialect("search_r1", "small")
     return [d.render(e.question, tok, chat=False, few_shot=few_shot) for e in examples]
@@ -101,9 +104,8 @@ def heldout(
     model: Any, tok: Any, prompts: list[str], answers: list[list[str]], args: argparse.Namespace
 ) -> list[float]:
     """Per-question reward of the greedy answers (batched HF generate, cut after ``</answer>``)."""
+    # deferred: torch costs ~1.4 s at import
     import torch
-
-    from benchmarks.perf.vs_trl import trl_reward
 
     score = trl_reward(args.reward, 1, [])
     model.eval()
@@ -132,11 +134,9 @@ def append(path: Path, row: dict[str, Any]) -> None:
 
 def run_side(side: str, seed: int, args: argparse.Namespace, out: Path) -> None:
     """Train one side for ``args.steps`` steps from the checkpoint; log per step and held-out."""
+    # deferred: torch costs ~1.4 s at import
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from benchmarks.perf.vs_trl import TRLSide, harness_step, harness_trainer
-    from harness.models import resolve_model
 
     torch.set_num_threads(args.threads)
     train = seed_order(demo_examples("train"), seed, args.steps * args.prompts)
@@ -244,9 +244,6 @@ def steps_to_half(curve: list[float], head: int = 3, tail: int = 5, window: int 
 
 def report(out: Path, figure: Path | None) -> None:
     """The table (markdown) and the figure from ``out``'s JSONL files."""
-    import numpy as np
-
-    from benchmarks.stats import bootstrap_ci, paired_bootstrap
 
     steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines() if x.strip()]
     held = [json.loads(x) for x in (out / "heldout.jsonl").read_text().splitlines() if x.strip()]
@@ -295,9 +292,11 @@ def report(out: Path, figure: Path | None) -> None:
             f"{100 * d.diff:+.1f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}]"
         )
     if figure is not None:
+        # deferred: matplotlib costs ~0.3 s at import, only for figures
         import matplotlib
 
         matplotlib.use("Agg")
+        # deferred: matplotlib costs ~0.3 s at import, only for figures
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6.4, 3.8))
@@ -319,8 +318,6 @@ def report(out: Path, figure: Path | None) -> None:
 
 
 def main() -> None:
-    from benchmarks.perf.vs_trl import _versions
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--side", choices=("harness", "trl", "both"), default="both")
     p.add_argument("--seed", type=int, action="append", help="repeatable; default 0")
@@ -346,7 +343,7 @@ def main() -> None:
     if args.report:
         report(out, args.figure)
         return
-    try:
+    try:  # deferred: optional extra (harness[compare])
         from trl import GRPOTrainer  # noqa: F401
     except Exception as e:  # any import failure: say so and stop
         print(f"TRL is not usable here ({type(e).__name__}: {e}); install the extra: pip install -e '.[compare]'")

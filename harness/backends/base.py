@@ -18,7 +18,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from harness import safe_delete
 from harness.errors import InfrastructureError
+from harness.models import save_model_dir
 
 logger = logging.getLogger(__name__)
 
@@ -134,8 +136,6 @@ def export_model_dir(update: WeightUpdate, engine: str, explicit_head: bool = Fa
     embedding) instead of leaving it out as checkpoints usually do. vLLM 0.32's in-place reload
     keeps the head's previous tensor when the file has no head ("ParallelLMHead: Failed to load
     weights"), so the head would lag the embedding by one version."""
-    from harness.models import save_model_dir
-
     if isinstance(update.weights, str | Path):
         return Path(update.weights)  # already a model directory the servers can read
     if update.scratch is None or update.model_config is None:
@@ -151,8 +151,6 @@ def export_model_dir(update: WeightUpdate, engine: str, explicit_head: bool = Fa
 
 def prune_exports(update: WeightUpdate, keep: Path) -> None:
     """Delete the older ``weights-v*`` copies under ``update.scratch``: the servers now serve ``keep``."""
-    from harness import safe_delete
-
     if update.scratch is None:
         return
     for old in update.scratch.glob("weights-v*"):

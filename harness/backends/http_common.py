@@ -13,6 +13,7 @@ import httpx
 
 from harness.backends.base import BackendBase, BackendError, SamplingParams
 from harness.errors import redact_urls
+from harness.models import load_tokenizer, resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,6 @@ class HTTPBackendBase(BackendBase):
         self.model_path: str | None = None
         if tokenizer is not None:
             return tokenizer
-        from harness.models import load_tokenizer, resolve_model
 
         try:
             self.model_path = resolve_model(model or "smollm2-135m-instruct")

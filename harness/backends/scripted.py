@@ -11,6 +11,7 @@ at ``max_new_tokens`` (``length``); otherwise it ends with the EOS token (``stop
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,8 +96,6 @@ class ScriptedBackend(BackendBase):
         return self.default, None
 
     async def agenerate(self, input_ids: list[int], params: SamplingParams) -> Completion:
-        import asyncio
-
         self.calls += 1
         context = self.tokenizer.decode(input_ids)
         text, entry = self._pick(context)

@@ -121,8 +121,6 @@ class SGLangBackend(HTTPBackendBase):
 
     def _server_model(self) -> str | None:
         """The tokenizer (else model) path the first server reports on ``/model_info``, if any."""
-        import httpx
-
         try:
             info = httpx.get(self.urls[0] + "/model_info", timeout=5.0).json()
             return info.get("tokenizer_path") or info.get("model_path")

@@ -14,7 +14,7 @@ console = Console(stderr=True)
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print a clear error for a person and exit non-zero."""
     # escape: a message quoting a list or an override (prm.data=[DIR]) is text, not rich markup.
-    from harness.errors import redact_urls
+    from harness.errors import redact_urls  # deferred: harness.errors imports asyncio (~40 ms at every harness --help)
 
     message = redact_urls(message)  # a server URL's user:password@ is never printed
     console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)  # no hard line breaks

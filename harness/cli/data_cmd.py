@@ -20,6 +20,7 @@ from __future__ import annotations
 import typer
 
 from harness.cli.common import console, fail
+from harness.cli.options import DataDir, TopK, Variant
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -29,14 +30,14 @@ def synthesize_command(
     dataset: str = typer.Option(..., "--dataset", help="A registered dataset (harness datasets)."),
     split: str = typer.Option(None, "--split", help="Its split (default: the dataset's default)."),
     dialect: str = typer.Option(..., "--dialect", help="The agent dialect to write in (research, search_r1, ...)."),
-    variant: str = typer.Option("exact", "--variant", help="exact, or small (<dialect>_small, our wording)."),
+    variant: Variant = "exact",
     out: str = typer.Option(..., "--out", help="Output JSONL (an sft source of kind synth)."),
     limit: int = typer.Option(None, "--limit", help="At most N questions."),
     offset: int = typer.Option(
         0, "--offset", help="Skip the first N questions (keep SFT and eval questions disjoint)."
     ),
-    data_dir: str = typer.Option(None, "--data-dir", help="FlashRAG-layout data dir."),
-    topk: int = typer.Option(3, "--topk", help="Documents per search (the agent's topk)."),
+    data_dir: DataDir = None,
+    topk: TopK = 3,
     retriever: str = typer.Option("bm25", "--retriever", help="Retriever kind (bm25, dense, http, memory)."),
     index: str = typer.Option(None, "--index", help="A built index directory."),
     url: str = typer.Option(None, "--url", help="http retriever URL."),
@@ -48,6 +49,7 @@ def synthesize_command(
     max_doc_tokens: int = typer.Option(128, "--max-doc-tokens"),
 ) -> None:
     """Write synthesized trajectories; see the module docstring."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.eval_config import RetrieverConfig
     from training.synthesize import synthesize_split
 
@@ -65,7 +67,7 @@ def synthesize_command(
 def mcts_command(
     config: list[str] = typer.Option(None, "-c", "--config", help="MCTS config YAML (configs/train/prorag/mcts.yaml)."),
     out: str = typer.Option(None, "--out", help="Output folder (default: the config's out)."),
-    data_dir: str = typer.Option(None, "--data-dir", help="FlashRAG-layout data dir."),
+    data_dir: DataDir = None,
     model: str = typer.Option(None, "--model", help="The policy to search with (backend.model)."),
     limit: int = typer.Option(None, "--limit", help="At most N questions."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. mcts.num_simulations=20"),
@@ -74,6 +76,7 @@ def mcts_command(
 
     Appends per question to OUT/steps.jsonl, OUT/pairs.jsonl and OUT/done.jsonl; a rerun skips the
     finished questions (resume after an interrupt)."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.config import ConfigError
     from training.mcts import run_mcts_recipe
 
@@ -90,6 +93,7 @@ def mcts_command(
 
 def _scorer_args(pairs: list[str]) -> dict:
     """``key=value`` pairs → options (values read as YAML scalars: 0.5, true, a path)."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.config import ConfigError, parse_yaml
 
     out = {}
@@ -124,6 +128,7 @@ def rft_filter_command(
     dedupe: bool = typer.Option(True, "--dedupe/--no-dedupe", help="Drop repeated responses to one question."),
 ) -> None:
     """RFT: keep sampled trajectories with a right outcome and good step scores (training.rft)."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.runlog import RunDirError
     from training.rft import SUMMARY, RFTFilterConfig, rft_filter
 
@@ -153,10 +158,11 @@ def harr_filter_command(
     samples: int = typer.Option(8, "--samples", help="Sampled retrievals per question."),
     metric: str = typer.Option("em", "--metric", help="em | f1: the success measure."),
     threshold: float = typer.Option(1.0, "--threshold", help="A sample succeeds when metric >= this."),
-    data_dir: str = typer.Option(None, "--data-dir", help="FlashRAG-layout data dir."),
+    data_dir: DataDir = None,
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides of the recipe."),
 ) -> None:
     """HARR: keep the training questions where sampled retrievals change the outcome (training.retriever_rl)."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.config import ConfigError
     from training.build import train_config
     from training.retriever_rl import harr_filter
@@ -175,6 +181,7 @@ def rag_r1_train_command(
     source: str = typer.Option(None, "--source", help="A local copy of RAG-R1's train_data.json (default: download)."),
 ) -> None:
     """RAG-R1's filtered HotpotQA training set (6,664 questions) as a data.file (benchmarks.rag_r1_data)."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from benchmarks.rag_r1_data import rag_r1_train
 
     try:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import typer
+from harness.cli.options import DataDir
 
 
 def datasets_command(
-    data_dir: str = typer.Option(None, "--data-dir", help="FlashRAG-layout data dir (else $HARNESS_DATA_DIR)."),
+    data_dir: DataDir = None,
 ) -> None:
+    # deferred: the command's library loads when it runs, not at every harness --help
     from rich.console import Console
     from rich.table import Table
 
+    # deferred: the command's library loads when it runs, not at every harness --help
     from benchmarks.datasets import data_dir_hint, describe_sources, get_spec
 
     table = Table(title="harness datasets")

@@ -18,11 +18,13 @@ class _Terminal:
         console.rule(title)
 
     def results(self, results: list[Any]) -> None:
+        # deferred: the command's library loads when it runs, not at every harness --help
         from harness.cli.eval_cmd import print_results_table
 
         print_results_table(results)
 
     def report(self, report: Any) -> None:
+        # deferred: the command's library loads when it runs, not at every harness --help
         from harness.cli.report_cmd import print_report
 
         print_report(report)
@@ -53,6 +55,7 @@ def demo_command(
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides of the SFT recipe."),
 ) -> None:
     """Baselines, untrained agent, SFT warm-up, SFT agent, RL, RL agent, report; see training.demo."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from training.demo import METHODS_CONFIG, RL_CONFIG, TRAIN_CONFIG, run_demo
 
     try:

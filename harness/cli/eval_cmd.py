@@ -14,6 +14,7 @@ from typing import Any
 import typer
 
 from harness.cli.common import console, fail, say
+from harness.cli.options import ConfigFiles, DataDir, JudgeKeyEnv, JudgeModel, JudgeUrl, Limit, Model, Overrides, TopK
 
 logger = logging.getLogger(__name__)
 
@@ -26,12 +27,12 @@ def eval_command(
         None, "--dataset", "-d", help="Dataset(s), comma-separated (default: the -c config's, else demo)."
     ),
     split: str = typer.Option(None, "--split", help="Dataset split (default: the dataset's eval split)."),
-    limit: int = typer.Option(None, "--limit", help="First N questions."),
+    limit: Limit = None,
     sample: int = typer.Option(None, "--sample", help="A deterministic random subset of N questions."),
     seed: int = typer.Option(None, "--seed", help="Seed for --sample."),
-    data_dir: str = typer.Option(None, "--data-dir", help="FlashRAG-layout data dir (DIR/<dataset>/<split>.jsonl)."),
+    data_dir: DataDir = None,
     backend: str = typer.Option(None, "--backend", help="hf | sglang | openai | scripted."),
-    model: str = typer.Option(None, "--model", help="Model name, local path or hub id."),
+    model: Model = None,
     url: str = typer.Option(None, "--url", help="Server URL(s) for sglang/openai, comma-separated."),
     script: str = typer.Option(None, "--script", help="Script JSONL for the scripted backend."),
     retriever: str = typer.Option(None, "--retriever", help="bm25 | dense | harr | http | memory."),
@@ -41,7 +42,7 @@ def eval_command(
         "--encoder",
         help="dense/harr: a trained query encoder dir (retriever RL's RUN/encoder, or a LoRA adapter).",
     ),
-    topk: int = typer.Option(None, "--topk", help="Documents per search."),
+    topk: TopK = None,
     out: str = typer.Option(None, "--out", help="Parent folder of run directories (default runs/)."),
     n_samples: int = typer.Option(
         None,
@@ -57,19 +58,18 @@ def eval_command(
         "--metric-profile",
         help="A paper's metric set: default, search_r1, r1_searcher, research, rag_r1, prorag, harr.",
     ),
-    judge_url: str = typer.Option(None, "--judge-url", help="OpenAI-compatible endpoint (…/v1) of the LLM judge."),
-    judge_model: str = typer.Option(None, "--judge-model", help="Judge model name (default: the judge prompt's)."),
-    judge_key_env: str = typer.Option(
-        None, "--judge-api-key-env", help="Env var holding the judge's API key (default OPENAI_API_KEY)."
-    ),
+    judge_url: JudgeUrl = None,
+    judge_model: JudgeModel = None,
+    judge_key_env: JudgeKeyEnv = None,
     label: str = typer.Option(
         None,
         "--label",
         help="Name the run in reports and its run dir (one method), e.g. research+sft for a checkpoint.",
     ),
-    config_files: list[str] = typer.Option(None, "-c", "--config", help="YAML config file(s)."),
-    overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. agent.max_turns=2"),
+    config_files: ConfigFiles = None,
+    overrides: Overrides = None,
 ) -> None:
+    # deferred: the command's library loads when it runs, not at every harness --help
     from benchmarks.eval_runs import RunError, eval_configs, judge_flags, run_configs
     from benchmarks.evaluate import InfrastructureDown, error_summary
     from benchmarks.profiles import judge_note
@@ -117,6 +117,7 @@ def eval_command(
 
 def print_results_table(results: list[Any], profile: str | None = None) -> None:
     """The comparison table of this invocation's runs (:func:`benchmarks.results_table.print_results`)."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from benchmarks.results_table import print_results
 
     print_results(results, profile)

@@ -7,6 +7,7 @@ import json
 import typer
 
 from harness.cli.common import console, fail
+from harness.cli.options import DataDir, Limit
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -20,6 +21,7 @@ def build(
     faiss_kind: str = typer.Option("flat", "--faiss", help="Dense index type: flat | hnsw"),
 ) -> None:
     """Build a BM25 or dense index over a FlashRAG-format corpus."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.retrieval.corpus import CorpusError
     from harness.retrieval.index import IndexLoadError, build_index
 
@@ -35,6 +37,7 @@ def build(
 @app.command("info")
 def info(index: str = typer.Argument(..., help="Index directory.")) -> None:
     """Print an index's manifest."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.retrieval.index import IndexLoadError, read_manifest
 
     try:
@@ -55,6 +58,7 @@ def import_cmd(
     passage_prefix: str = typer.Option(None, "--passage-prefix", help="Passage prefix (recorded only)."),
 ) -> None:
     """Wrap an existing FlashRAG/Search-R1 FAISS index and its corpus in an index directory, in place."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.retrieval.index import IndexLoadError, import_index
 
     try:
@@ -75,6 +79,7 @@ def download_cmd(
     list_: bool = typer.Option(False, "--list", help="List the published settings and exit."),
 ) -> None:
     """Download a published wiki-18 corpus / E5 index from the hub (resumable) and import it."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.hub import HubError
     from harness.retrieval.index import IndexLoadError
     from harness.retrieval.prebuilt import PREBUILT, download_prebuilt
@@ -104,11 +109,12 @@ def check_cmd(
     datasets: list[str] = typer.Option(..., "--dataset", help="Dataset to check (repeat for several)."),
     split: str = typer.Option(None, "--split", help="Split (default: each dataset's default split)."),
     topk: int = typer.Option(5, "--topk", help="Retrievable: an answer in the top-k passages for the question."),
-    data_dir: str = typer.Option(None, "--data-dir", help="FlashRAG-layout data dir (default $HARNESS_DATA_DIR)."),
-    limit: int = typer.Option(None, "--limit", help="First N questions of each dataset."),
+    data_dir: DataDir = None,
+    limit: Limit = None,
     workers: int = typer.Option(1, "--workers", help="Processes scanning the corpus in parallel."),
 ) -> None:
     """How answerable each question is on the index's corpus: a gold answer in the corpus, and in the top-k."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from benchmarks.answerability import check_index, check_lines
     from harness.retrieval.index import IndexLoadError
 

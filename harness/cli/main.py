@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 
 import typer
 
@@ -29,6 +30,10 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for pkg in ("harness", "pipelines", "benchmarks", "training"):
         logging.getLogger(pkg).setLevel(logging.DEBUG if verbose else logging.INFO)
+    # The command line, for the run lock's file (harness.runlock): only the CLI reads argv.
+    from harness import runlock  # deferred: it imports harness.safe_delete (~20 ms), which harness --help does not need
+
+    runlock.set_command(" ".join(["harness", *sys.argv[1:]]))
 
 
 for _name in HELP_ORDER:  # every command from the one table, harness.commands.COMMANDS

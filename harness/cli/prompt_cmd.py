@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from harness.cli.common import fail
+from harness.cli.options import Variant
 
 
 def prompt_command(
@@ -23,12 +24,13 @@ def prompt_command(
         "smollm2-135m-instruct", "--model", help="Tokenizer whose chat template is applied ('none': no template)."
     ),
     template: Path | None = typer.Option(None, "--template", help="A prompt-template file replacing the dialect's."),
-    variant: str = typer.Option("exact", "--variant", help="exact (the system's protocol) or small (our wording)."),
+    variant: Variant = "exact",
     mode: str | None = typer.Option(
         None, "--mode", help="eval or train, for a dialect whose two codes differ (RAG-R1); default eval."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on the last line."),
 ) -> None:
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.registry import RegistryError
     from harness.retrieval.corpus import read_corpus
     from pipelines.dialects import resolve_dialect
@@ -44,6 +46,7 @@ def prompt_command(
         fail(str(e))
     tokenizer = None
     if model.lower() != "none" and dialect.placement != "raw":
+        # deferred: the command's library loads when it runs, not at every harness --help
         from harness.models import load_tokenizer
 
         try:
@@ -59,6 +62,7 @@ def prompt_command(
 
 
 def _print(out: dict) -> None:
+    # deferred: the command's library loads when it runs, not at every harness --help
     from rich.console import Console
     from rich.rule import Rule
 

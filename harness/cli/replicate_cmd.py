@@ -14,14 +14,15 @@ from __future__ import annotations
 import typer
 
 from harness.cli.common import console, fail, say
+from harness.cli.options import ConfigFiles, DataDir, JudgeUrl, Limit, Overrides
 
 
 def replicate_command(
     system: str = typer.Argument(..., help="A card under configs/replicate/ (search_r1, r1_searcher, ...) or a path."),
     model_path: str = typer.Option(None, "--model-path", help="Model to run instead of the card's checkpoint."),
-    limit: int = typer.Option(None, "--limit", help="First N questions of each dataset."),
+    limit: Limit = None,
     launch: bool = typer.Option(False, "--launch", help="Start SGLang for the model and stop it at the end."),
-    data_dir: str = typer.Option(None, "--data-dir", help="FlashRAG-layout data dir (default $HARNESS_DATA_DIR)."),
+    data_dir: DataDir = None,
     index: str = typer.Option(None, "--index", help="The paper's index directory (e.g. wiki18-e5); else a local run."),
     corpus: str = typer.Option(None, "--corpus", help="Local run: corpus for datasets that have none locally."),
     backend: str = typer.Option(
@@ -31,12 +32,14 @@ def replicate_command(
     out: str = typer.Option(
         None, "--out", help="Parent folder of the run directories (default runs/replicate/SYSTEM)."
     ),
-    judge_url: str = typer.Option(None, "--judge-url", help="OpenAI-compatible endpoint of the LLM judge."),
-    config_files: list[str] = typer.Option(None, "-c", "--config", help="YAML config file(s) over the card."),
-    overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. agent.max_turns=2"),
+    judge_url: JudgeUrl = None,
+    config_files: ConfigFiles = None,
+    overrides: Overrides = None,
 ) -> None:
+    # deferred: the command's library loads when it runs, not at every harness --help
     from rich.console import Console
 
+    # deferred: the command's library loads when it runs, not at every harness --help
     from benchmarks.eval_runs import RunError
     from benchmarks.replicate import replicate, replication_notes, replication_table
 

@@ -46,6 +46,7 @@ def report_command(
 ) -> None:
     """Group eval runs by method × dataset and write the leaderboard files and the HTML report; draw
     training runs' curves (HTML and PNG)."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from benchmarks.report_write import write_report
 
     try:
@@ -60,6 +61,7 @@ def report_command(
 def print_report(rep: Any) -> None:
     """A written report on the terminal: the leaderboard (stdout, pipeable; wide enough that the
     columns stay readable), then what was skipped and where the files are (stderr)."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from benchmarks.report_write import terminal_table
 
     Console(width=max(shutil.get_terminal_size().columns, 140)).print(terminal_table(rep.leaderboard))

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from harness.cli.common import fail
+from harness.cli.options import JudgeKeyEnv, JudgeModel, JudgeUrl
 
 
 def score_command(
@@ -20,14 +21,16 @@ def score_command(
     metric_profile: str = typer.Option(
         None, "--metric-profile", help="A paper's metric set instead of --metrics (search_r1, r1_searcher, ...)."
     ),
-    judge_url: str = typer.Option(None, "--judge-url", help="OpenAI-compatible endpoint (…/v1) of the LLM judge."),
-    judge_model: str = typer.Option(None, "--judge-model", help="Judge model name (default: the judge prompt's)."),
-    judge_key_env: str = typer.Option(None, "--judge-api-key-env", help="Env var holding the judge's API key."),
+    judge_url: JudgeUrl = None,
+    judge_model: JudgeModel = None,
+    judge_key_env: JudgeKeyEnv = None,
     question_key: str = typer.Option("question", "--question-key", help="Field holding the question (judge)."),
     id_key: str = typer.Option("id", "--id-key", help="Field holding the item id (judge cache; else the line)."),
 ) -> None:
+    # deferred: the command's library loads when it runs, not at every harness --help
     from rich.console import Console
 
+    # deferred: the command's library loads when it runs, not at every harness --help
     from benchmarks.score import ScoreError, file_judge, metric_names, score_file, scores_table
 
     try:

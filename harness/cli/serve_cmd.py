@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import typer
 
 from harness.cli.common import console, fail
+from harness.cli.options import Host, Model, Port
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -14,8 +16,8 @@ app = typer.Typer(no_args_is_help=True)
 @app.command("retriever")
 def retriever(
     index: str = typer.Option(..., "--index", help="Index directory (harness index build)."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
-    port: int = typer.Option(8000, "--port"),
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
     max_k: int = typer.Option(100, "--max-k", help="Largest k a request may ask for."),
     default_k: int = typer.Option(3, "--default-k", help="k when a Search-R1/R1-Searcher request gives none."),
     max_batch: int = typer.Option(256, "--max-batch", help="Most queries concurrent requests share in one search."),
@@ -26,6 +28,7 @@ def retriever(
     access_log: bool = typer.Option(False, "--access-log/--no-access-log", help="One log line per request."),
 ) -> None:
     """Serve an index over the Search-R1, FlashRAG and R1-Searcher HTTP APIs (and /health, /metrics)."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.retrieval.index import IndexLoadError, load_index
     from harness.retrieval.server import serve
 
@@ -63,12 +66,12 @@ def retriever(
 def model(
     ctx: typer.Context,
     engine: str = typer.Option(..., "--engine", help="sglang | vllm"),
-    model: str = typer.Option("smollm2-135m-instruct", "--model", help="Model name, local directory or hub id."),
+    model: Model = "smollm2-135m-instruct",
     python: str = typer.Option(
         None, "--python", help="Interpreter of the engine's environment (default: the venv make test-engines builds)."
     ),
-    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
-    port: int = typer.Option(30000, "--port"),
+    host: Host = "127.0.0.1",
+    port: Port = 30000,
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel size (one URL; the engine spreads requests)."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda (cpu adds the CPU recipe's flags)."),
@@ -79,6 +82,7 @@ def model(
 
     Arguments after ``--`` go to the engine verbatim, e.g. ``-- --mem-fraction-static 0.5``.
     """
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.engines import EngineConfig, EngineError, serve_engine
 
     if engine not in ("sglang", "vllm"):
@@ -115,15 +119,14 @@ def model(
 @app.command("prm")
 def prm(
     path: str = typer.Option(..., "--path", help="A trained PRM folder (harness train with algo.kind=prm: RUN/final)."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
-    port: int = typer.Option(8010, "--port"),
+    host: Host = "127.0.0.1",
+    port: Port = 8010,
     batch_size: int = typer.Option(8, "--batch-size", help="Sequences per forward pass."),
     threads: int = typer.Option(None, "--threads", help="torch threads (CPU)."),
     max_tokens: int = typer.Option(8192, "--max-tokens", help="Longest sequence accepted (longer: HTTP 413)."),
 ) -> None:
     """Serve a process reward model: POST /score {"sequences": [[ids]]} → {"scores": [...]} (algo.step_scorer_url)."""
-    from pathlib import Path
-
+    # deferred: the command's library loads when it runs, not at every harness --help
     from training.prm import serve
 
     if not (Path(path) / "prm.json").exists():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import typer
 
 from harness.cli.common import console, fail
+from harness.cli.options import ChainFile, ChainVars, Workdir
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -23,6 +24,7 @@ def _variables(pairs: list[str]) -> dict[str, str]:
 
 
 def _load(chain: str, workdir: str | None, sets: list[str] | None):
+    # deferred: the command's library loads when it runs, not at every harness --help
     from training.stages import StageError, load_chain
 
     try:
@@ -32,6 +34,7 @@ def _load(chain: str, workdir: str | None, sets: list[str] | None):
 
 
 def _table(ch, states: dict[str, str]) -> None:
+    # deferred: the command's library loads when it runs, not at every harness --help
     from rich.markup import escape
     from rich.table import Table
 
@@ -45,12 +48,13 @@ def _table(ch, states: dict[str, str]) -> None:
 
 @app.command("run")
 def run_command(
-    chain: str = typer.Argument(..., help="A chain file (configs/train/prorag/chain.yaml)."),
-    workdir: str = typer.Option(None, "--workdir", help="Where the stages' outputs go (default: the chain's)."),
-    sets: list[str] = typer.Option(None, "--set", help="NAME=VALUE for one of the chain's vars (repeatable)."),
+    chain: ChainFile,
+    workdir: Workdir = None,
+    sets: ChainVars = None,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would run; run nothing."),
 ) -> None:
     """Run the chain's unfinished stages in order."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.engines import sigterm_as_exit
     from training.stages import StageError, run_chain, stage_state
 
@@ -74,11 +78,12 @@ def run_command(
 
 @app.command("status")
 def status_command(
-    chain: str = typer.Argument(..., help="A chain file."),
-    workdir: str = typer.Option(None, "--workdir", help="The chain's workdir (default: the chain's)."),
-    sets: list[str] = typer.Option(None, "--set", help="NAME=VALUE for one of the chain's vars."),
+    chain: ChainFile,
+    workdir: Workdir = None,
+    sets: ChainVars = None,
 ) -> None:
     """Each stage's state (done, partial, stale, todo) and resolved command."""
+    # deferred: the command's library loads when it runs, not at every harness --help
     from training.stages import StageError, stage_state
 
     ch = _load(chain, workdir, sets)

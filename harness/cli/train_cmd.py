@@ -16,6 +16,7 @@ import logging
 import typer
 
 from harness.cli.common import console, fail
+from harness.cli.options import DataDir
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ WRITE_ERRNOS = (errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM, errno.EDQU
 
 def train_command(
     config: list[str] = typer.Option(None, "-c", "--config", help="Training recipe YAML (configs/train/...)."),
-    data_dir: str = typer.Option(None, "--data-dir", help="FlashRAG-layout data dir."),
+    data_dir: DataDir = None,
     out: str = typer.Option(None, "--out", help="Run folder (default trainer.out/name)."),
     resume: str = typer.Option(None, "--resume", help="A training run folder to continue from its last checkpoint."),
     overwrite: bool = typer.Option(
@@ -46,6 +47,7 @@ def train_command(
 ) -> None:
     """Train with a recipe; see the module docstring."""
     if plan:
+        # deferred: the command's library loads when it runs, not at every harness --help
         from harness.config import ConfigError
         from training.memory_plan import plan_report
 
@@ -59,11 +61,13 @@ def train_command(
             fail(f"--plan: {e}")
         return
     if stages:
+        # deferred: the command's library loads when it runs, not at every harness --help
         from harness.cli import stages_cmd
 
         if config or resume or overrides:
             fail("--stages runs a chain file: give it alone (with --out as the chain's workdir)")
         return stages_cmd.run_command(stages, workdir=out, sets=None, dry_run=False)
+    # deferred: the command's library loads when it runs, not at every harness --help
     from harness.config import ConfigError
     from training.build import next_step, run_folder, train, train_config
     from training.divergence import DivergenceError

@@ -28,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from harness.retrieval.base import Retriever
 from harness.types import Doc
 
@@ -272,8 +274,6 @@ class CachingEncoder:
 
     def encode(self, texts: list[str], kind: str = "passage") -> Any:
         """``[len(texts), dim]`` as the wrapped encoder returns; query rows come from the cache when seen."""
-        import numpy as np
-
         if kind != "query":
             return self.inner.encode(texts, kind=kind)
         name = getattr(getattr(self.inner, "spec", None), "name", type(self.inner).__name__)

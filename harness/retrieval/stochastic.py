@@ -35,9 +35,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from harness.retrieval.encoders import SIDECAR, EncoderSpec, load_hf_encoder, read_sidecar, resolve_encoder
+from harness.retrieval.index import load_index
 from harness.retrieval.state import DEFAULT_STATE_TEMPLATE, RetrievalState
 from harness.types import Doc
 
@@ -177,12 +179,14 @@ class QueryTower(torch.nn.Module):
             if self.spec.base is not None:  # merged already: the saved dir is a plain model from here on
                 self.spec = replace(self.spec, base=None)
         if tokenizer is None:
+            # deferred: transformers costs ~0.8 s at import
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(self.spec.path)
         self.tokenizer = tokenizer
         self.lora = lora_r > 0
         if self.lora:
+            # deferred: optional extra (harness[train])
             from peft import LoraConfig, get_peft_model
 
             targets = lora_targets or ["query", "key", "value"]  # BERT-style attention names
@@ -218,8 +222,6 @@ class QueryTower(torch.nn.Module):
 
     def encode(self, texts: list[str], kind: str = "passage") -> Any:
         """The Encoder interface: ``[N, H]`` float32 numpy, no gradients, in batches."""
-        import numpy as np
-
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         with torch.inference_mode():
             for s in range(0, len(texts), self.batch_size):
@@ -313,8 +315,6 @@ class StochasticDenseRetriever:
 
     @classmethod
     def from_index_dir(cls, index_dir: str | Path, tower: QueryTower, **kwargs: Any) -> StochasticDenseRetriever:
-        from harness.retrieval.index import load_index
-
         return cls(load_index(index_dir, encoder=tower), tower, **kwargs)
 
     def save_tower(self, out_dir: str | Path) -> Path:
@@ -369,8 +369,6 @@ class StochasticDenseRetriever:
 
     def doc_vectors(self, doc_ids: list[str]) -> torch.Tensor:
         """The fixed index vectors of ``doc_ids`` → [n, H] (no gradient: documents are not trained)."""
-        import numpy as np
-
         rows = np.asarray([self.row_of[i] for i in doc_ids], dtype=np.int64)
         return torch.from_numpy(self.faiss_index.reconstruct_batch(rows).copy())
 

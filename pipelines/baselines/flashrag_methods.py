@@ -61,6 +61,7 @@ class BaselineConfig:
 
 
 def _build(name: str, config: Any, generator: Any, retriever: FlashRAGRetriever, opts: BaselineConfig) -> Any:
+    # deferred: flashrag imports torch and its own stack (seconds)
     from flashrag import pipeline as fp
 
     common = {"generator": generator, "retriever": retriever}

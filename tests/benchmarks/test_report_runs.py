@@ -119,7 +119,7 @@ def test_a_corrupt_trajectories_file_is_named_by_file_and_line(tmp_path, line, w
 
 
 def test_report_files_are_written_all_or_none(tmp_path, monkeypatch):
-    import benchmarks.report_html as report_html
+    import benchmarks.report_write as report_write
 
     out = tmp_path / "report"
     result = runner.invoke(app, ["report", str(FIX / "runs" / "*"), "--out", str(out), "--format", "md"])
@@ -130,7 +130,7 @@ def test_report_files_are_written_all_or_none(tmp_path, monkeypatch):
     def broken(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(report_html, "to_html", broken)  # md renders first, then html fails
+    monkeypatch.setattr(report_write, "to_html", broken)  # md renders first, then html fails
     result = runner.invoke(app, ["report", str(FIX / "runs" / "*"), "--out", str(out), "--format", "md,html"])
     assert result.exit_code == 2 and "disk full" in result.output
     assert (out / "leaderboard.md").read_text() == previous  # not half replaced

@@ -72,6 +72,20 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path, holder):
         pass
 
 
+def test_the_lock_file_names_the_command_the_cli_recorded(tmp_path, monkeypatch):
+    import harness.runlock as runlock
+    from harness.safe_delete import LOCK
+
+    monkeypatch.setattr(runlock, "_COMMAND", None)
+    with run_lock(tmp_path / "a"):
+        pass
+    assert "command" not in json.loads((tmp_path / "a" / LOCK).read_text())  # the library reads no argv
+    runlock.set_command("harness eval --limit 2")
+    with run_lock(tmp_path / "b"):
+        pass
+    assert json.loads((tmp_path / "b" / LOCK).read_text())["command"] == "harness eval --limit 2"
+
+
 @pytest.mark.slow
 def test_eval_refuses_a_run_directory_another_process_writes(tmp_path, holder):
     from benchmarks.datasets import load_examples
