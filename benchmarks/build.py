@@ -57,6 +57,7 @@ EXECUTION_ONLY_KEYS = (
     "judge.timeout",
     "judge.retries",
     "stop_after_failures",
+    "schedule",  # the order turns run in, not what they compute (recorded under the manifest's execution)
 )
 # Keys added after runs were first recorded: left out of the identity at their default, so a
 # run started before they existed still resumes.
@@ -190,6 +191,7 @@ def build_eval(
     """Validate ``cfg`` and build its evaluation. ``backend`` / ``retriever``: already built ones
     to use instead (a shared backend, training's current policy); ``examples``: questions already
     loaded (held-out questions of a training run), evaluated instead of ``cfg.dataset``'s."""
+    from pipelines.method import check_schedule
     from pipelines.methods import build_method, method_kind, needs_retriever, validate_options
 
     kind = method_kind(cfg.method)
@@ -210,6 +212,7 @@ def build_eval(
     if backend is None:
         backend = build_backend(cfg.backend)
     method = build_method(cfg.method, backend, retriever if uses_retriever else None, options)
+    check_schedule(method, cfg.schedule)  # a baseline cannot run turn-synchronously: refused by name
     identity, execution = split_config(cfg)
     manifest = RunManifest(
         method=cfg.name,  # the label when given: what reports call the run
@@ -289,6 +292,7 @@ def _run(cfg: EvalConfig, run: EvalRun, on_item: Callable[[ItemScore], None] | N
             response_only=response_only,
             health=lambda: preflight(run.backend, run.retriever if run.manifest.retriever else None),
             stop_after_failures=cfg.stop_after_failures,
+            schedule=cfg.schedule,
         )
         if judge is not None:
             judge.write_record(run.run_dir)  # the prompt, model and decoding the verdicts came from

@@ -43,6 +43,7 @@ FLAG_KEYS = {
     "launch": "backend.launch",
     "n_samples": "n_samples",
     "label": "label",
+    "schedule": "schedule",
 }
 
 

@@ -67,6 +67,9 @@ def eval_command(
         "--label",
         help="Name the run in reports and its run dir (one method), e.g. research+sft for a checkpoint.",
     ),
+    schedule: str = typer.Option(
+        None, "--schedule", help="async (default: each question at its own pace) | sync (turn-synchronous waves)."
+    ),
     config_files: list[str] = typer.Option(None, "-c", "--config", help="YAML config file(s)."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. agent.max_turns=2"),
 ) -> None:
@@ -93,6 +96,7 @@ def eval_command(
         launch=launch or None,
         n_samples=n_samples,
         label=label,
+        schedule=schedule,
     )
     judge = judge_flags(judge_url, judge_model, judge_key_env)
     try:
