@@ -41,7 +41,7 @@ Workloads, as ``vs_flashrag.py`` defines them: ``uniform``: the first ``--n`` qu
 then ``--n`` questions drawn evenly across the number of searches the model made (0 to
 ``--max-turns``). Rounds alternate A B B A: odd rounds ``async, sync, replay``, even rounds
 ``replay, sync, async`` (the replay of round r uses the latest ``async`` recording); medians of the
-rounds are reported. Each side gets one untimed warm-up run first, and the engine's prefix cache
+rounds are reported. One untimed question runs first (both schedules run the same code), and the engine's prefix cache
 is emptied (``/flush_cache``) before every run and every replay's warm-up.
 
 The model: ``benchmarks/perf/search_model.py`` builds a SmolLM2 that searches in the search_r1
@@ -126,18 +126,25 @@ class Replay:
     cached: int  # the prefix-cache hits the engine reported over the timed calls
 
 
-def replay(url: str, calls: list[Call]) -> Replay:
-    """Warm the prefix cache with every recorded input (untimed), then the timed replay."""
+def replay(url: str, calls: list[Call], in_flight: int | None = None) -> Replay:
+    """Warm the prefix cache with every recorded input (untimed), then the timed replay: one
+    batched ``/generate`` of every call, or (``in_flight``) one request per call with at most that
+    many outstanding, longest first (see :func:`main`'s ``--capped``)."""
+    import asyncio
+
     import httpx
 
     with httpx.Client(timeout=None) as client:
         flush_cache(url)
         client.post(url + "/generate", json=replay_payload(calls, warm_up=True)).raise_for_status()
         t0 = time.perf_counter()
-        r = client.post(url + "/generate", json=replay_payload(calls))
+        if in_flight is None:
+            r = client.post(url + "/generate", json=replay_payload(calls))
+            r.raise_for_status()
+            answers = r.json()
+        else:
+            answers = asyncio.run(_replay_capped(url, calls, in_flight))
         wall = time.perf_counter() - t0
-    r.raise_for_status()
-    answers = r.json()
     if not isinstance(answers, list) or len(answers) != len(calls):
         raise SystemExit(f"the replay of {len(calls)} calls got {type(answers).__name__} back")
     got = [int(a["meta_info"]["completion_tokens"]) for a in answers]
@@ -147,6 +154,27 @@ def replay(url: str, calls: list[Call]) -> Replay:
         sum(g != c.generated for g, c in zip(got, calls, strict=True)),
         sum(int(a["meta_info"].get("cached_tokens") or 0) for a in answers),
     )
+
+
+async def _replay_capped(url: str, calls: list[Call], in_flight: int) -> list[dict[str, Any]]:
+    import asyncio
+
+    import httpx
+
+    gate = asyncio.Semaphore(in_flight)
+    order = sorted(range(len(calls)), key=lambda i: -calls[i].generated)  # longest first: the shortest tail
+    out: list[dict[str, Any]] = [{}] * len(calls)
+    async with httpx.AsyncClient(timeout=None) as client:
+
+        async def one(i: int) -> None:
+            async with gate:
+                body = replay_payload([calls[i]])
+                r = await client.post(url + "/generate", json={k: v[0] for k, v in body.items()})
+                r.raise_for_status()
+                out[i] = r.json()
+
+        await asyncio.gather(*(one(i) for i in order))
+    return out
 
 
 def flush_cache(url: str) -> None:
@@ -297,6 +325,7 @@ def main() -> None:
     p.add_argument("--launch", action="store_true", help="start SGLang (CPU) from its venv and stop it after")
     p.add_argument("--model", default="runs/perf/search_model/sft/final")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per request (a CPU engine is slow)")
     p.add_argument(
         "--omp-bind",
         default=None,
@@ -312,6 +341,12 @@ def main() -> None:
     p.add_argument("--n", type=int, default=32, help="questions")
     p.add_argument("--concurrency", type=int, default=16, help="questions in flight (sync: the wave size)")
     p.add_argument("--repeats", type=int, default=2, help="rounds (2: A B B A)")
+    p.add_argument(
+        "--capped",
+        action="store_true",
+        help="also replay with at most --concurrency calls in flight (as many as the agent can have), longest "
+        "first: what the engine gives at the agent's concurrency (an estimate, not a bound: the order matters)",
+    )
     p.add_argument("--max-turns", type=int, default=2, help="search turns (Search-R1 adds a final turn)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="per turn")
     p.add_argument("--max-total-tokens", type=int, default=4096)
@@ -345,7 +380,7 @@ def main() -> None:
             args.url, limits = proc.url, engine_limits(proc.log_path)
         if not args.url:
             raise SystemExit("give --url URL (a running SGLang) or --launch")
-        backend = SGLangBackend(args.url, model=args.model, max_concurrency=args.concurrency)
+        backend = SGLangBackend(args.url, model=args.model, max_concurrency=args.concurrency, timeout=args.timeout)
         stack.callback(backend.close)
         out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="eval_vs_limit-")))
         examples = pool[: args.n]
@@ -362,23 +397,27 @@ def main() -> None:
             f"max_new_tokens={args.max_new_tokens} greedy method=search_r1 retriever=bm25 top{args.topk}",
             flush=True,
         )
-        for side in SIDES:  # each side its own warm-up
-            run_eval(side, args, backend, retriever, examples[: min(n, 2)], out)
+        # One untimed question through the whole path first (weights, kernels, the retriever); the
+        # two schedules run the same code, so one warm-up serves both.
+        run_eval("async", args, backend, retriever, examples[:1], out)
         runs: dict[str, list[EvalRun]] = {s: [] for s in SIDES}
         replays: list[Replay] = []
+        capped: list[Replay] = []
         for r in range(args.repeats):
             order = ["async", "sync", "replay"] if r % 2 == 0 else ["replay", "sync", "async"]
             for what in order:
                 if what == "replay":
                     if not runs["async"]:
                         continue  # nothing recorded yet (cannot happen with this order)
-                    rep = replay(args.url, runs["async"][-1].calls)
-                    replays.append(rep)
-                    print(
-                        f"[{tag}] round {r + 1} replay wall_s={rep.wall_s:.1f} tokens={rep.tokens} "
-                        f"tokens/s={rep.tokens / rep.wall_s:.1f} cached={rep.cached} load={loadavg()}",
-                        flush=True,
-                    )
+                    for cap in (None, args.concurrency) if args.capped else (None,):
+                        rep = replay(args.url, runs["async"][-1].calls, cap)
+                        (replays if cap is None else capped).append(rep)
+                        print(
+                            f"[{tag}] round {r + 1} replay{'' if cap is None else f' capped at {cap}'} "
+                            f"wall_s={rep.wall_s:.1f} tokens={rep.tokens} tokens/s={rep.tokens / rep.wall_s:.1f} "
+                            f"cached={rep.cached} load={loadavg()}",
+                            flush=True,
+                        )
                     continue
                 res = run_eval(what, args, backend, retriever, examples, out)
                 runs[what].append(res)
@@ -389,6 +428,13 @@ def main() -> None:
                     flush=True,
                 )
         report(tag, runs, replays, n)
+        if capped:
+            cap = statistics.median(p.tokens / p.wall_s for p in capped)
+            agent = statistics.median(x.tokens / x.wall_s for x in runs["async"])
+            print(
+                f"[{tag}] replay capped at {args.concurrency} calls in flight (longest first): median generated "
+                f"tokens/s={cap:.1f}; the agent's tokens/s is {agent / cap:.0%} of it"
+            )
     print(f"load average at end: {loadavg()}", flush=True)
 
 
