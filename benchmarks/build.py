@@ -33,6 +33,7 @@ from harness.run_records import ItemScore, RunManifest, RunResults
 from harness.runlock import run_lock
 from harness.runlog import file_hash
 from harness.types import Example
+from pipelines.method import check_schedule
 from pipelines.methods import build_method, method_kind, needs_retriever, validate_options
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ EXECUTION_ONLY_KEYS = (
     "judge.timeout",
     "judge.retries",
     "stop_after_failures",
+    "schedule",  # the order turns run in, not what they compute (recorded under the manifest's execution)
 )
 # Keys added after runs were first recorded: left out of the identity at their default, so a
 # run started before they existed still resumes.
@@ -200,6 +202,7 @@ def build_eval(
     if backend is None:
         backend = build_backend(cfg.backend)
     method = build_method(cfg.method, backend, retriever if uses_retriever else None, options)
+    check_schedule(method, cfg.schedule)  # a baseline cannot run turn-synchronously: refused by name
     identity, execution = split_config(cfg)
     manifest = RunManifest(
         method=cfg.name,  # the label when given: what reports call the run
@@ -274,6 +277,7 @@ def _run(cfg: EvalConfig, run: EvalRun, on_item: Callable[[ItemScore], None] | N
             response_only=response_only,
             health=lambda: preflight(run.backend, run.retriever if run.manifest.retriever else None),
             stop_after_failures=cfg.stop_after_failures,
+            schedule=cfg.schedule,
         )
         if judge is not None:
             judge.write_record(run.run_dir)  # the prompt, model and decoding the verdicts came from

@@ -57,6 +57,7 @@ FLAG_KEYS = {
     "launch": "backend.launch",
     "n_samples": "n_samples",
     "label": "label",
+    "schedule": "schedule",
 }
 
 

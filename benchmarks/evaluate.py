@@ -238,11 +238,12 @@ def evaluate(
     response_only: bool = True,
     health: Callable[[], None] | None = None,
     stop_after_failures: int = 0,
+    schedule: str = "async",
 ) -> RunResults:
     """Run (or resume) ``method`` on ``examples`` into ``run_dir``; returns the results.
 
     ``method`` is anything with the method protocol (``pipelines.methods.Method``):
-    ``run_examples(examples, n_samples=..., on_done=..., skip=...)``. ``manifest`` describes the
+    ``run_examples(examples, n_samples=..., on_done=..., skip=..., schedule=...)``. ``manifest`` describes the
     run (a minimal one is made from the method's name when omitted); an existing run directory
     resumes when its manifest matches, skipping finished items and re-running failed ones.
     ``on_item`` is called with each new score (a progress display). ``judge`` scores the
@@ -251,7 +252,8 @@ def evaluate(
     for the whole run: a second writer gets :class:`~harness.runlock.RunLockedError` at once.
     ``stop_after_failures`` items failing in a row for an infrastructure reason pause the run and
     call ``health``; when that fails too the run stops with :class:`InfrastructureDown` (the
-    results of what finished are written first). 0: never stop.
+    results of what finished are written first). 0: never stop. ``schedule``: how the method
+    schedules its items (``pipelines.method.SCHEDULES``: ``async`` or the turn-synchronous ``sync``).
     """
     metrics = tuple(metrics)
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
@@ -268,6 +270,7 @@ def evaluate(
             response_only,
             health,
             stop_after_failures,
+            schedule,
         )
 
 
@@ -283,6 +286,7 @@ def _evaluate(
     response_only: bool,
     health: Callable[[], None] | None,
     stop_after_failures: int,
+    schedule: str,
 ) -> RunResults:
     if manifest is None:
         manifest = RunManifest(method=getattr(method, "method", type(method).__name__), dataset="?", split="")
@@ -307,7 +311,7 @@ def _evaluate(
     wanted = {(e.id, j) for e in examples for j in range(n_samples)}
     while True:
         try:
-            method.run_examples(examples, n_samples=n_samples, on_done=on_done, skip=set(tried))
+            method.run_examples(examples, n_samples=n_samples, on_done=on_done, skip=set(tried), schedule=schedule)
             break
         except BreakerTripped:
             try:

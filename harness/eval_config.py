@@ -127,6 +127,10 @@ class EvalConfig:
     # down), pause, check the servers' health, and stop the run (exit 1) when they are still
     # down, instead of failing every remaining item after its retries. 0: never stop.
     stop_after_failures: int = 5
+    # How the items are scheduled (``--schedule``; ``pipelines.method.SCHEDULES``): ``async``, each
+    # question at its own pace; ``sync``, waves of the concurrency with a barrier between turns (the
+    # turn-synchronous baseline; agent methods only). It changes the order of work, not the result.
+    schedule: Literal["async", "sync"] = "async"
 
     def __post_init__(self) -> None:
         require_at_least(self, 1, "n_samples")

@@ -22,6 +22,21 @@ from pipelines.concurrency import run_bounded
 #: whose ``arun`` can pause and resume between steps).
 SCHEDULES = ("async", "sync")
 
+
+def check_schedule(method: Any, schedule: str) -> None:
+    """Raise ``ValueError`` naming the problem when ``method`` cannot run under ``schedule``: an
+    unknown schedule, or ``sync`` for a method that cannot pause between steps (FlashRAG's
+    baselines run each item inside FlashRAG's own loop)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
+    if schedule == "sync" and not getattr(method, "pauses_between_steps", False):
+        name = getattr(method, "method", type(method).__name__)
+        raise ValueError(
+            f"schedule 'sync' (--schedule sync) needs a method that can pause between steps; "
+            f"method {name!r} cannot (it runs each item start to finish): use --schedule async"
+        )
+
+
 ItemRunner = Callable[[Example, int, SamplingParams | None, int], Awaitable[Trajectory]]
 
 
@@ -36,6 +51,10 @@ class Method(Protocol):
     """
 
     method: str
+    #: Whether ``arun`` takes ``prefix=`` and ``max_steps=`` (pause after a step, resume from the
+    #: paused trajectory): what the ``sync`` schedule needs. The agent loop can; FlashRAG's
+    #: baselines cannot (:func:`check_schedule` refuses them by name).
+    pauses_between_steps: bool = False
 
     async def arun(
         self, example: Example, sample_index: int = 0, sampling: SamplingParams | None = None, policy_version: int = 0
@@ -73,8 +92,7 @@ class Method(Protocol):
         ``on_done`` is called as each item finishes (completion order) — the eval path streams
         trajectories to disk with it. ``schedule`` is one of :data:`SCHEDULES`.
         """
-        if schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
+        check_schedule(self, schedule)
         skip = skip or set()
         todo = [(ex, j) for ex in examples for j in range(n_samples) if (ex.id, j) not in skip]
         limit = self.max_concurrency

@@ -96,6 +96,8 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
     :func:`~pipelines.flashrag_compat.safe_config`. ``config`` is the :class:`AgentConfig`.
     """
 
+    pauses_between_steps = True  # arun(prefix=, max_steps=): the sync schedule can run it
+
     def __init__(
         self,
         backend: Backend,

@@ -38,7 +38,9 @@ Beside questions/s each run prints generated tokens/s, turns and searches per qu
 how many predictions agree and, for each disagreement, the question and where the two runs first
 part: the first turn (the prompts differ), a later turn (observation format or turn handling
 differ) or only the prediction (answer extraction differs). The known protocol differences of
-FlashRAG's ports are printed from ``pipelines.dialects.FLASHRAG_DIFFERENCES``.
+FlashRAG's ports are printed from ``pipelines.dialects.FLASHRAG_DIFFERENCES``. FlashRAG stays a
+peer row: its agreement is reported, never required; the like-for-like turn-synchronous baseline,
+same protocol on both sides, is the agent's own ``--schedule sync`` (``eval_vs_limit.py``).
 
 The searching model for this comparison (SFT in the search_r1 dialect): ``benchmarks/perf/
 search_model.py`` builds and caches one and prints its directory, to pass as ``--model``.
@@ -348,6 +350,11 @@ def report(pair: str, runs: dict[str, list[RunResult]], n: int, like_for_like: b
     print(f"[{pair}] FlashRAG's port differs from the original protocol the agent runs:")
     for d in FLASHRAG_DIFFERENCES.get(pair, ()):
         print(f"[{pair}]   - {d}")
+    print(
+        f"[{pair}] FlashRAG is a peer row: its agreement is reported, not required (the protocols differ, "
+        "so its questions/s does not compare schedules); the like-for-like turn-synchronous baseline is "
+        "the agent's own --schedule sync (benchmarks/perf/eval_vs_limit.py)"
+    )
 
 
 def main() -> None:

@@ -66,6 +66,9 @@ def eval_command(
         "--label",
         help="Name the run in reports and its run dir (one method), e.g. research+sft for a checkpoint.",
     ),
+    schedule: str = typer.Option(
+        None, "--schedule", help="async (default: each question at its own pace) | sync (turn-synchronous waves)."
+    ),
     config_files: ConfigFiles = None,
     overrides: Overrides = None,
 ) -> None:
@@ -93,6 +96,7 @@ def eval_command(
         launch=launch or None,
         n_samples=n_samples,
         label=label,
+        schedule=schedule,
     )
     judge = judge_flags(judge_url, judge_model, judge_key_env)
     try:

@@ -131,7 +131,7 @@ class ListMethod:
     def __init__(self, predictions: dict[str, str]) -> None:
         self.predictions = predictions
 
-    def run_examples(self, examples, n_samples=1, on_done=None, skip=()):
+    def run_examples(self, examples, n_samples=1, on_done=None, skip=(), schedule="async"):
         for e in examples:
             if (e.id, 0) in skip:
                 continue

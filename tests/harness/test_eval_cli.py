@@ -90,6 +90,31 @@ def test_comma_separated_methods_and_a_changed_config(tmp_path, demo_examples):
     assert "another config" in changed.output
 
 
+def test_sync_schedule_gives_the_async_predictions_and_is_recorded(tmp_path, demo_examples):
+    # Uneven items (0 to 2 searches, some right, some not) in waves of 3: the barrier between
+    # turns changes only the order in which turns run.
+    with open(tmp_path / "s.jsonl", "w", encoding="utf-8") as f:
+        for i, ex in enumerate(demo_examples[:7]):
+            searches = [f"<think>hop {k}</think><search>{ex.question} {k}</search>" for k in range(i % 3)]
+            answer = ex.answers[0] if i % 2 else "unknown"
+            f.write(json.dumps({"match": ex.question, "turns": [*searches, f"<answer>{answer}</answer>"]}) + "\n")
+    runs = {}
+    for schedule in ("async", "sync"):
+        out = tmp_path / schedule
+        args = [*eval_args(tmp_path / "s.jsonl", out, "--limit", "7", "--schedule", schedule)]
+        args.append("agent.max_concurrency=3")
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        run = out / "research-demo-test"
+        assert json.loads((run / "manifest.json").read_text())["execution"]["schedule"] == schedule
+        trajs = [json.loads(line) for line in (run / "trajectories.jsonl").read_text().splitlines()]
+        runs[schedule] = {t["example_id"]: (t["prediction"], t["n_turns"], t["response_text"]) for t in trajs}
+    assert runs["sync"] == runs["async"]
+    assert {turns for _, turns, _ in runs["sync"].values()} == {1, 2, 3}
+    bad = runner.invoke(app, [*eval_args(tmp_path / "s.jsonl", tmp_path / "x", "--schedule", "lockstep")])
+    assert bad.exit_code != 0 and "lockstep" in bad.output
+
+
 def test_bad_input_gets_a_clear_error(tmp_path):
     result = runner.invoke(app, ["eval", "--method", "reserch", "--backend", "scripted", "--out", str(tmp_path)])
     assert result.exit_code != 0 and "did you mean 'research'" in result.output

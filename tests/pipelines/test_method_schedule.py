@@ -10,9 +10,12 @@ import pytest
 
 from harness.backends.scripted import ScriptedBackend
 from harness.types import Example
+from pipelines.baselines.flashrag_methods import FlashRAGBaseline
 from pipelines.method import Method
+from pipelines.methods import build_method
 from pipelines.search_agent import AgentConfig, SearchAgent
 from tests.pipelines.test_agent_resume import same
+from tests.pipelines.test_baselines import tiny_model_dir  # noqa: F401  (a fixture)
 from tests.pipelines.test_search_agent import SCRIPTS, Q
 
 SHORT = "Name the glass harp-clock's maker in one word."
@@ -74,3 +77,11 @@ def test_sync_schedule_releases_turn_k_after_the_wave_finished_turn_k_minus_1(to
 def test_unknown_schedule_is_named(toy_retriever):
     with pytest.raises(ValueError, match="unknown schedule 'lockstep'"):
         agent(toy_retriever).run_examples(examples(), schedule="lockstep")
+
+
+def test_only_methods_that_pause_between_steps_take_the_sync_schedule(tiny_model_dir):  # noqa: F811
+    assert SearchAgent.pauses_between_steps and not FlashRAGBaseline.pauses_between_steps
+    naive = build_method("naive", ScriptedBackend([], model_path=tiny_model_dir), None)
+    with pytest.raises(ValueError, match=r"schedule 'sync' \(--schedule sync\).*method 'naive' cannot"):
+        naive.run_examples(examples(), schedule="sync")
+    assert [t.finish_reason for t in naive.run_examples(examples()[:1])] == ["answer"]  # async runs it
