@@ -19,7 +19,8 @@ both sides; each run starts from an empty cache:
 (``runs/demo/sft/model/final``), else the untrained SmolLM2 (the script says which). Per run it
 prints the wall time, the process CPU time (it swings less with the machine's load), the model
 turns, the prompt tokens run through the model (``computed``) and taken from the cache
-(``reused``), the tokens generated and EM (eval) or mean reward (rollouts); then the median
+(``reused``), the tokens generated, the decode steps (``steps``: forwards of the running batch,
+tokens / steps = rows a step) and ``admissions`` (step boundaries at which waiting requests were prefilled), and EM (eval) or mean reward (rollouts); then the median
 speed-up per workload. Greedy evaluation should score the same on both sides
 (token-exact reuse); sampled rollouts draw the same seeds, so their tokens agree up to float noise.
 """
@@ -62,6 +63,8 @@ def _counts(backend: HFBackend) -> dict[str, int]:
         "computed": backend.prefill_computed,
         "reused": backend.prefill_reused,
         "generated": backend.tokens_generated,
+        "steps": backend.steps_run,
+        "admissions": backend.batches_run,
     }
 
 
@@ -132,7 +135,7 @@ def rollout_workload(args: argparse.Namespace, model: str) -> tuple[HFBackend, A
     r = cfg.rollout
     print(
         f"rollouts: {args.rl_steps} step(s) of {RL_CONFIG} ({r.prompts_per_step} prompts x {r.n_samples} samples, "
-        f"temperature {r.temperature}, max_batch_size {r.backend.max_batch_size}), model {model}",
+        f"temperature {r.sampling.temperature}, max_batch_size {r.backend.max_batch_size}), model {model}",
         flush=True,
     )
     return backend, run
@@ -174,7 +177,8 @@ def main() -> None:
                     f"{name} {side}: wall_s={m['wall_s']:.1f} cpu_s={m['cpu_s']:.1f} turns={m['turns']} "
                     f"context_tokens={context} "
                     f"computed={m['computed']} reused={m['reused']} ({m['reused'] / max(1, context):.0%}) "
-                    f"generated={m['generated']} {'em' if name == 'eval' else 'mean_reward'}={m['score']:.3f} "
+                    f"generated={m['generated']} steps={m['steps']} admissions={m['admissions']} "
+                    f"{'em' if name == 'eval' else 'mean_reward'}={m['score']:.3f} "
                     f"peak_cached_tokens={m['peak_cached']}",
                     flush=True,
                 )
