@@ -115,8 +115,10 @@ class WeightUpdate:
     needs ``model_config`` and ``tokenizer``.
     ``in_flight``: what happens to completions running when the update arrives: ``drain`` (they
     finish on the old weights first; new ones wait) or ``pause`` (they stop where they are and
-    go on, with the KV they have, on the new weights: AReaL's interruptible generation; each
-    token's logprob is still the one of the weights that sampled it). Asynchronous RL asks for
+    go on under the new weights, their KV recomputed by them from the input and the tokens
+    generated so far: AReaL's interruptible generation, which resubmits an interrupted request
+    with its output to a server whose cache the update flushed; each token's logprob is still the
+    one of the weights that sampled it). Asynchronous RL asks for
     ``pause`` (``trainer.async.interrupt: continue``).
     """
 

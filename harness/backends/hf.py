@@ -20,8 +20,11 @@ batch and its cache. So a request never waits for a batch to drain before it sta
 - Weights load from safetensors only; ``update_weights`` swaps in new weights for RL once the
   running rows have finished (admissions pause meanwhile), so a completion has one weight version;
   or, with ``WeightUpdate.in_flight == "pause"`` (asynchronous RL), at the next decode step: the
-  running rows keep their KV cache and go on under the new weights (``Completion.weight_version``
-  is then the newest; ``meta["weight_versions"]`` lists every version that wrote the row).
+  running rows' KV is recomputed by the new weights from their input and the tokens they have
+  generated, and they go on from there (AReaL's interruptible generation, which resubmits an
+  interrupted request with its output so far to a server whose cache the update flushed; SGLang's
+  ``retract`` and vLLM's ``keep`` pauses do the same). ``Completion.weight_version`` is then the
+  newest; ``meta["weight_versions"]`` lists every version that sampled tokens of the row.
 - Prefix reuse (:mod:`harness.backends.hf_prefix`): the KV of every admitted prompt and of every
   finished row is kept, within ``prefix_cache_tokens`` (least recently used out first), and a
   request whose input ids start with tokens already run prefills only the rest: the next turn of
@@ -270,6 +273,13 @@ class HFBackend(BackendBase):
                 new = []
                 if self._update_pending.is_set() and self._pause_rows:
                     self._yield_to_update(state.rows)
+                    try:
+                        state.recompute()
+                    except Exception as e:
+                        logger.exception("hf: recomputing %d paused rows failed", len(state.rows))
+                        for r in state.rows:
+                            _fail(r, e)
+                        state.reset()
             joinable = self.continuous or not state.rows
             if joinable and not self._update_pending.is_set() and not closing:
                 closing = self._take_waiting(new, self.max_batch_size - len(state.rows) - len(new))
@@ -288,7 +298,8 @@ class HFBackend(BackendBase):
 
     def _yield_to_update(self, rows: list[_Request]) -> None:
         """Between two decode steps, let a pending ``in_flight="pause"`` update load: release the
-        lock, wait until the updater holds it, then wait for it back. The rows keep their cache."""
+        lock, wait until the updater holds it, then wait for it back. Their KV is then stale:
+        :meth:`_Running.recompute` runs it again."""
         self._paused_rows = list(rows)
         self._lock.release()
         while self._update_pending.is_set():  # cleared once the updater has the lock
@@ -509,6 +520,27 @@ class _Running:
         next_pos = torch.tensor(lens, dtype=torch.long, device=dev).unsqueeze(1)  # [N, 1]
         return past, mask, next_pos, out.logits[:, -1, :]
 
+    def recompute(self) -> None:
+        """After a weight update that paused the running rows: run every row's cached tokens (its
+        input and all it generated but the last pick, which the next step feeds) through the new
+        weights, so no KV of the old weights is attended to. Positions and the pending token are
+        unchanged; nothing is sampled. The update emptied the prefix cache, so nothing is reused."""
+        from harness.backends.hf_kv import grow_in_place
+
+        if not self.rows:
+            return
+        torch = self.torch
+        again = []
+        for r in self.rows:
+            fed = [*r.input_ids, *r.out[:-1]]
+            twin = _Request(input_ids=fed, params=r.params, future=r.future)  # r's own `cached` stays as reported
+            twin.tokens = np.asarray(fed, dtype=np.int64)  # [P + G - 1]
+            again.append(twin)
+        with torch.inference_mode():
+            past, mask, next_pos, _ = self._prefill(again)  # next_pos [A, 1]: P + G - 1, as before
+            grow_in_place(past)
+        self.past, self.mask, self.next_pos = past, mask, next_pos
+
     def step(self) -> None:
         """One decode step of every running row; finished rows leave the batch and the cache."""
         torch, b = self.torch, self.b
@@ -546,7 +578,8 @@ class _Running:
     def _remember(self, j: int, r: _Request) -> None:
         """Put finished row ``j``'s KV in the prefix cache: its input and generated tokens but the
         last pick (never fed back). Not a row a cancelled caller left, nor one that a paused weight
-        update let run on: its KV mixes two weight versions."""
+        update let run on (its KV was recomputed under the new weights, but a failed load leaves
+        them unknown, so such rows are simply not kept)."""
         if r.future.cancelled() or r.versions != [self.b.weight_version] or len(r.out) < 2:
             return  # (one token generated: the cache holds its input already, from admission)
         n = len(r.input_ids) + len(r.out) - 1

@@ -381,7 +381,10 @@ def _fresh_tiny(tok, seed):
 def test_an_update_mid_completion_drains_or_pauses_it(in_flight):
     """``drain``: the running completion ends on the old weights, then the update lands.
     ``pause``: the update lands at the next decode step; the row goes on under the new weights
-    (its tokens so far are the old weights' greedy ones), and reports both versions."""
+    (its tokens so far are the old weights' greedy ones), and reports both versions. Its KV is
+    recomputed by the new weights (AReaL resubmits the output so far): what follows the switch is
+    the new model's greedy continuation of the prompt and the old tokens, which a row attending to
+    the old weights' KV would not give."""
     import threading
     import time
 
@@ -414,6 +417,15 @@ def test_an_update_mid_completion_drains_or_pauses_it(in_flight):
             k = steps_at_update  # tokens picked before the new weights came in (at least)
             assert c.token_ids[:k] == old_greedy[:k] and c.token_ids != old_greedy
             assert c.weight_version == "5" and c.meta["weight_versions"] == ["0", "5"]
+            new_model = _fresh_tiny(tok, 1)
+
+            def continues_afresh(j: int) -> bool:  # tokens [0, j) old, the next 16 the new model's greedy
+                head = torch.tensor([p + c.token_ids[:j]])
+                fresh = new_model.generate(head, max_new_tokens=16, do_sample=False)[0, head.shape[1] :].tolist()
+                return fresh == c.token_ids[j : j + 16]
+
+            # the switch: the admission's pick and one per step before the update held the lock
+            assert any(continues_afresh(j) for j in range(k - 1, k + 4))
         # Either way the prefix cache holds no KV of the old weights: the update emptied it, and a row
         # that went on under the new weights (pause) mixes both versions, so it is not kept.
         assert backend.prefix_cache.tokens == 0
