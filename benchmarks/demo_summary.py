@@ -3,7 +3,7 @@ on the same questions (``harness demo`` writes it as ``demo.md``).
 
 Per run: EM and F1 with their 95% bootstrap intervals (:func:`benchmarks.stats.bootstrap_ci`),
 the fraction of format-valid responses and searches per question (:func:`behaviour`, which
-``benchmarks/perf/agent_behaviour.py`` prints for any run directories); then, for each stage
+``scripts/perf/agent_behaviour.py`` prints for any run directories); then, for each stage
 against the one before it, the paired bootstrap on the shared items
 (:func:`benchmarks.stats.paired_bootstrap`) with a plain verdict that says when the later stage
 does not beat the earlier one, overall and per question template (:func:`question_template`).

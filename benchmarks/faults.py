@@ -1,9 +1,9 @@
 """The fault battery (issue 23): put ``harness`` through the faults a new user met, against the
-real CLI (``python -m harness.cli.main`` in child processes), on tiny local data (the packaged
+real CLI (``python -m cli.main`` in child processes), on tiny local data (the packaged
 demo, the scripted backend, the in-memory retriever or a loopback Search-R1 ``/retrieve``
 server run here), and print one line per fault: pass/FAIL, seconds, fault, expected, observed.
 
-    python -m benchmarks.faults [--only NAME ...] [--workers 2] [--keep DIR]
+    python -m scripts.faults [--only NAME ...] [--workers 2] [--keep DIR]
 
 Exit status 1 when a fault is not handled as expected. ``tests/benchmarks/test_faults.py`` runs
 it (slow tier). Each fault works in its own temporary folder; the faults run ``--workers`` at a
@@ -12,7 +12,6 @@ time (each is one or a few short ``harness`` processes).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -74,7 +73,7 @@ def harness(
 ) -> subprocess.CompletedProcess:
     """Run ``harness ARGS`` in a child process (the repository on its path), output captured."""
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli.main", *args],
+        [sys.executable, "-m", "cli.main", *args],
         cwd=cwd,
         env=_env(env),
         capture_output=True,
@@ -86,7 +85,7 @@ def harness(
 
 def spawn(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "harness.cli.main", *args],
+        [sys.executable, "-m", "cli.main", *args],
         cwd=cwd,
         env=_env(env),
         stdout=subprocess.PIPE,
@@ -557,7 +556,7 @@ def train_disks(tmp: Path) -> tuple[bool, str]:
         return False, f"train exit {first.returncode}: {flat(first.stderr)[-90:]}"
     ro, full = tmp / "ro", tmp / "full"
     ro.mkdir(), full.mkdir()
-    cli = f"{sys.executable} -m harness.cli.main train"
+    cli = f"{sys.executable} -m cli.main train"
     script = (
         f"mount -t tmpfs -o ro tmpfs {ro} && mount --bind {run} {run} && mount -o remount,bind,ro {run} && "
         f"mount -t tmpfs -o size=64k tmpfs {full} && "
@@ -711,7 +710,7 @@ def eval_disks(tmp: Path) -> tuple[bool, str]:
         return True, "skipped: no unprivileged mount namespaces here (unshare -rm)"
     ro, full = tmp / "ro", tmp / "full"
     ro.mkdir(), full.mkdir()
-    cli = f"{sys.executable} -m harness.cli.main " + " ".join(
+    cli = f"{sys.executable} -m cli.main " + " ".join(
         f"'{a}'" for a in eval_args(tmp, Path("OUT"), "--retriever", "memory")
     )
     script = (
@@ -754,21 +753,3 @@ def print_table(outcomes: list[Outcome]) -> None:
         print(
             f"{'pass' if o.ok else 'FAIL'} {o.seconds:4.0f} s  {o.fault}: expected {o.expected}; observed {o.observed}"
         )
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", nargs="*", help=f"run these faults only: {', '.join(f.check.__name__ for f in FAULTS)}")
-    ap.add_argument("--workers", type=int, default=2, help="faults run at once (default 2)")
-    ap.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary one)")
-    args = ap.parse_args(argv)
-    t0 = time.monotonic()
-    outcomes = run_battery(args.only, args.workers, args.keep)
-    print_table(outcomes)
-    failed = [o for o in outcomes if not o.ok]
-    print(f"{len(outcomes) - len(failed)}/{len(outcomes)} faults handled as expected in {time.monotonic() - t0:.0f} s")
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,10 +1,10 @@
 """``harness``'s commands, in one table: each name with its help text and the dotted path of the
-function (or typer group) that runs it. The CLI (``harness.cli.main``) attaches every command from
+function (or typer group) that runs it. The CLI (``cli.main``) attaches every command from
 this table, in its order; stage chains (:mod:`training.stages`) accept a stage's command only if it
 is registered here with ``stage=True``.
 
-The table names its targets as text (``"eval_cmd:eval_command"``, under ``harness.cli``), so the library can
-read it without importing ``harness.cli``.
+The table names its targets as text (``"eval_cmd:eval_command"``, under ``cli``), so the library can
+read it without importing ``cli``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from harness.registry import Registry
 
 @dataclass(frozen=True)
 class Command:
-    """A command's one-line help; ``target``: ``"module:attribute"`` under ``harness.cli`` of the
+    """A command's one-line help; ``target``: ``"module:attribute"`` under ``cli`` of the
     function (or, for a group, the ``typer.Typer``) that runs it; ``stage``: a chain stage may run it (a finite run
     that leaves an output; servers, the demo and chains themselves are not stages); ``group``: it
     groups subcommands (``harness data synthesize``, ...)."""

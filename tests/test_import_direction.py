@@ -1,13 +1,16 @@
 """The house plan's one-way imports, checked on the source with ``ast``:
 
-harness (core) ← pipelines ← benchmarks ← training ← harness.cli
+library:   harness (core) ← pipelines ← benchmarks ← training
+programs:  cli (the ``harness`` command), scripts/perf (performance scripts)
 
 ``benchmarks`` builds methods by name (``benchmarks.build``), so it may import ``pipelines``;
-``pipelines`` never imports ``benchmarks``. Only the programs on top import upward: the CLI
-(``harness.cli``) and the scripts under ``benchmarks/perf``; nothing else imports either of
-them. Imports inside functions count too: a lazy import is still a dependency. No module
-imports itself back through others (no circles, between rooms or within one), and every
-module under ``harness/cli`` stays short: option declarations and one library call each.
+``pipelines`` never imports ``benchmarks``. The programs sit on top of the library in rooms of
+their own, so no library room imports upward and none is exempt: the CLI (``cli``) and the scripts
+(``scripts``) import the library; nothing imports them (the CLI's stage runner spawns
+``python -m cli.main`` and the command table names its modules as text). Imports inside functions
+count too: a lazy import is still a dependency. No module imports itself back through others (no
+circles, between rooms or within one), and every module under ``cli`` stays short: option
+declarations and one library call each.
 """
 
 from __future__ import annotations
@@ -18,26 +21,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CLI_MAX_LINES = 200
 
-# What each room may import from the project (besides itself).
+# What each room (a top-level folder) may import from the project (besides itself).
 ALLOWED = {
     "harness": {"harness"},
     "pipelines": {"harness", "pipelines"},
     "benchmarks": {"harness", "pipelines", "benchmarks"},
     "training": {"harness", "pipelines", "benchmarks", "training"},
-    "harness.cli": {"harness", "harness.cli", "pipelines", "benchmarks", "training"},
+    "cli": {"harness", "pipelines", "benchmarks", "training", "cli"},
     # Performance scripts are programs on top of the library, like the CLI (but not through it).
-    "benchmarks.perf": {"harness", "pipelines", "benchmarks", "benchmarks.perf", "training"},
+    "scripts": {"harness", "pipelines", "benchmarks", "training", "scripts"},
 }
-PACKAGES = ("harness", "pipelines", "benchmarks", "training")
-TOPS = ("harness.cli", "benchmarks.perf")  # rooms that are programs on top, not library
+PACKAGES = tuple(ALLOWED)
 
 
 def room_of(path: Path) -> str:
-    rel = path.relative_to(REPO)
-    for top in TOPS:
-        if rel.parts[:2] == tuple(top.split(".")):
-            return top
-    return rel.parts[0]
+    return path.relative_to(REPO).parts[0]
 
 
 def imported_names(tree: ast.AST) -> list[tuple[int, str]]:
@@ -56,9 +54,9 @@ def imported_rooms(tree: ast.AST) -> list[tuple[int, str]]:
     for line, name in imported_names(tree):
         if name.split(".")[0] not in PACKAGES:
             continue
-        top = next((t for t in TOPS if name == t or name.startswith(t + ".")), name.split(".")[0])
-        if (line, top) not in out:
-            out.append((line, top))
+        room = name.split(".")[0]
+        if (line, room) not in out:
+            out.append((line, room))
     return out
 
 
@@ -150,7 +148,7 @@ def test_no_import_circles():
 
 def test_cli_modules_are_short():
     long = []
-    for path in sorted((REPO / "harness" / "cli").glob("*.py")):
+    for path in sorted((REPO / "cli").glob("*.py")):
         n = len(path.read_text(encoding="utf-8").splitlines())
         if n > CLI_MAX_LINES:
             long.append(f"{path.relative_to(REPO)}: {n} lines")
@@ -162,9 +160,9 @@ def test_only_cli_tests_import_the_cli():
     bad = []
     for path in sorted((REPO / "tests").rglob("*.py")):
         for line, target in imported_rooms(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            if target == "harness.cli":
+            if target == "cli":
                 src = path.read_text(encoding="utf-8").splitlines()[line - 1]
-                if "harness.cli.main import app" not in src and "harness.cli.main import main" not in src:
+                if "cli.main import app" not in src and "cli.main import main" not in src:
                     bad.append(f"{path.relative_to(REPO)}:{line}: {src.strip()}")
     assert not bad, "tests reaching into CLI internals:\n" + "\n".join(bad)
 
@@ -173,8 +171,25 @@ def test_the_checkers_see_a_violation():
     tree = ast.parse("def f():\n    from training.trainer import Trainer\n")
     assert imported_rooms(tree) == [(2, "training")]
     assert "training" not in ALLOWED["pipelines"]
-    assert imported_rooms(ast.parse("from benchmarks.perf.x import y\n")) == [(1, "benchmarks.perf")]
-    assert "benchmarks.perf" not in ALLOWED["benchmarks"]
+    assert imported_rooms(ast.parse("from scripts.perf.x import y\n")) == [(1, "scripts")]
+    assert "scripts" not in ALLOWED["benchmarks"]
+    assert all("cli" not in ALLOWED[room] for room in ("harness", "pipelines", "benchmarks", "training"))
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
     assert circles(graph) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_library_parses_no_argv():
+    """Command lines are the programs' business: no library module imports argparse or reads
+    ``sys.argv`` (the CLI records the command line for the run lock, ``runlock.set_command``)."""
+    bad = []
+    for pkg in ("harness", "pipelines", "benchmarks", "training"):
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+            for line, name in imported_names(tree):
+                if name.split(".")[0] == "argparse":
+                    bad.append(f"{path.relative_to(REPO)}:{line}: imports argparse")
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute) and node.attr == "argv" and getattr(node.value, "id", "") == "sys":
+                    bad.append(f"{path.relative_to(REPO)}:{node.lineno}: reads sys.argv")
+    assert not bad, "argv parsed outside the programs (cli/, scripts/):\n" + "\n".join(bad)

@@ -15,7 +15,7 @@ consumed in the order they started are never more than ``max_staleness`` version
 trainer takes them in the order they *finish*, though: a slow group (five searches) that later
 ones overtake can come due past the bound. :meth:`AsyncRollouts.take` checks every group and
 drops (and counts, ``async/dropped_stale``) any that is older, so the bound holds however slow a
-worker is; a dropped group's generation is lost (``benchmarks/perf/async_sim.py`` counts 1–2 per
+worker is; a dropped group's generation is lost (``scripts/perf/async_sim.py`` counts 1–2 per
 640 groups at staleness 2 on a mixed workload).
 
 A group's *head version* is the weights version served when it started; each model segment
@@ -28,7 +28,7 @@ with ``interrupt: finish`` the trainer pauses the producer around the update
 then the update. Interrupting a completion in the middle (AReaL aborts the request and
 re-submits the tokens so far) is not implemented.
 
-The pieces below know nothing of models: ``benchmarks/perf/async_sim.py`` drives the same
+The pieces below know nothing of models: ``scripts/perf/async_sim.py`` drives the same
 :class:`StalenessGate` and :class:`AsyncRollouts` with a generation stand-in.
 """
 

@@ -128,7 +128,7 @@ def auto_threads() -> tuple[int, str]:
     (1-minute load average under half the cores); one when it is busy, where on a 2-core VM two
     threads spin-wait on each other (~3x the CPU time of a step, measured under load). Quiet, two
     threads make a GRPO step of the demo 1.5x faster than one (111 s against 171 s, measured with
-    benchmarks/perf/train_step.py; see docs/training.md)."""
+    scripts/perf/train_step.py; see docs/training.md)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     if cores > 1 and load < cores / 2:

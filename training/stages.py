@@ -40,7 +40,7 @@ State, per stage, from its marker ``WORKDIR/.stages/NAME.json`` (written atomica
 
 The runner walks the stages in order, runs every stage that is not done, and stops at the first
 failure with the stage name, exit status, command and log file (``WORKDIR/.stages/NAME.log``).
-Each stage runs as its own ``python -m harness.cli.main`` process, so one stage's memory (a
+Each stage runs as its own ``python -m cli.main`` process, so one stage's memory (a
 model, an engine) is gone before the next starts. The child runs in its own process group and
 dies with the runner: SIGTERM / Ctrl-C to the runner stops the group (SIGTERM, then SIGKILL after
 :data:`STOP_GRACE_S`), and Linux SIGKILLs the child if the runner itself is killed outright
@@ -322,7 +322,7 @@ STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL, when the runner stops a stage's proces
 
 def subprocess_executor(argv: list[str], log_path: Path) -> int:
     """Run ``harness ARGV`` in a child Python (see :func:`run_child`)."""
-    return run_child([sys.executable, "-m", "harness.cli.main", *argv], log_path)
+    return run_child([sys.executable, "-m", "cli.main", *argv], log_path)
 
 
 def run_child(cmd: list[str], log_path: Path) -> int:

@@ -6,7 +6,7 @@ every answer must be found by retrieval. Each question needs exactly the two pas
 its ``metadata.supporting_doc_ids`` (in hop order). Run from the repo root to regenerate
 (deterministic; ``--out DIR`` writes elsewhere):
 
-    python benchmarks/demo_data/build_demo.py
+    python -m scripts.build_demo
 
 Two worlds, one corpus:
 
@@ -40,14 +40,10 @@ How v2 is kept sound (``tests/benchmarks/test_demo_data.py`` checks each rule):
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import random
 import re
 from pathlib import Path
-
-logger = logging.getLogger(__name__)
 
 SEED = 7
 HERE = Path(__file__).resolve().parent
@@ -625,16 +621,3 @@ def write(out: Path = HERE) -> dict[str, int]:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
         counts[name] = len(rows)
     return counts
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE, help="folder to write into (default: beside this file)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    counts = write(args.out)
-    logger.info("wrote %s to %s", ", ".join(f"{name}: {k}" for name, k in counts.items()), args.out)
-
-
-if __name__ == "__main__":
-    main()

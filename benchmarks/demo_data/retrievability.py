@@ -13,13 +13,11 @@ passages. Per split and template, the share of questions whose
 Each split is searched over its own corpus (``benchmarks.datasets.corpus_path``), as the agent
 searches it. Run from the repo root::
 
-    python -m benchmarks.demo_data.retrievability --split test,val,train,test_v1,train_v1
+    python -m scripts.demo_retrievability --split test,val,train,test_v1,train_v1
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -29,8 +27,6 @@ from benchmarks.demo_summary import question_template
 from harness.retrieval.bm25 import BM25Retriever, build_bm25
 from harness.retrieval.corpus import iter_corpus, read_corpus
 from harness.types import Example
-
-logger = logging.getLogger(__name__)
 
 MEASURES = ("question → hop 1", "question → both", "title → hop 2")
 Shares = dict[str, dict[str, dict[str, dict[int, float]]]]  # split → template → measure → k → share
@@ -98,17 +94,3 @@ def markdown(result: Shares, ks: tuple[int, ...] = (3, 5)) -> str:
             lines.append(f"| {g} | {cells} |")
         lines.append("")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="BM25 findability of the demo's supporting passages")
-    parser.add_argument("--split", default="test,val,train,test_v1,train_v1", help="comma-separated demo splits")
-    parser.add_argument("--k", default="3,5", help="comma-separated top-k cut-offs")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    ks = tuple(int(k) for k in args.k.split(","))
-    logger.info("%s", markdown(retrievability(args.split.split(","), ks), ks))
-
-
-if __name__ == "__main__":
-    main()

@@ -26,7 +26,7 @@ from benchmarks.answerability import (
     scan_corpus,
 )
 from benchmarks.datasets import examples_hash, read_examples
-from harness.cli.main import app
+from cli.main import app
 from harness.types import Example
 
 CORPUS = [

@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks.datasets import corpus_path, demo_path, load_examples
 
-BUILDER = Path(__file__).resolve().parents[2] / "benchmarks" / "demo_data" / "build_demo.py"
+BUILDER = Path(__file__).resolve().parents[2] / "scripts" / "build_demo.py"
 NEW, OLD = ("test", "val", "train"), ("test_v1", "train_v1")
 # sha256 of the demo's files as shipped before v2 (then questions.jsonl, train_questions.jsonl and
 # corpus.jsonl): earlier figures reproduce only while these hold.

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from benchmarks.datasets import load_examples
-from harness.cli.main import app
+from cli.main import app
 
 # The demo's SFT recipe (harness demo trains it; a file, not the CLI module's constant).
 TRAIN_CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "train" / "smollm2_cpu_sft_demo.yaml")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cli.main import app
 from harness.backends.scripted import ScriptedBackend
-from harness.cli.main import app
 from harness.config import from_dict
 from harness.eval_config import EvalConfig
 

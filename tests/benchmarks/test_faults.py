@@ -1,4 +1,4 @@
-"""The fault battery of issue 23 (``python -m benchmarks.faults``) in CI: every fault it puts the
+"""The fault battery of issue 23 (``python -m scripts.faults``) in CI: every fault it puts the
 CLI through is handled as expected. Slow tier: about a dozen short ``harness`` processes, two at
 a time."""
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from benchmarks.evaluate import evaluate
 from benchmarks.judge import JudgeConfig, JudgePrompt, LLMJudge, parse_verdict, reference_text
-from harness.cli.main import app as cli_app
+from cli.main import app as cli_app
 from harness.run_records import RunManifest
 from harness.runlog import RunDir
 from harness.types import Example, Trajectory

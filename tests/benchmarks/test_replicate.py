@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from benchmarks.profiles import get_profile
 from benchmarks.replicate import card_configs, card_names, card_reference_entries, load_card
-from harness.cli.main import app
+from cli.main import app
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data"

@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from benchmarks.report import build_leaderboard, load_reference, load_runs
-from harness.cli.main import app
+from cli.main import app
 from harness.safe_delete import MARKER
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from harness.cli.main import app
+from cli.main import app
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"

@@ -20,7 +20,7 @@ from benchmarks.training_curves import (
     smoothed,
     write_training_curves,
 )
-from harness.cli.main import app
+from cli.main import app
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

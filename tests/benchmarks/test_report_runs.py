@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from harness.cli.main import app
+from cli.main import app
 from harness.safe_delete import MARKER
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.engines, pytest.mark.slow]
 def test_eval_launch_runs_and_stops_sglang(tmp_path):
     if not engine_ready("sglang"):
         pytest.skip(f"no sglang venv under {engine_dir()}: run make engines")
-    from harness.cli.main import app
+    from cli.main import app
 
     out = tmp_path / "runs"
     args = ["eval", "--method", "research", "--dataset", "demo", "--limit", "2", "--backend", "sglang", "--launch"]

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.engines, pytest.mark.slow]
 def test_replay_generates_the_recorded_lengths_from_a_warm_cache(tmp_path, model_dir):
     if not engine_ready("sglang"):
         pytest.skip(f"no sglang venv under {engine_dir()}: run make engines")
-    from benchmarks.perf.eval_vs_limit import Call, replay
+    from scripts.perf.eval_vs_limit import Call, replay
 
     prompt = list(range(100, 160))
     calls = [Call(tuple(prompt), 5), Call(tuple(prompt + [7, 8, 9]), 40), Call(tuple(prompt[:30]), 12)]

@@ -53,7 +53,7 @@ def _skip_without_sglang() -> None:
 
 def test_two_steps_with_a_launched_sglang(tmp_path):
     _skip_without_sglang()
-    from harness.cli.main import app
+    from cli.main import app
 
     run = tmp_path / "run"
     res = CliRunner().invoke(app, _args(run))
@@ -86,7 +86,7 @@ def test_async_steps_with_a_launched_sglang(tmp_path):
     weighs stale tokens by the server's own logprobs, and the staleness bound holds on every step
     and every segment."""
     _skip_without_sglang()
-    from harness.cli.main import app
+    from cli.main import app
 
     run = tmp_path / "run"
     extra = [

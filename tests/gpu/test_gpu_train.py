@@ -79,7 +79,7 @@ def test_two_steps_bf16_on_gpu(tmp_path, algo):
 def test_weight_sync_into_a_gpu_sglang_server(tmp_path):
     from typer.testing import CliRunner
 
-    from harness.cli.main import app
+    from cli.main import app
     from harness.engines import engine_dir, engine_ready
 
     _need_data()

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 def test_plan_matches_max_memory_allocated_for_smollm2(checkpointing):
     import torch
 
-    from benchmarks.perf.plan_memory import GiB, measure, planned
+    from scripts.perf.plan_memory import GiB, measure, planned
 
     mb, seq = 4, 2048
     peak = measure(mb, seq, checkpointing, "cuda")

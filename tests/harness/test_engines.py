@@ -162,7 +162,7 @@ def test_serve_model_cli_serves_until_sigterm_then_stops_the_group(tmp_path, fak
     from harness.engines import free_port
 
     port = free_port()
-    cmd = [sys.executable, "-m", "harness.cli.main", "serve", "model", "--engine", "sglang", "--model"]
+    cmd = [sys.executable, "-m", "cli.main", "serve", "model", "--engine", "sglang", "--model"]
     cmd += [str(fake_model), "--python", sys.executable, "--port", str(port), "--log-dir", str(tmp_path / "logs")]
     env = {**os.environ, "PYTHONPATH": fake_engine_env["PYTHONPATH"] + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -187,7 +187,7 @@ def test_serve_model_cli_serves_until_sigterm_then_stops_the_group(tmp_path, fak
 def test_eval_launch_stops_the_engine_when_the_run_fails(tmp_path, fake_engine_env, fake_model, monkeypatch):
     from typer.testing import CliRunner
 
-    from harness.cli.main import app
+    from cli.main import app
 
     monkeypatch.setenv("PYTHONPATH", fake_engine_env["PYTHONPATH"])
     monkeypatch.setenv("HARNESS_SGLANG_PYTHON", sys.executable)
@@ -202,7 +202,7 @@ def test_eval_launch_stops_the_engine_when_the_run_fails(tmp_path, fake_engine_e
 def test_launch_needs_an_engine_backend(tmp_path):
     from typer.testing import CliRunner
 
-    from harness.cli.main import app
+    from cli.main import app
 
     result = CliRunner().invoke(app, ["eval", "--backend", "hf", "--launch", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "sglang or openai backend" in result.output

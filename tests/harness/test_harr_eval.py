@@ -89,7 +89,7 @@ def test_lora_adapter_dir_loads_merged(tmp_path):
 def test_cli_eval_with_trained_encoder(saved, tmp_path):
     from typer.testing import CliRunner
 
-    from harness.cli.main import app
+    from cli.main import app
 
     _, index, enc_dir, _ = saved
     data = tmp_path / "data" / "hotpotqa"

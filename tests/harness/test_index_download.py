@@ -183,7 +183,7 @@ def test_offline_fails_fast_with_one_message(tmp_path, monkeypatch):
 def test_cli_download(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from harness.cli.main import app
+    from cli.main import app
 
     r = CliRunner().invoke(app, ["index", "download", "--list"])
     assert r.exit_code == 0 and "wiki18-e5" in r.output and "PeterJinGo/wiki-18-e5-index/part_aa" in r.output

@@ -261,7 +261,7 @@ def test_imported_index_load_detects_moved_or_changed_files(flat_index, small_co
 def test_cli_index_import(flat_index, small_corpus, tmp_path):
     from typer.testing import CliRunner
 
-    from harness.cli.main import app
+    from cli.main import app
 
     out = tmp_path / "idx"
     args = ["index", "import", "--faiss", str(flat_index), "--corpus", str(small_corpus), "--model", "minilm"]

@@ -203,7 +203,7 @@ def test_client_4xx_is_not_retried(server):
 def test_cli_serve_retriever_refuses_bad_arguments(tmp_path):
     from typer.testing import CliRunner
 
-    from harness.cli.main import app
+    from cli.main import app
 
     runner = CliRunner()
     r = runner.invoke(app, ["serve", "retriever", "--index", str(tmp_path)])
@@ -220,7 +220,7 @@ def test_cli_serve_retriever_end_to_end(bm25_index):
     import time
 
     port = free_port()
-    cmd = [sys.executable, "-m", "harness.cli.main", "serve", "retriever", "--index", str(bm25_index)]
+    cmd = [sys.executable, "-m", "cli.main", "serve", "retriever", "--index", str(bm25_index)]
     proc = subprocess.Popen([*cmd, "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 120

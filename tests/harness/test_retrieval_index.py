@@ -126,7 +126,7 @@ def test_build_rejects_unknown_kind_and_leaves_nothing(tiny_corpus, tmp_path):
 
 
 def test_cli_index_build_and_info(tiny_corpus, tmp_path):
-    from harness.cli.main import app
+    from cli.main import app
 
     runner = CliRunner()
     out = tmp_path / "cli-idx"

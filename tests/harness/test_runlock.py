@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from harness.cli.main import app
+from cli.main import app
 from harness.runlock import RunLockedError, run_lock
 
 runner = CliRunner()

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from benchmarks.faults import foreign_project, snapshot
 from benchmarks.tiny_recipes import sft_recipe
+from cli.main import app
 from harness import safe_delete
-from harness.cli.main import app
 from harness.fsutil import atomic_dir
 from harness.runlog import RUN_ENTRIES
 from harness.safe_delete import MARKER, NotOursError, check_removable, claim, clear, remove

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from harness.cli.main import app
+from cli.main import app
 from harness.retrieval.corpus import read_corpus
 from pipelines.dialects import get_dialect, resolve_dialect
 from pipelines.dialects.inspect import describe

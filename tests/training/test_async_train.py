@@ -89,7 +89,7 @@ def test_async_train_and_resume_exit_cleanly_every_time(tmp_path):
 
     f = recipe(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE")}
-    base = [sys.executable, "-m", "harness.cli.main", "train"]
+    base = [sys.executable, "-m", "cli.main", "train"]
     for i in range(2):
         run = tmp_path / f"run{i}"
         first = [*base, "-c", str(f), "--out", str(run), "trainer.async.enabled=true", "trainer.max_steps=2"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from harness.cli.main import app
+from cli.main import app
 from harness.config import compose
 from harness.eval_config import EvalConfig
 from training.config import TrainConfig

@@ -79,7 +79,7 @@ def test_resume_continues_exactly(tmp_path, stage):
 @pytest.mark.parametrize("what", ["final", "checkpoint"])
 def test_exported_model_loads_with_harness_eval(tmp_path, what):
     """``final/`` and an intermediate checkpoint given the trainer's tokenizer both evaluate as they are."""
-    from harness.cli.main import app
+    from cli.main import app
 
     tok = byte_tokenizer()
     eng = engine(0, vocab=len(tok))

@@ -104,7 +104,7 @@ def all_finite(folder: Path) -> bool:
 def test_cli_sft_at_lr_1e30_stops_with_exit_1_and_writes_nothing_non_finite(tmp_path):
     """The issue's reproduction: the loss is NaN from step 2; the run used to print "trained 20
     steps", exit 0, and replace every checkpoint with NaN ones."""
-    from harness.cli.main import app
+    from cli.main import app
 
     run = tmp_path / "run"
     args = ["train", "-c", str(sft_recipe(tmp_path)), "--out", str(run), "optim.lr=1e30", "trainer.save_every=5"]

@@ -17,7 +17,7 @@ from tests.training.test_zero2_two_ranks import RECIPE
 def _train_args(tmp_path) -> list[str]:
     overrides = ["algo.reward=em", "optim.zero_stage=2", "trainer.max_steps=1", "trainer.save_every=1"]
     (tmp_path / "recipe.yaml").write_text(grpo_recipe("zero2", *overrides))
-    return ["-m", "harness.cli.main", "train", "-c", str(tmp_path / "recipe.yaml"), "--out", str(tmp_path / "run")]
+    return ["-m", "cli.main", "train", "-c", str(tmp_path / "recipe.yaml"), "--out", str(tmp_path / "run")]
 
 
 @pytest.mark.slow
@@ -37,7 +37,7 @@ def test_harness_train_under_the_deepspeed_launcher_with_a_hostfile(tmp_path):
     runner = ["-m", "deepspeed.launcher.runner", "--hostfile", str(tmp_path / "hostfile")]
     runner += ["--no_ssh", "--node_rank", "0"]
     # The module gets no --local_rank argument (the CLI does not take one; LOCAL_RANK is in the env).
-    proc = launch(runner, "--no_local_rank", "--module", "harness.cli.main", *_train_args(tmp_path)[2:])
+    proc = launch(runner, "--no_local_rank", "--module", "cli.main", *_train_args(tmp_path)[2:])
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
     assert "localhost" in proc.stdout + proc.stderr  # the launcher's world info came from the hostfile
     _check_two_rank_run(tmp_path / "run")

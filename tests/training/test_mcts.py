@@ -135,7 +135,7 @@ def test_cli_writes_and_resumes(tmp_path):
 
     from typer.testing import CliRunner
 
-    from harness.cli.main import app
+    from cli.main import app
 
     script = tmp_path / "script.jsonl"
     turns = ["Look.</step>\n<subquery>capital of France</subquery>", "Done.</step>\n<answer>Paris</answer>"]

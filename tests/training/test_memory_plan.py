@@ -129,11 +129,11 @@ def test_plan_covers_every_recipe(recipe, monkeypatch):
     :func:`test_plan_cli_in_its_own_process` keeps one real process."""
     from typer.testing import CliRunner
 
-    from harness.cli.main import app
+    from cli.main import app
 
     monkeypatch.chdir(ROOT)
     res = CliRunner().invoke(app, ["train", "--plan", "-c", recipe])
-    text = " ".join(res.output.split())  # the CLI prints on stderr (harness.cli.common)
+    text = " ".join(res.output.split())  # the CLI prints on stderr (cli.common)
     assert res.exit_code == 0, res.output[-2000:]
     plans = plan_recipe([str(ROOT / recipe)]) if "chain" in recipe else None
     assert ("FITS" in text) or ("nothing to plan" in text), text[-500:]
@@ -145,7 +145,7 @@ def test_plan_covers_every_recipe(recipe, monkeypatch):
 def test_plan_cli_in_its_own_process():
     """``harness train --plan`` as a user runs it: its own process, exit 0, a plan on stderr."""
     out = subprocess.run(
-        [sys.executable, "-m", "harness.cli.main", "train", "--plan", "-c", "configs/train/smollm2_cpu_grpo_demo.yaml"],
+        [sys.executable, "-m", "cli.main", "train", "--plan", "-c", "configs/train/smollm2_cpu_grpo_demo.yaml"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -163,7 +163,7 @@ def test_plan_matches_smollm2_measured_on_cpu():
     dist = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
     env = {k: v for k, v in os.environ.items() if k not in dist}
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/perf/plan_memory.py"), "--device", "cpu", "--micro-batch", "1"]
+        [sys.executable, str(ROOT / "scripts/perf/plan_memory.py"), "--device", "cpu", "--micro-batch", "1"]
         + ["--seq", "384"],
         capture_output=True,
         text=True,

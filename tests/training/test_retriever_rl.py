@@ -185,7 +185,7 @@ def test_cli_train_filter_and_eval_encoder(tmp_path):
     import yaml
     from typer.testing import CliRunner
 
-    from harness.cli.main import app
+    from cli.main import app
     from harness.eval_config import RetrieverConfig
     from harness.retrieval.factory import build_retriever
 

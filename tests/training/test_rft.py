@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from harness.cli.main import app
+from cli.main import app
 from harness.run_records import ItemScore, RunManifest
 from harness.runlog import RunDir
 from harness.tokenization import byte_tokenizer

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from harness.cli.main import app
+from cli.main import app
 from training.stages import StageError, load_chain, run_chain, stage_state
 
 runner = CliRunner()
@@ -283,7 +283,7 @@ stages:
 """
     )
     runner_proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli.main", "stages", "run", str(chain)],
+        [sys.executable, "-m", "cli.main", "stages", "run", str(chain)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

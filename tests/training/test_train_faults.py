@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def train(*args: str) -> tuple[int, str]:
-    from harness.cli.main import app
+    from cli.main import app
 
     res = CliRunner().invoke(app, ["train", *args])
     return res.exit_code, " ".join(res.output.split())
@@ -103,7 +103,7 @@ def test_an_out_that_is_a_file_is_a_message(tmp_path):
 FAULTS = r"""
 import json, logging, sys
 from typer.testing import CliRunner
-from harness.cli.main import app
+from cli.main import app
 recipe, ro, run, full, fuller = sys.argv[1:]
 cases = {
     "read-only --out": ["-c", recipe, "--out", ro + "/run"],

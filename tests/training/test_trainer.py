@@ -132,7 +132,7 @@ def test_resume_gives_the_same_next_step(tmp_path):
 
 @pytest.mark.slow
 def test_cli_trains_resumes_and_validates_into_the_run_folder(tmp_path):
-    from harness.cli.main import app
+    from cli.main import app
 
     f, run = recipe(tmp_path), tmp_path / "run"
     common = ["data.val_split=test", "data.val_limit=2", "trainer.eval_every=1"]
@@ -247,8 +247,8 @@ def test_windowed_logprobs_match_a_full_forward(tmp_path):
 
 
 def test_a_non_empty_run_folder_is_refused_without_resume_or_overwrite(tmp_path):
+    from cli.main import app
     from harness import safe_delete
-    from harness.cli.main import app
 
     f, run = recipe(tmp_path), tmp_path / "run"
     run.mkdir()
@@ -293,7 +293,7 @@ def test_resume_truncates_the_log_to_the_checkpoint(tmp_path):
 def test_cli_overwrite_resume_after_a_lost_checkpoint_and_a_damaged_one(tmp_path):
     """Steps logged after the last checkpoint are not logged twice on resume; a truncated newest
     checkpoint falls back to the one before; --overwrite starts a clean run."""
-    from harness.cli.main import app
+    from cli.main import app
 
     f, run = recipe(tmp_path), tmp_path / "run"
     keep = "trainer.keep_checkpoints=3"

@@ -1,0 +1,54 @@
+"""``harness``: the command-line entry point.
+
+Each command lives in its own module under ``cli`` and is attached under its name in
+:data:`harness.commands.COMMANDS` (that table names each command's help text and function); heavy imports happen inside
+the command functions so that ``harness --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+import typer
+
+from harness.commands import COMMANDS, HELP_ORDER
+
+app = typer.Typer(
+    name="harness",
+    help="Evaluate and train LLM agents that reason with search (FlashRAG-integrated).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
+    # Third-party libraries log at WARNING; our own packages at INFO (DEBUG with -v).
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for pkg in ("harness", "pipelines", "benchmarks", "training"):
+        logging.getLogger(pkg).setLevel(logging.DEBUG if verbose else logging.INFO)
+    # The command line, for the run lock's file (harness.runlock): only the CLI reads argv.
+    from harness import runlock  # deferred: it imports harness.safe_delete (~20 ms), which harness --help does not need
+
+    runlock.set_command(" ".join(["harness", *sys.argv[1:]]))
+
+
+for _name in HELP_ORDER:  # every command from the one table, harness.commands.COMMANDS
+    _command = COMMANDS.get(_name)
+    _module, _attr = _command.target.split(":")
+    _target = getattr(importlib.import_module(f"cli.{_module}"), _attr)
+    if _command.group:
+        app.add_typer(_target, name=_name, help=_command.help)
+    else:
+        app.command(_name, help=_command.help)(_target)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

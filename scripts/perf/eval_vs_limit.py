@@ -1,0 +1,433 @@
+"""How close ``harness eval`` comes to what the engine itself can do with the same work, and what
+the schedule alone gains with the protocol held fixed (a benchmark, not a test).
+
+Three measurements on one real SGLang server, the same questions, greedy:
+
+- ``async``: ``harness eval`` as it runs (``benchmarks.build.simple_evaluate``: the search_r1
+  agent, BM25, the run directory written and scored item by item), each question at its own pace,
+  ``--concurrency`` questions in flight;
+- ``sync``: the same evaluation with ``schedule="sync"`` (``--schedule sync``): questions in waves
+  of the concurrency, turn k of a wave released only when every question of the wave has finished
+  turn k-1. Same dialect, prompts, stops and parsing, so under greedy decoding it should predict
+  exactly what ``async`` predicts; the script counts the agreement;
+- ``replay``: the engine's limit for that work. Every model call of the ``async`` run is recorded
+  by a wrapper around the backend (:class:`RecordingBackend`: each call's input ids and the
+  number of tokens the engine generated for it), then replayed against the same server as ONE
+  batched ``/generate``: every call at once, each with ``max_new_tokens`` = its recorded length
+  and ``ignore_eos``, turn dependencies ignored.
+
+Why the replay is an upper bound on the generated tokens/s any scheduler could get from this
+engine for this workload:
+
+- it is the same work: the same prompts, the same number of generated tokens per call (checked:
+  the script counts the calls whose ``completion_tokens`` differ from the recording);
+- nothing waits on anything but the engine: no turn waits for the previous one, for a search or
+  for the client; every call is queued at t=0, so the engine can batch as many as its own limits
+  (``max_running_requests``, KV tokens; printed from its log) allow, from the first step;
+- it gets at least the prefix-cache hits the agent had: the agent's turn k+1 finds turn k's
+  prompt and output in SGLang's radix cache; a replay with all turns at once would not (turn k
+  is not cached yet when turn k+1 arrives), so before the timed replay an untimed warm-up pass
+  prefills every recorded input (``max_new_tokens`` 1). Each timed call then finds its whole
+  input cached, which is at least what the agent found; the script prints both sides' cached
+  tokens (SGLang's ``meta_info.cached_tokens``) so that this can be checked run by run;
+- it does less besides: no stop strings to check, no client-side work (tokenization, retrieval,
+  scoring, run-directory writes), which on this CPU shares the cores with the engine.
+
+So the replay can overstate what is reachable (it assumes the engine's throughput does not fall
+with a deeper queue), never understate it.
+
+Workloads, as ``vs_flashrag.py`` defines them: ``uniform``: the first ``--n`` questions of
+``--dataset/--split``; ``mixed``: an untimed selection pass of the agent over ``--pool`` questions,
+then ``--n`` questions drawn evenly across the number of searches the model made (0 to
+``--max-turns``). Rounds alternate A B B A: odd rounds ``async, sync, replay``, even rounds
+``replay, sync, async`` (the replay of round r uses the latest ``async`` recording); medians of the
+rounds are reported. One untimed question runs first (both schedules run the same code), and the engine's prefix cache
+is emptied (``/flush_cache``) before every run and every replay's warm-up.
+
+The model: ``scripts/perf/search_model.py`` builds a SmolLM2 that searches in the search_r1
+dialect (pass its folder as ``--model``).
+
+    PYTHONPATH=. .venv/bin/python scripts/perf/eval_vs_limit.py --launch \\
+        --model runs/perf/search_model/sft/final --workload uniform --n 32 --concurrency 16
+    ... --workload mixed --dataset hotpotqa --split dev_distractor1352 --data-dir ../shared/data \\
+        --max-turns 4 --n 24 --pool 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import re
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.build import build_eval, dataset_retriever, simple_evaluate
+from benchmarks.datasets import load_examples
+from harness.backends.base import Completion, SamplingParams
+from harness.backends.sglang import SGLangBackend
+from harness.engines import EngineConfig, launched
+from harness.eval_config import BackendConfig, DatasetConfig, EvalConfig, RetrieverConfig
+from harness.runlog import RunDir
+from scripts.perf.vs_flashrag import select_mixed
+
+logger = logging.getLogger("eval_vs_limit")
+
+SIDES = ("async", "sync")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One recorded model call: its input ids, the tokens the engine generated for it, and the
+    prefix-cache hit the engine reported (None when the backend does not say)."""
+
+    input_ids: tuple[int, ...]
+    generated: int
+    cached: int | None = None
+
+
+class RecordingBackend:
+    """A backend that records every ``agenerate`` (:class:`Call`) and otherwise is ``inner``.
+
+    The generated length is what the engine produced: the completion's tokens less any the
+    client appended because the server had dropped them (``meta["restored_tokens"]``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[Call] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def agenerate(self, input_ids: list[int], params: SamplingParams) -> Completion:
+        comp = await self.inner.agenerate(input_ids, params)
+        generated = len(comp.token_ids) - int(comp.meta.get("restored_tokens") or 0)
+        cached = comp.meta.get("cached_tokens")
+        self.calls.append(Call(tuple(input_ids), generated, None if cached is None else int(cached)))
+        return comp
+
+
+def replay_payload(calls: list[Call], warm_up: bool = False) -> dict[str, Any]:
+    """One batched SGLang ``/generate`` of every call: each its recorded length with
+    ``ignore_eos`` (``warm_up``: one token each, to prefill the inputs into the prefix cache)."""
+    if not calls:
+        raise ValueError("nothing to replay: no model call was recorded")
+    return {
+        "input_ids": [list(c.input_ids) for c in calls],
+        "sampling_params": [
+            {"max_new_tokens": 1 if warm_up else c.generated, "ignore_eos": True, "temperature": 0.0} for c in calls
+        ],
+        "return_logprob": [False] * len(calls),
+    }
+
+
+@dataclass
+class Replay:
+    wall_s: float
+    tokens: int  # completion tokens the engine reported
+    mismatched: int  # calls whose completion_tokens differ from the recorded length
+    cached: int  # the prefix-cache hits the engine reported over the timed calls
+
+
+def replay(url: str, calls: list[Call], in_flight: int | None = None) -> Replay:
+    """Warm the prefix cache with every recorded input (untimed), then the timed replay: one
+    batched ``/generate`` of every call, or (``in_flight``) one request per call with at most that
+    many outstanding, longest first (see :func:`main`'s ``--capped``)."""
+
+    with httpx.Client(timeout=None) as client:
+        flush_cache(url)
+        client.post(url + "/generate", json=replay_payload(calls, warm_up=True)).raise_for_status()
+        t0 = time.perf_counter()
+        if in_flight is None:
+            r = client.post(url + "/generate", json=replay_payload(calls))
+            r.raise_for_status()
+            answers = r.json()
+        else:
+            answers = asyncio.run(_replay_capped(url, calls, in_flight))
+        wall = time.perf_counter() - t0
+    if not isinstance(answers, list) or len(answers) != len(calls):
+        raise SystemExit(f"the replay of {len(calls)} calls got {type(answers).__name__} back")
+    got = [int(a["meta_info"]["completion_tokens"]) for a in answers]
+    return Replay(
+        wall,
+        sum(got),
+        sum(g != c.generated for g, c in zip(got, calls, strict=True)),
+        sum(int(a["meta_info"].get("cached_tokens") or 0) for a in answers),
+    )
+
+
+async def _replay_capped(url: str, calls: list[Call], in_flight: int) -> list[dict[str, Any]]:
+
+    gate = asyncio.Semaphore(in_flight)
+    order = sorted(range(len(calls)), key=lambda i: -calls[i].generated)  # longest first: the shortest tail
+    out: list[dict[str, Any]] = [{}] * len(calls)
+    async with httpx.AsyncClient(timeout=None) as client:
+
+        async def one(i: int) -> None:
+            async with gate:
+                body = replay_payload([calls[i]])
+                r = await client.post(url + "/generate", json={k: v[0] for k, v in body.items()})
+                r.raise_for_status()
+                out[i] = r.json()
+
+        await asyncio.gather(*(one(i) for i in order))
+    return out
+
+
+def flush_cache(url: str) -> None:
+    """Empty SGLang's prefix cache so the next run starts cold."""
+
+    r = httpx.post(url + "/flush_cache", timeout=60.0)
+    if r.status_code != 200:
+        raise SystemExit(f"{url}/flush_cache answered {r.status_code}: cannot start each run on a cold cache")
+
+
+@dataclass
+class EvalRun:
+    side: str
+    wall_s: float
+    cpu_s: float  # this process's CPU time during the run (the agent, retrieval, scoring, writes)
+    preds: dict[str, str]
+    calls: list[Call]
+    turns: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int:
+        return sum(c.generated for c in self.calls)
+
+
+def run_eval(side: str, args: argparse.Namespace, backend: Any, retriever: Any, examples: list, out: Path) -> EvalRun:
+    """One ``harness eval`` of ``examples`` (a fresh run directory under ``out``) with ``side``'s schedule."""
+
+    cfg = EvalConfig(
+        method="search_r1",
+        dataset=DatasetConfig(name=args.dataset, split=args.split, data_dir=args.data_dir),
+        backend=BackendConfig(kind="sglang", model=args.model, url=[args.url]),
+        retriever=RetrieverConfig(kind="bm25", topk=args.topk),
+        agent=agent_options(args),
+        out=str(Path(tempfile.mkdtemp(dir=out))),
+        schedule=side,
+    )
+    recording = RecordingBackend(backend)
+    run = build_eval(cfg, backend=recording, retriever=retriever, examples=examples)
+    scores: list[Any] = []
+    flush_cache(args.url)
+    c0, t0 = time.process_time(), time.perf_counter()
+    simple_evaluate(cfg, run=run, on_item=scores.append)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    failed = [s for s in scores if s.error]
+    if failed:
+        raise SystemExit(f"{side}: {len(failed)} item(s) failed; first: {failed[0].error}")
+
+    turns = {t.example_id: t.n_turns for t in RunDir(run.run_dir).trajectories()}
+    return EvalRun(side, wall, cpu, {s.id: s.prediction for s in scores}, recording.calls, turns)
+
+
+def agent_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "max_turns": args.max_turns,
+        "final_turn": True,
+        "max_new_tokens": args.max_new_tokens,
+        "max_total_tokens": args.max_total_tokens,
+        "max_doc_tokens": args.max_doc_tokens,
+        "temperature": 0.0,
+        "max_concurrency": args.concurrency,
+    }
+
+
+def engine_limits(log_path: Path) -> str:
+    """``max_running_requests`` and ``max_total_num_tokens`` as the engine's log states them."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return "unknown"
+    found = {k: re.findall(rf"{k}=(\d+)", text) for k in ("max_running_requests", "max_total_num_tokens")}
+    return " ".join(f"{k}={v[-1]}" for k, v in found.items() if v) or "unknown"
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def histogram(turns: dict[str, int]) -> str:
+    counts: dict[int, int] = {}
+    for k in turns.values():
+        counts[k] = counts.get(k, 0) + 1
+    return ", ".join(f"{k}:{v}" for k, v in sorted(counts.items()))
+
+
+def same_work(a: list[Call], b: list[Call]) -> bool:
+    """Whether two recordings are the same calls (in any order)."""
+    key = lambda c: (c.input_ids, c.generated)  # noqa: E731
+    return sorted(map(key, a)) == sorted(map(key, b))
+
+
+def report(tag: str, runs: dict[str, list[EvalRun]], replays: list[Replay], n: int) -> None:
+    def med(xs: list[float]) -> float:
+        return statistics.median(xs)
+
+    qps = {s: med([n / r.wall_s for r in runs[s]]) for s in SIDES}
+    tps = {s: med([r.tokens / r.wall_s for r in runs[s]]) for s in SIDES}
+    limit = med([p.tokens / p.wall_s for p in replays])
+    for s in SIDES:
+        last = runs[s][-1]
+        print(
+            f"[{tag}] {s:6s} median questions/s={qps[s]:.3f} generated tokens/s={tps[s]:.1f} "
+            f"({tps[s] / limit:.0%} of the replay limit) calls={len(last.calls)} tokens={last.tokens} "
+            f"client CPU/wall={med([r.cpu_s / r.wall_s for r in runs[s]]):.2f} "
+            f"turns per question (turns:questions)={histogram(last.turns)} rounds={len(runs[s])}"
+        )
+    print(
+        f"[{tag}] replay median generated tokens/s={limit:.1f} (the limit) rounds={len(replays)} "
+        f"calls whose length differed from the recording={max(p.mismatched for p in replays)}"
+    )
+    agent_cached = med([sum(c.cached or 0 for c in r.calls) for r in runs["async"]])
+    prompt = sum(len(c.input_ids) for c in runs["async"][-1].calls)
+    print(
+        f"[{tag}] prefix cache: agent (async) runs hit {agent_cached:.0f} of {prompt} input tokens, "
+        f"the timed replays {min(p.cached for p in replays)} (min over rounds): "
+        + (
+            "the replay had at least the agent's hits"
+            if min(p.cached for p in replays) >= agent_cached
+            else "the replay had FEWER hits than the agent: not a true upper bound on prefill"
+        )  # fmt: skip
+    )
+    print(f"[{tag}] async/sync questions/s (medians) = {qps['async'] / qps['sync']:.2f}x")
+    for r, (a, b) in enumerate(zip(runs["async"], runs["sync"], strict=True)):
+        agree = sum(a.preds[q] == b.preds.get(q) for q in a.preds)
+        print(
+            f"[{tag}] round {r + 1}: async and sync predictions identical {agree}/{n}; "
+            f"same model calls: {same_work(a.calls, b.calls)}"
+        )
+    stable = {s: all(r.preds == runs[s][0].preds for r in runs[s]) for s in SIDES}
+    print(f"[{tag}] each side's predictions identical across rounds: {stable}")
+    frac = tps["async"] / limit
+    print(
+        f"[{tag}] goals: agent tokens/s >= 90% of the replay limit: {'met' if frac >= 0.9 else 'NOT met'} "
+        f"({frac:.0%}); agent >= 1.0x sync in questions/s: "
+        f"{'met' if qps['async'] >= qps['sync'] else 'NOT met'} ({qps['async'] / qps['sync']:.2f}x)"
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url", default=None, help="a running SGLang server")
+    p.add_argument("--launch", action="store_true", help="start SGLang (CPU) from its venv and stop it after")
+    p.add_argument("--model", default="runs/perf/search_model/sft/final")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per request (a CPU engine is slow)")
+    p.add_argument(
+        "--omp-bind",
+        default=None,
+        help="--launch: SGLANG_CPU_OMP_THREADS_BIND for the engine (e.g. 0: one OpenMP thread on core 0; "
+        "by default SGLang takes every core, whose OpenMP barriers stall on a CPU shared with other jobs)",
+    )
+    p.add_argument("--kv-tokens", type=int, default=65536, help="--launch: SGLang's --max-total-tokens (KV cache)")
+    p.add_argument("--dataset", default="demo")
+    p.add_argument("--split", default="test")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--workload", choices=("uniform", "mixed"), default="uniform")
+    p.add_argument("--pool", type=int, default=None, help="mixed: questions of the selection pass (default 4 x --n)")
+    p.add_argument("--n", type=int, default=32, help="questions")
+    p.add_argument("--concurrency", type=int, default=16, help="questions in flight (sync: the wave size)")
+    p.add_argument("--repeats", type=int, default=2, help="rounds (2: A B B A)")
+    p.add_argument(
+        "--capped",
+        action="store_true",
+        help="also replay with at most --concurrency calls in flight (as many as the agent can have), longest "
+        "first: what the engine gives at the agent's concurrency (an estimate, not a bound: the order matters)",
+    )
+    p.add_argument("--max-turns", type=int, default=2, help="search turns (Search-R1 adds a final turn)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="per turn")
+    p.add_argument("--max-total-tokens", type=int, default=4096)
+    p.add_argument("--max-doc-tokens", type=int, default=512)
+    p.add_argument("--topk", type=int, default=3)
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    print(f"load average at start: {loadavg()}", flush=True)
+    pool_n = (args.pool or 4 * args.n) if args.workload == "mixed" else args.n
+    pool = load_examples(args.dataset, args.split, data_dir=args.data_dir, limit=pool_n)
+    retriever = dataset_retriever(RetrieverConfig(kind="bm25", topk=args.topk), args.dataset, args.split, args.data_dir)
+    retriever.search(["warm up"], args.topk)  # numba compiles on first use
+    with contextlib.ExitStack() as stack:
+        limits = "unknown"
+        if args.launch:
+            logs = stack.enter_context(tempfile.TemporaryDirectory())
+            extra = ["--dtype", args.dtype, "--max-total-tokens", str(args.kv_tokens)]
+            t0 = time.perf_counter()
+            env = {"SGLANG_CPU_OMP_THREADS_BIND": args.omp_bind} if args.omp_bind else {}
+            ecfg = EngineConfig(device="cpu", args=extra, env=env)
+            proc = stack.enter_context(launched("sglang", args.model, ecfg, logs))
+            print(f"sglang: started in {time.perf_counter() - t0:.0f} s at {proc.url}", flush=True)
+            args.url, limits = proc.url, engine_limits(proc.log_path)
+        if not args.url:
+            raise SystemExit("give --url URL (a running SGLang) or --launch")
+        backend = SGLangBackend(args.url, model=args.model, max_concurrency=args.concurrency, timeout=args.timeout)
+        stack.callback(backend.close)
+        out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="eval_vs_limit-")))
+        examples = pool[: args.n]
+        if args.workload == "mixed":
+            flush_cache(args.url)
+            examples = select_mixed("search_r1", backend, retriever, pool, args)
+        n = len(examples)
+        tag = args.workload
+        print(
+            f"engine: SGLang CPU {args.dtype} model={args.model} {limits} omp_bind={args.omp_bind}; workload={tag} "
+            f"{args.dataset}/{args.split} questions={n} concurrency={args.concurrency} max_turns={args.max_turns} "
+            f"max_new_tokens={args.max_new_tokens} greedy method=search_r1 retriever=bm25 top{args.topk}",
+            flush=True,
+        )
+        # One untimed question through the whole path first (weights, kernels, the retriever); the
+        # two schedules run the same code, so one warm-up serves both.
+        run_eval("async", args, backend, retriever, examples[:1], out)
+        runs: dict[str, list[EvalRun]] = {s: [] for s in SIDES}
+        replays: list[Replay] = []
+        capped: list[Replay] = []
+        for r in range(args.repeats):
+            order = ["async", "sync", "replay"] if r % 2 == 0 else ["replay", "sync", "async"]
+            for what in order:
+                if what == "replay":
+                    if not runs["async"]:
+                        continue  # nothing recorded yet (cannot happen with this order)
+                    for cap in (None, args.concurrency) if args.capped else (None,):
+                        rep = replay(args.url, runs["async"][-1].calls, cap)
+                        (replays if cap is None else capped).append(rep)
+                        print(
+                            f"[{tag}] round {r + 1} replay{'' if cap is None else f' capped at {cap}'} "
+                            f"wall_s={rep.wall_s:.1f} tokens={rep.tokens} tokens/s={rep.tokens / rep.wall_s:.1f} "
+                            f"cached={rep.cached} load={loadavg()}",
+                            flush=True,
+                        )
+                    continue
+                res = run_eval(what, args, backend, retriever, examples, out)
+                runs[what].append(res)
+                print(
+                    f"[{tag}] round {r + 1} {what:6s} wall_s={res.wall_s:.1f} questions/s={n / res.wall_s:.3f} "
+                    f"tokens={res.tokens} tokens/s={res.tokens / res.wall_s:.1f} calls={len(res.calls)} "
+                    f"client_cpu_s={res.cpu_s:.1f} load={loadavg()}",
+                    flush=True,
+                )
+        report(tag, runs, replays, n)
+        if capped:
+            cap = statistics.median(p.tokens / p.wall_s for p in capped)
+            agent = statistics.median(x.tokens / x.wall_s for x in runs["async"])
+            print(
+                f"[{tag}] replay capped at {args.concurrency} calls in flight (longest first): median generated "
+                f"tokens/s={cap:.1f}; the agent's tokens/s is {agent / cap:.0%} of it"
+            )
+    print(f"load average at end: {loadavg()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
