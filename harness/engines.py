@@ -17,7 +17,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from typing import Literal
 import httpx
 
 from harness.models import resolve_model
+from harness.ports import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -96,12 +96,6 @@ def engine_for_backend(kind: str) -> Engine:
     if kind not in engines:
         raise EngineError(f"--launch starts an engine for the sglang or openai backend, not {kind!r}")
     return engines[kind]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def engine_command(

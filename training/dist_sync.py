@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import socket
 import threading
 from datetime import timedelta
 from typing import Any
@@ -26,11 +25,7 @@ import torch
 from torch.distributed import PrefixStore, rendezvous
 from torch.distributed.distributed_c10d import Backend, _new_process_group_helper, _world
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from harness.ports import free_port
 
 
 def join_group(address: str, port: int, rank: int, world_size: int, group_name: str, comm: str, timeout_s: float):

@@ -24,7 +24,6 @@ import importlib.util
 import logging
 import math
 import os
-import socket
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 import torch
 
 from harness.models import resolve_model
+from harness.ports import free_port
 from harness.registry import Registry
 from training.config import ModelConfig, OptimConfig
 
@@ -56,9 +56,7 @@ def setup_distributed_env() -> None:
         os.environ.setdefault(k, v)
     if "MASTER_PORT" not in os.environ:
         # A free port, not a fixed one: several single-process runs (and tests) share a machine.
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+        os.environ["MASTER_PORT"] = str(free_port())
     importlib.import_module("deepspeed.comm.torch")
     if os.environ.get("DS_ACCELERATOR") == "cpu":
         # The shm all-reduce op is an optimisation; building it costs ~2 minutes of compiling.

@@ -32,6 +32,25 @@ from harness.models import resolve_model
 from pipelines.methods import build_method
 
 
+def add_engine_options(p: argparse.ArgumentParser, model: str, engine: str) -> None:
+    """The options of a script that talks to an inference engine (``engine`` names it in the
+    help): a running server's ``--url`` or ``--launch``, the ``--model`` and its ``--dtype``."""
+    p.add_argument("--url", default=None, help=f"a running {engine} server")
+    p.add_argument("--launch", action="store_true", help=f"start {engine} from its venv and stop it after")
+    p.add_argument("--model", default=model)
+    p.add_argument("--dtype", default="float32")
+
+
+def add_agent_options(p: argparse.ArgumentParser) -> None:
+    """The Search-R1 agent's shape in the engine comparisons: turns, tokens per turn, context,
+    document length and documents per search."""
+    p.add_argument("--max-turns", type=int, default=2, help="search turns (Search-R1 adds a final turn)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="per turn")
+    p.add_argument("--max-total-tokens", type=int, default=4096)
+    p.add_argument("--max-doc-tokens", type=int, default=512)
+    p.add_argument("--topk", type=int, default=3)
+
+
 def make_backends(name: str, model: str, dtype: str, concurrency: int, stack: contextlib.ExitStack, logs: str):
     """A factory ``c -> backend`` for one backend kind (starting its engine once), and start-up seconds."""
     t0 = time.perf_counter()

@@ -76,6 +76,7 @@ from harness.backends.sglang import SGLangBackend
 from harness.engines import EngineConfig, launched
 from harness.eval_config import BackendConfig, DatasetConfig, EvalConfig, RetrieverConfig
 from harness.runlog import RunDir
+from scripts.perf.engines import add_agent_options, add_engine_options
 from scripts.perf.vs_flashrag import select_mixed
 
 logger = logging.getLogger("eval_vs_limit")
@@ -321,10 +322,7 @@ def report(tag: str, runs: dict[str, list[EvalRun]], replays: list[Replay], n: i
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--url", default=None, help="a running SGLang server")
-    p.add_argument("--launch", action="store_true", help="start SGLang (CPU) from its venv and stop it after")
-    p.add_argument("--model", default="runs/perf/search_model/sft/final")
-    p.add_argument("--dtype", default="float32")
+    add_engine_options(p, model="runs/perf/search_model/sft/final", engine="SGLang (CPU)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per request (a CPU engine is slow)")
     p.add_argument(
         "--omp-bind",
@@ -347,11 +345,7 @@ def main() -> None:
         help="also replay with at most --concurrency calls in flight (as many as the agent can have), longest "
         "first: what the engine gives at the agent's concurrency (an estimate, not a bound: the order matters)",
     )
-    p.add_argument("--max-turns", type=int, default=2, help="search turns (Search-R1 adds a final turn)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="per turn")
-    p.add_argument("--max-total-tokens", type=int, default=4096)
-    p.add_argument("--max-doc-tokens", type=int, default=512)
-    p.add_argument("--topk", type=int, default=3)
+    add_agent_options(p)
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
 

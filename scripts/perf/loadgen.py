@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from contextlib import contextmanager
@@ -48,12 +47,6 @@ def questions(limit: int | None = None) -> list[str]:
         raise SystemExit(f"needs the shared benchmark data: {DEV} is missing")
     rows = [r["question"] for _, r in read_jsonl(DEV)]
     return rows[:limit] if limit else rows
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_lua(path: Path, qs: list[str], per_request: int, topk: int = 3) -> Path:

@@ -81,6 +81,7 @@ from pipelines.flashrag_compat import (
     to_flashrag_dataset,
 )
 from pipelines.methods import build_method
+from scripts.perf.engines import add_agent_options, add_engine_options
 
 NOT_LIKE_FOR_LIKE = (
     "NOT LIKE-FOR-LIKE: the two sides run different protocol ports of the same dialect (FlashRAG's "
@@ -361,10 +362,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pairs", default=",".join(PAIRS), help=f"from {','.join(PAIRS)}")
     p.add_argument("--backend", choices=("hf", "sglang", "openai"), default="hf")
-    p.add_argument("--url", default=None, help="a running SGLang (sglang) or vLLM/OpenAI (openai) server")
-    p.add_argument("--launch", action="store_true", help="start the engine from its venv and stop it after")
-    p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--dtype", default="float32")
+    add_engine_options(p, model="smollm2-135m-instruct", engine="SGLang (--backend sglang) or vLLM/OpenAI (openai)")
     p.add_argument("--threads", type=int, default=1, help="hf: torch threads (1 is faster on a shared 2-core VM)")
     p.add_argument(
         "--batch-window-ms",
@@ -385,11 +383,7 @@ def main() -> None:
     p.add_argument("--pool", type=int, default=None, help="mixed: questions of the selection pass (default 4 x --n)")
     p.add_argument("--n", type=int, default=8, help="questions")
     p.add_argument("--repeats", type=int, default=2, help="rounds per pair (2: A B B A)")
-    p.add_argument("--max-turns", type=int, default=2, help="search turns (Search-R1 adds a final turn)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="per turn")
-    p.add_argument("--max-total-tokens", type=int, default=4096)
-    p.add_argument("--max-doc-tokens", type=int, default=512)
-    p.add_argument("--topk", type=int, default=3)
+    add_agent_options(p)
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     pairs = [x.strip() for x in args.pairs.split(",") if x.strip()]

@@ -159,7 +159,7 @@ def test_evaluate_records_missing_verdicts_and_rejudges_them(judge_server, tmp_p
 @pytest.mark.slow  # ~15 s on 2 shared cores: importing the agent pipeline dominates
 def test_eval_cli_records_profile_and_judge(judge_server, tmp_path):
     from benchmarks.datasets import load_examples
-    from tests.harness.test_eval_cli import eval_args, write_script
+    from tests.cli.test_eval_cli import eval_args, write_script
 
     script, url = judge_server
     examples = load_examples("demo")

@@ -18,6 +18,7 @@ from benchmarks.metrics import (
 )
 from benchmarks.profiles import PROFILES, apply_profile, get_profile, profile_metrics
 from harness.types import Trajectory
+from tests.helpers.trajectories import trajectory
 
 
 @pytest.mark.parametrize(
@@ -91,10 +92,9 @@ def test_apply_profile_fills_metrics_and_the_judge_only_with_an_endpoint():
 
 
 def test_score_trajectory_uses_the_response_for_search_r1_em():
-    traj = Trajectory(
-        example_id="q1",
+    traj = trajectory(
+        ["Paris"],
         question="Capital of France?",
-        answers=["Paris"],
         method="search_r1",
         prediction="Paris",
         response_text="<think>..</think><answer>Lyon</answer> then <answer>Paris</answer>",

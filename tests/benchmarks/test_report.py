@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from benchmarks.report import build_leaderboard, load_reference, load_runs
 from cli.main import app
 from harness.safe_delete import MARKER
+from tests.helpers.trajectories import trajectory
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 RUNS = str(FIX / "runs" / "*")
@@ -220,12 +221,11 @@ def test_errors(tmp_path):
 
 def test_browser_shows_a_baselines_searches_before_its_answer():
     from benchmarks.report_html import _steps
-    from harness.types import Doc, SearchRecord, Segment, Trajectory
+    from harness.types import Doc, SearchRecord, Segment
 
-    t = Trajectory(
-        example_id="q",
+    t = trajectory(
+        ["A"],
         question="Q?",
-        answers=["A"],
         method="ircot",
         segments=[Segment("prompt", [1], "P"), Segment("model", [2], "A")],
         searches=[

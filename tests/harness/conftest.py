@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 
 import pytest
+
+from harness.ports import free_port
 
 TINY = [
     ("t1", "Dog training", "Running dogs need a lot of exercise every day."),
@@ -44,12 +45,6 @@ def bm25_retriever(bm25_index):
     r = load_index(bm25_index)
     r.search(["warm up"], 1)  # numba compiles on first use (~12 s): keep that out of timed requests
     return r
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerThread:

@@ -159,7 +159,7 @@ def test_serve_model_cli_serves_until_sigterm_then_stops_the_group(tmp_path, fak
     import signal
     import subprocess
 
-    from harness.engines import free_port
+    from harness.ports import free_port
 
     port = free_port()
     cmd = [sys.executable, "-m", "cli.main", "serve", "model", "--engine", "sglang", "--model"]

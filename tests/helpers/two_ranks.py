@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.engines import free_port
+from harness.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from harness.types import Doc, SearchRecord, Segment, Trajectory
+from tests.helpers.trajectories import trajectory
 from training.advantages import (
     ADVANTAGES,
     dual_granularity,
@@ -135,11 +136,8 @@ def test_dual_granularity_by_hand():
 
 
 def test_rule_step_scorer_and_its_tensor():
-    t = Trajectory(
-        example_id="q",
-        question="q",
-        answers=["Paris"],
-        method="m",
+    t = trajectory(
+        ["Paris"],
         segments=[
             Segment("prompt", [1, 2]),
             Segment("model", [3, 4], "<search>capital of france</search>"),
@@ -290,7 +288,7 @@ def test_whitening_is_over_every_ranks_tokens(tmp_path):
     exactly what one process whitening all four gives."""
     import torch.multiprocessing as mp
 
-    from harness.engines import free_port
+    from harness.ports import free_port
 
     x = torch.tensor([[1.0, 2.0, 9.0], [3.0, 0.0, 0.0], [10.0, 12.0, 0.0], [-4.0, 5.0, 6.0]])  # [4, 3]
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])

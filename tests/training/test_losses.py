@@ -9,6 +9,7 @@ import torch
 
 from harness.registry import RegistryError
 from harness.types import Segment, Trajectory
+from tests.helpers.trajectories import trajectory
 from training.batch import collate, shift_for_next_token, token_logprobs
 from training.config import RolloutCorrectionConfig
 from training.losses import (
@@ -132,11 +133,8 @@ def test_value_loss_clip_by_hand():
 
 
 def multi_turn() -> Trajectory:
-    return Trajectory(
-        example_id="q",
-        question="q",
-        answers=["a"],
-        method="m",
+    return trajectory(
+        ["a"],
         segments=[
             Segment("prompt", [1, 2]),
             Segment("model", [3, 4], "<search>x</search>", logprobs=[-0.1, -0.2]),

@@ -1,0 +1,43 @@
+"""Free TCP ports for the servers and process groups harness starts on this machine."""
+
+from __future__ import annotations
+
+import random
+import socket
+from pathlib import Path
+
+_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST = 10000  # below: well-known and registered services
+
+
+def _ephemeral_floor() -> int:
+    """Where the kernel's ephemeral range starts (Linux default 32768)."""
+    try:
+        return int(_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on at ``host`` now, drawn below the kernel's ephemeral range.
+
+    Asking the kernel for port 0 returns an ephemeral port, which any outgoing connection (an HTTP
+    client, another run's engine) may take as its local port before our server binds it: that is
+    how a single-process DeepSpeed run once failed with EADDRINUSE beside other jobs. Ports below
+    the ephemeral range are only taken by explicit binds. Falls back to port 0 where that range
+    is empty or full."""
+    floor = _ephemeral_floor()
+    draw = random.SystemRandom()
+    for _ in range(64):
+        if floor <= _LOWEST:
+            break
+        port = draw.randrange(_LOWEST, floor)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        return port
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
