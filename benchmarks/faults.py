@@ -31,6 +31,7 @@ from pathlib import Path
 
 from benchmarks import tiny_recipes
 from benchmarks.datasets import demo_path, load_examples
+from harness.ports import child_env
 from harness.retrieval.corpus import read_corpus
 from harness.retrieval.memory import InMemoryRetriever
 
@@ -96,7 +97,8 @@ def spawn(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subproces
 
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, "COLUMNS": "200", **(extra or {})}
+    # no rendezvous variables: a run of ours in this process (a test) may hold its MASTER_PORT
+    return {**child_env(), "PYTHONPATH": path, "COLUMNS": "200", **(extra or {})}
 
 
 def flat(text: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from pathlib import Path
@@ -41,3 +42,14 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+RENDEZVOUS_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's environment) without the torch.distributed rendezvous
+    variables, for a child process that starts runs of its own. A process that trained in
+    process set ``MASTER_PORT`` for its single-process group, whose store still listens there
+    (DeepSpeed keeps its groups), so a child inheriting it fails with EADDRINUSE."""
+    return {k: v for k, v in (os.environ if env is None else env).items() if k not in RENDEZVOUS_VARIABLES}

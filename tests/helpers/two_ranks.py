@@ -7,20 +7,18 @@ the pytest process's own rank variables leak into the children.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from harness.ports import free_port
+from harness.ports import child_env, free_port
 
 REPO = Path(__file__).resolve().parents[2]
-RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
 
 
 def two_rank_env() -> dict[str, str]:
     """This process's environment without its rank variables, for CPU ranks that import the repo."""
-    env = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
+    env = child_env()
     env.update(DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     return env
 

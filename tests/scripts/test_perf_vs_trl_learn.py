@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from harness.ports import child_env
 from scripts.perf.vs_trl_learn import demo_examples, report, seed_order, steps_to_half, with_passages
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +67,8 @@ def test_the_learning_benchmark_runs_in_ci_size(tmp_path):
         *("--side", "both", "--steps", "2", "--group-size", "2", "--prompts", "1", "--max-new-tokens", "8"),
         *("--heldout-limit", "2", "--eval-batch", "2", "--lr", "1e-5", "--out", str(tmp_path)),
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # no rendezvous variables: an in-process training test may hold this process's MASTER_PORT
+    env = {**child_env(), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert done.stdout.startswith("NOT LIKE-FOR-LIKE")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.ports import child_env
 from tests.training.test_trainer import make, read_jsonl
 from training.rewards import REWARDS
 
@@ -81,14 +82,13 @@ def test_async_train_and_resume_exit_cleanly_every_time(tmp_path):
     """Issue 31, defect 6: after a resume with trainer.async the run wrote final/ and then died at
     exit ("terminate called without an active exception", 134) once in two tries. Twice over: a
     2-step async run, then a resume to step 3; every process must exit 0."""
-    import os
     import subprocess
     import sys
 
     from tests.training.test_trainer import recipe
 
     f = recipe(tmp_path)
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE")}
+    env = child_env()
     base = [sys.executable, "-m", "cli.main", "train"]
     for i in range(2):
         run = tmp_path / f"run{i}"

@@ -4,7 +4,6 @@ the knob it names, the shipped architectures, and (slow) SmolLM2's measured peak
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.config import compose
+from harness.ports import child_env
 from training.config import TrainConfig
 from training.memory_plan import GiB, _produced_by, arch_of, model_states, plan, plan_recipe, shipped_archs
 
@@ -160,8 +160,7 @@ def test_plan_matches_smollm2_measured_on_cpu():
     """The plan against the measured peak of two real micro-steps (DeepSpeed, AdamW) of SmolLM2 on CPU."""
     # A clean rendezvous: this test process may have set MASTER_PORT for its own (still listening)
     # single-process DeepSpeed group, and a child inheriting it would fail to bind the port.
-    dist = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in dist}
+    env = child_env()
     out = subprocess.run(
         [sys.executable, str(ROOT / "scripts/perf/plan_memory.py"), "--device", "cpu", "--micro-batch", "1"]
         + ["--seq", "384"],

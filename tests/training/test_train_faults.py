@@ -5,7 +5,6 @@ path (exit 2), never a traceback or an exception's class name."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from benchmarks.faults import namespaces_work
+from harness.ports import child_env
 from tests.training.test_divergence import sft_recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,7 +138,7 @@ def test_read_only_and_full_disks_are_messages_naming_the_path(tmp_path):
     script.write_text(FAULTS)
     cmd = f'{mounts} && exec "{sys.executable}" {script} {recipe} {ro} {run} {full} {fuller}'
     # a process group of its own (this process's port, set by an earlier in-process training, is taken)
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE")}
+    env = child_env()
     proc = subprocess.run(
         ["unshare", "-rm", "sh", "-c", cmd], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
     )
