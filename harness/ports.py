@@ -23,10 +23,10 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on at ``host`` now, drawn below the kernel's ephemeral range.
 
     Asking the kernel for port 0 returns an ephemeral port, which any outgoing connection (an HTTP
-    client, another run's engine) may take as its local port before our server binds it: that is
-    how a single-process DeepSpeed run once failed with EADDRINUSE beside other jobs. Ports below
-    the ephemeral range are only taken by explicit binds. Falls back to port 0 where that range
-    is empty or full."""
+    client, another run's engine) may take as its local port between this check and our server's
+    bind; ports below the ephemeral range are only taken by explicit binds. (The EADDRINUSE seen
+    in the test suite had another cause, an inherited ``MASTER_PORT``: see :func:`child_env`.)
+    Falls back to port 0 where that range is empty or full."""
     floor = _ephemeral_floor()
     draw = random.SystemRandom()
     for _ in range(64):
