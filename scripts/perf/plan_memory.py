@@ -7,7 +7,7 @@ log-prob path, each followed by an optimizer step.
 Peak: on CPU the process's peak RSS (``VmHWM``) minus its RSS before the model is built (a
 fresh subprocess); on CUDA ``torch.cuda.max_memory_allocated``. fp32 on CPU, bf16 on CUDA.
 
-    .venv/bin/python scripts/perf/plan_memory.py [--micro-batch 2] [--seq 512] [--checkpointing]
+    .venv/bin/python -m scripts.perf.plan_memory [--micro-batch 2] [--seq 512] [--checkpointing]
 """
 
 from __future__ import annotations
@@ -104,9 +104,13 @@ def main() -> None:
     if args.child:
         print(json.dumps({"peak": measure(args.micro_batch, args.seq, args.checkpointing, device)}))
         return
-    cmd = [sys.executable, __file__, "--child", "--device", device, "--micro-batch", str(args.micro_batch)]
-    cmd += ["--seq", str(args.seq)] + (["--checkpointing"] if args.checkpointing else [])
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)  # a fresh process: a clean peak
+    # a fresh process for a clean peak; a module run from the repository root, like this one, so that
+    # ``scripts.perf`` imports without PYTHONPATH
+    cmd = [sys.executable, "-m", "scripts.perf.plan_memory", "--child", "--device", device]
+    cmd += ["--micro-batch", str(args.micro_batch), "--seq", str(args.seq)]
+    cmd += ["--checkpointing"] if args.checkpointing else []
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=root)
     peak = json.loads(out.stdout.strip().splitlines()[-1])["peak"]
     est = planned(args.micro_batch, args.seq, device == "cuda", args.checkpointing)
     print(

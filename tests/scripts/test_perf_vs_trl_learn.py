@@ -62,13 +62,12 @@ def test_report_pairs_each_side_with_the_checkpoint_before(tmp_path, capsys):
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is absent: pip install -e '.[compare]'")
 def test_the_learning_benchmark_runs_in_ci_size(tmp_path):
     cmd = [
-        sys.executable,
-        str(ROOT / "scripts/perf/vs_trl_learn.py"),
+        *(sys.executable, "-m", "scripts.perf.vs_trl_learn"),
         *("--side", "both", "--steps", "2", "--group-size", "2", "--prompts", "1", "--max-new-tokens", "8"),
         *("--heldout-limit", "2", "--eval-batch", "2", "--lr", "1e-5", "--out", str(tmp_path)),
     ]
     # no rendezvous variables: an in-process training test may hold this process's MASTER_PORT
-    env = {**child_env(), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**child_env(), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert done.stdout.startswith("NOT LIKE-FOR-LIKE")
