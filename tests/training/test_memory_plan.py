@@ -162,8 +162,7 @@ def test_plan_matches_smollm2_measured_on_cpu():
     # single-process DeepSpeed group, and a child inheriting it would fail to bind the port.
     env = child_env()
     out = subprocess.run(
-        [sys.executable, "-m", "scripts.perf.plan_memory", "--device", "cpu", "--micro-batch", "1"]
-        + ["--seq", "384"],
+        [sys.executable, "-m", "scripts.perf.plan_memory", "--device", "cpu", "--micro-batch", "1"] + ["--seq", "384"],
         capture_output=True,
         text=True,
         cwd=ROOT,
