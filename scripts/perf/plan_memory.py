@@ -24,6 +24,7 @@ from training.config import ModelConfig, OptimConfig, TrainConfig
 from training.memory_plan import PROMPT_TOKENS, plan
 
 GiB = 2**30
+ROOT = Path(__file__).resolve().parents[2]  # the repository root
 
 
 def recipe(micro_batch: int, seq: int, bf16: bool, checkpointing: bool) -> list[str]:
@@ -45,10 +46,8 @@ def recipe(micro_batch: int, seq: int, bf16: bool, checkpointing: bool) -> list[
 
 def planned(micro_batch: int, seq: int, bf16: bool, checkpointing: bool) -> float:
     """The plan's per-rank total (bytes) for one GPU."""
-
-    root = Path(__file__).resolve().parents[2]
     cfg = compose(
-        TrainConfig, [root / "configs/train/smollm2_cpu_grpo.yaml"], recipe(micro_batch, seq, bf16, checkpointing)
+        TrainConfig, [ROOT / "configs/train/smollm2_cpu_grpo.yaml"], recipe(micro_batch, seq, bf16, checkpointing)
     )
     return plan(cfg, gpus=1, gpu_mem_gb=1000.0).total
 
@@ -109,8 +108,7 @@ def main() -> None:
     cmd = [sys.executable, "-m", "scripts.perf.plan_memory", "--child", "--device", device]
     cmd += ["--micro-batch", str(args.micro_batch), "--seq", str(args.seq)]
     cmd += ["--checkpointing"] if args.checkpointing else []
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=root)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
     peak = json.loads(out.stdout.strip().splitlines()[-1])["peak"]
     est = planned(args.micro_batch, args.seq, device == "cuda", args.checkpointing)
     print(
