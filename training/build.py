@@ -246,6 +246,7 @@ TRAIN_ENTRIES: Layout = {
     **dict.fromkeys(("config.json", "metrics.jsonl", "rollouts.jsonl", "value_head.safetensors", "*.log"), FILE),
     "checkpoints": Folder({"step-*": Folder(kind="checkpoint"), **_TEMP}),
     "final": _MODEL,
+    "best-step-*": _MODEL,  # trainer.best_metric (training.best_val)
     "encoder": _ENCODER,
     "validation": Folder({"step-*": Folder({"*": Folder(RUN_ENTRIES, kind="eval")})}),
     "sync": Folder({"weights-v*": _MODEL, "adapter-v*": _MODEL, "step-*": _ENCODER, **_TEMP}),

@@ -44,6 +44,7 @@ from harness.fsutil import atomic_dir, commit_dir, tmp_sibling
 from harness.models import untie
 from training.divergence import DivergenceError, check_finite
 from training.engine import full_state_dict, load_full_state_dict, rank_and_world, unwrap
+from training.weight_sync import barrier
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def save_checkpoint(
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    _barrier()
+    barrier()
     for name, eng in (("model", policy), ("critic", critic)):
         if eng is None:
             continue
@@ -106,12 +107,12 @@ def save_checkpoint(
             opt["scheduler"] = eng.lr_scheduler.state_dict()
         with write_errors(tmp / f"{name}_optim_rank{rank}.pt") as path:
             torch.save(opt, path)
-    _barrier()
+    barrier()
     if rank == 0:
         files = {p.name: file_record(p) for p in sorted(tmp.iterdir()) if p.is_file() and p.name != STATE_FILE}
         (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step, "rng": rng_state(), "files": files}))
         commit_dir(tmp, final, kind="checkpoint")
-    _barrier()
+    barrier()
     return final
 
 
@@ -269,13 +270,8 @@ def export_hf(policy: Any, tokenizer: Any, out: Path) -> Path:
             with write_errors(out):
                 unwrap(policy).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
-    _barrier()
+    barrier()
     return out
-
-
-def _barrier() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
 
 
 def resume_checkpoint(run_dir: str | Path, policy: Any, critic: Any = None) -> tuple[Path, dict[str, Any]]:

@@ -324,6 +324,11 @@ class TrainerConfig:
     # With eval_every: validate the starting policy too, before step 1 (verl's
     # trainer.val_before_train, default true there): the curve's step 0. Not on a resume.
     val_before_train: bool = True
+    # Model selection on validation (algo.kind rl): final/ holds the weights of the validation
+    # step with the highest val/<best_metric> (e.g. em; the earliest on a tie, so step 0, the
+    # starting policy, when nothing beats it), as HF Trainer's load_best_model_at_end with
+    # metric_for_best_model. None: the last step's weights. See training.best_val.
+    best_metric: str | None = None
     seed: int = 0
     out: str = "runs/train"
     # Newest complete checkpoints kept on disk (0: keep all). A time-based checkpoint between two
@@ -427,6 +432,14 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.algo.kind == "rl":
             check_rl_recipe(self)
+        if self.trainer.best_metric is not None:
+            if self.algo.kind != "rl":
+                raise ValueError(f"trainer.best_metric applies to algo.kind=rl, not {self.algo.kind}")
+            if not (self.trainer.eval_every and self.data.val_split):
+                raise ValueError(
+                    f"trainer.best_metric={self.trainer.best_metric!r} chooses among validations: it needs "
+                    "data.val_split and trainer.eval_every > 0"
+                )
 
     @property
     def rollout_seed(self) -> int:

@@ -1,0 +1,103 @@
+"""trainer.best_metric: validation chooses the weights of final/ (training.best_val)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from harness.config import compose
+from tests.training.test_trainer import make, read_jsonl, recipe
+from training.best_val import BestValidation
+from training.config import TrainConfig
+
+
+def test_only_a_strictly_higher_score_is_a_new_best():
+    best = BestValidation("em")
+    assert best.consider({"em": 0.5, "f1": 0.6}, 0)
+    assert best.consider({"em": 0.7}, 3)
+    assert not best.consider({"em": 0.7}, 6)  # a tie keeps the earlier step
+    assert not best.consider({"em": 0.2}, 9)
+    assert (best.step, best.value) == (3, 0.7)
+
+
+def test_a_metric_the_validation_does_not_report_is_named():
+    with pytest.raises(ValueError, match=r"best_metric='exact'.*\['em', 'f1'\]"):
+        BestValidation("exact").consider({"em": 0.5, "f1": 0.6, "n": "x"}, 0)
+
+
+def test_the_best_is_read_back_from_the_log_up_to_the_resumed_step(tmp_path):
+    rows = [{"step": 0, "val/em": 0.5}, {"step": 1, "loss": 1.0}, {"step": 2, "val/em": 0.6}]
+    rows += [{"step": 2, "val/best_step": 2.0}, {"step": 4, "val/em": 0.9}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    best = BestValidation.from_log("em", tmp_path / "metrics.jsonl", upto=3)
+    assert (best.step, best.value) == (2, 0.6)  # step 4 runs again after the resume
+    assert BestValidation.from_log("em", tmp_path / "none.jsonl", upto=3).step is None
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.eval_every=0", "data.val_split=test"], "needs data.val_split and trainer.eval_every"),
+        (["trainer.eval_every=1", "data.val_split=null"], "needs data.val_split and trainer.eval_every"),
+        (["algo.kind=sft", "trainer.eval_every=1", "data.val_split=test"], "applies to algo.kind=rl"),
+    ],
+)
+def test_a_best_metric_without_validations_to_choose_from_is_refused(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        compose(TrainConfig, [recipe(tmp_path)], ["trainer.best_metric=em", *overrides])
+
+
+def scripted_validation(trainer, scores: dict[int, float], seen: dict[int, dict]):
+    """A validation that reports ``scores[step]`` and records the policy's weights it scored."""
+
+    def validate(step: int):
+        seen[step] = {k: v.detach().clone() for k, v in trainer.policy.module.state_dict().items()}
+        return SimpleNamespace(metrics={"em": scores[step], "f1": scores[step]})
+
+    trainer.validate = validate
+
+
+def assert_final_holds(run: Path, weights: dict[str, torch.Tensor]) -> None:
+    final = load_file(str(run / "final" / "model.safetensors"))
+    shared = [k for k in final if k in weights]
+    assert shared and all(torch.equal(final[k], weights[k]) for k in shared)
+
+
+VAL = ("data.val_split=test", "data.val_limit=2", "trainer.eval_every=1", "trainer.best_metric=em")
+
+
+@pytest.mark.slow
+def test_final_holds_the_best_validation_step_and_a_resume_keeps_choosing(tmp_path):
+    run = tmp_path / "run"
+    seen: dict[int, dict] = {}
+    trainer = make(tmp_path, *VAL, "trainer.max_steps=2")
+    scripted_validation(trainer, {0: 0.5, 1: 0.7, 2: 0.6}, seen)
+    trainer.train()
+    assert any(not torch.equal(seen[1][k], seen[2][k]) for k in seen[1])  # the steps' weights differ
+    assert_final_holds(run, seen[1])
+    assert sorted(p.name for p in run.glob("best-step-*")) == ["best-step-1"]  # kept for a resume
+    assert [r["val/best_step"] for r in read_jsonl(run / "metrics.jsonl") if "val/best_step" in r] == [0, 1, 1]
+
+    # More steps on a resume: step 3 scores 0.65, so step 1 stays the best; then step 4 beats it.
+    for steps, scores, chosen in ((3, {3: 0.65}, 1), (4, {4: 0.8}, 4)):
+        resumed = make(tmp_path, *VAL, f"trainer.max_steps={steps}")
+        resumed.resume(run)
+        assert resumed.best.step == 1  # from the log, up to the resumed step
+        scripted_validation(resumed, scores, seen)
+        resumed.train()
+        assert_final_holds(run, seen[chosen])
+        assert sorted(p.name for p in run.glob("best-step-*")) == [f"best-step-{chosen}"]
+
+
+@pytest.mark.slow
+def test_a_run_that_never_beats_its_start_ends_with_the_starting_policy(tmp_path):
+    seen: dict[int, dict] = {}
+    trainer = make(tmp_path, *VAL, "trainer.max_steps=1")
+    scripted_validation(trainer, {0: 0.5, 1: 0.5}, seen)
+    trainer.train()
+    assert_final_holds(tmp_path / "run", seen[0])

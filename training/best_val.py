@@ -1,0 +1,107 @@
+"""Model selection on the validation split (``trainer.best_metric``): the run's ``final/`` holds
+the weights of the validation step that scored highest, not the last step's, as Hugging Face
+Trainer's ``load_best_model_at_end`` with ``metric_for_best_model`` does.
+
+Each validation that beats every earlier one (strictly: the earliest step wins a tie, so a run
+that never improves on its starting policy ends with that policy) exports the policy into
+``best-step-N/``. At the end ``final/`` is made of the chosen folder's files (hard links) and the
+other folders go.
+
+Exact on a resume: the best so far is read back from the run's own ``metrics.jsonl`` (its
+``val/<metric>`` records up to the resumed step; the steps after it run again and are validated
+again), and its folder must still be there. A checkpoint prunes the folders of steps before the
+best so far: a resume continues from that checkpoint or a later one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import safe_delete
+from harness.fsutil import atomic_dir
+
+logger = logging.getLogger(__name__)
+
+_DIR = re.compile(r"^best-step-(\d+)$")
+
+
+def best_dir(out: Path, step: int) -> Path:
+    """Where the policy of validation step ``step`` is kept while it is the best so far."""
+    return Path(out) / f"best-step-{step}"
+
+
+@dataclass
+class BestValidation:
+    """The best validation so far of one run: ``metric`` (a key of the validation's metrics, such
+    as ``em``; higher is better), its ``value`` and ``step`` (None before the first)."""
+
+    metric: str
+    value: float | None = None
+    step: int | None = None
+
+    def consider(self, metrics: dict, step: int) -> bool:
+        """Whether validation ``metrics`` of ``step`` beat the best so far (then they are the best).
+        A metric the validation does not report is a ValueError naming what it does report."""
+        if self.metric not in metrics:
+            have = sorted(k for k, v in metrics.items() if isinstance(v, int | float))
+            raise ValueError(f"trainer.best_metric={self.metric!r} is not a validation metric (it reports {have})")
+        value = float(metrics[self.metric])
+        if self.value is not None and value <= self.value:
+            return False
+        self.value, self.step = value, step
+        return True
+
+    @classmethod
+    def from_log(cls, metric: str, log_path: Path, upto: int) -> BestValidation:
+        """The best of the ``val/<metric>`` records of a run's ``metrics.jsonl`` up to step ``upto``
+        (the run a resume continues), chosen as :meth:`consider` chooses (in step order)."""
+        best = cls(metric)
+        key = f"val/{metric}"
+        records: list[tuple[int, float]] = []
+        if Path(log_path).exists():
+            for line in Path(log_path).read_text(encoding="utf-8").splitlines():
+                rec = json.loads(line) if line.strip() else {}
+                if key in rec and rec.get("step", upto + 1) <= upto:
+                    records.append((int(rec["step"]), float(rec[key])))
+        for step, value in sorted(records, key=lambda r: r[0]):
+            best.consider({metric: value}, step)
+        return best
+
+    def prune(self, out: Path, keep_later: bool = True) -> None:
+        """Remove the ``best-step-N/`` folders of ``out`` this run no longer needs: those before the
+        best (all but the best's with ``keep_later=False``). Only folders harness marked as models."""
+        for path in sorted(Path(out).glob("best-step-*")):
+            m = _DIR.match(path.name)
+            if m is None or int(m.group(1)) == self.step:
+                continue
+            if keep_later and (self.step is None or int(m.group(1)) > self.step):
+                continue
+            safe_delete.remove(path, kind="model", why=f"not the best validation (step {self.step})")
+
+    def to_final(self, out: Path, final: Path) -> Path:
+        """Make ``final`` a copy of the best step's folder, by hard links (no second copy of the
+        weights; a copy where the filesystem has none); the other ``best-step-N/`` folders go. The
+        best's own stays: a resume with more steps may still choose it. A missing best folder is
+        a FileNotFoundError."""
+        src = best_dir(out, self.step)  # type: ignore[arg-type]
+        if not src.is_dir():
+            raise FileNotFoundError(
+                f"trainer.best_metric: the weights of the best validation (step {self.step}) are not in {src}"
+            )
+        with atomic_dir(final, kind="model") as tmp:
+            for f in src.iterdir():
+                if f.is_file() and not safe_delete.bookkeeping(f.name):
+                    try:
+                        os.link(f, tmp / f.name)
+                    except OSError:
+                        shutil.copy2(f, tmp / f.name)
+        self.prune(out, keep_later=False)
+        what = f"val/{self.metric} {self.value:.4f}" if self.value is not None else "its record"
+        logger.info("final model: step %d's weights, the best validation (%s) → %s", self.step, what, final)
+        return final
