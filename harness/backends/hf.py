@@ -14,6 +14,8 @@ batch and its cache. So a request never waits for a batch to drain before it sta
   completes a stop string is kept whole (so the text may run a few characters past the stop).
 - Greedy when ``temperature == 0``; else temperature / top-k / top-p sampling with a per-request
   seeded generator, so a sample is reproducible whatever it is batched with (up to float noise).
+  A token is drawn by inverting the CDF at one uniform number (:func:`_draw`), not with
+  ``torch.multinomial`` (one random number per vocabulary entry on the CPU).
 - Logprobs are of the chosen token under the distribution it was sampled at: softmax(logits / T)
   for temperature T > 0, before top-k/top-p (SGLang's default, and what verl's trainer scores);
   the raw distribution for greedy requests. RL's behaviour-policy logprobs.
@@ -342,7 +344,7 @@ class HFBackend(BackendBase):
             filtered = torch.zeros_like(probs)
             filtered[order[keep]] = probs[order[keep]]
             probs = filtered / filtered.sum()
-        return int(torch.multinomial(probs, 1, generator=r.generator))
+        return _draw(torch, probs, r.generator)
 
     def _maybe_finish(self, r: _Request, tok: int, budget: int) -> None:
         if tok in self.eos_ids or tok in r.params.stop_token_ids:
@@ -380,6 +382,22 @@ class HFBackend(BackendBase):
             r.future.set_result(comp)
         except InvalidStateError:  # cancelled by its caller meanwhile: nobody is waiting for it
             logger.debug("hf request cancelled before its result was ready")
+
+
+def _draw(torch: Any, probs: Any, generator: Any) -> int:
+    """One token drawn from ``probs`` [V] (non-negative, any positive sum) by inverting its CDF at
+    one uniform number from ``generator``.
+
+    Why not ``torch.multinomial``: on the CPU it draws one exponential number per vocabulary entry
+    (49,152 for SmolLM2): 1.6 ms a draw against 0.07 ms here (one thread), and about a tenth of the
+    decode thread's time in the demo's rollouts; this draws one. Same distribution; the CDF is
+    summed in float64 so the rounding of 49k fp32 additions does not shift mass between tokens."""
+    cdf = probs.double().cumsum(0)  # [V]
+    u = torch.rand((), dtype=torch.float64, generator=generator)
+    tok = int(torch.searchsorted(cdf, u * cdf[-1], right=True))  # first token whose CDF passes u * total
+    if tok >= cdf.shape[0]:  # u * total rounded up to the total: the last token with mass
+        tok = int(probs.nonzero()[-1])
+    return tok
 
 
 def _fail(r: _Request, e: Exception) -> None:

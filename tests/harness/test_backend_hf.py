@@ -431,3 +431,27 @@ def test_an_update_mid_completion_drains_or_pauses_it(in_flight):
         assert backend.prefix_cache.tokens == 0
     finally:
         backend.close()
+
+
+def test_draw_samples_the_distribution_and_never_a_token_without_mass():
+    """The sampler's one-uniform CDF inversion: frequencies follow the probabilities (any
+    positive sum), zero-probability tokens (top-p's cut) are never drawn, and a seed repeats."""
+    from harness.backends.hf import _draw
+
+    probs = torch.tensor([0.0, 0.5, 0.0, 1.0, 0.5, 0.0])  # [V], sums to 2
+    g = torch.Generator().manual_seed(0)
+    draws = [_draw(torch, probs, g) for _ in range(4000)]
+    counts = torch.bincount(torch.tensor(draws), minlength=6)
+    assert counts[[0, 2, 5]].sum() == 0
+    assert counts[3] / 4000 == pytest.approx(0.5, abs=0.03)
+    assert counts[1] / 4000 == pytest.approx(0.25, abs=0.03)
+    again = torch.Generator().manual_seed(0)
+    assert [_draw(torch, probs, again) for _ in range(50)] == draws[:50]
+    assert _draw(torch, torch.tensor([0.0, 0.0, 3.0]), g) == 2  # all the mass on one token
+
+
+def test_draw_past_the_total_falls_back_to_the_last_token_with_mass(monkeypatch):
+    from harness.backends.hf import _draw
+
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.tensor(1.0, dtype=torch.float64))
+    assert _draw(torch, torch.tensor([0.2, 0.8, 0.0, 0.0]), None) == 1
