@@ -36,6 +36,7 @@ from benchmarks.build import dataset_retriever
 from benchmarks.datasets import corpus_path, dataset_file, load_examples
 from benchmarks.demo_summary import summarize
 from benchmarks.eval_runs import run_configs
+from benchmarks.fmt import pct
 from benchmarks.report_write import write_report
 from harness import safe_delete
 from harness.config import compose, deep_merge, from_dict, load_yaml
@@ -240,8 +241,28 @@ def _report(ui: DemoUI, eval_dir: Path, out: Path, rl_run: Path) -> Path:
         f"(a balanced prefix), the SFT and RL agents on all of it; each pair of stages is compared on the "
         f"questions both answered."
     )
+    if chosen := _rl_choice(rl_run):
+        note += " " + chosen
     text = summarize(*stages, curves=[(Path(c).stem, c) for c in report.curves], note=note)
     (out / "demo.md").write_text(text)
     ui.say(text)
     ui.say(f"report: {out}/report.html, {out}/leaderboard.md, {out}/demo.md")
     return out
+
+
+def _rl_choice(rl_run: Path) -> str | None:
+    """Which step's weights the RL run kept, when validation chose them (``trainer.best_metric``):
+    a sentence for demo.md with every validation's score, or None."""
+    if not (rl_run / "metrics.jsonl").exists():
+        return None
+    records = [json.loads(x) for x in (rl_run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    config = json.loads((rl_run / "config.json").read_text())
+    metric = config.get("trainer", {}).get("best_metric")
+    chosen = [r["val/best_step"] for r in records if "val/best_step" in r]
+    if not metric or not chosen:
+        return None
+    scores = ", ".join(f"{pct(r[f'val/{metric}'])} at step {r['step']}" for r in records if f"val/{metric}" in r)
+    return (
+        f"The RL agent is the RL run's step {int(chosen[-1])}, chosen by validation {metric.upper()} on the val "
+        f"split (trainer.best_metric; {scores})."
+    )
