@@ -33,13 +33,36 @@ MAX_YAML_VALUES = 100_000
 MAX_YAML_DEPTH = 100
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that gives a key twice (the safe loader keeps the
+    last silently, so a recipe's second ``trainer.out`` or ``lr`` would win unseen). A merge
+    (``<<: *base``) may still be overridden: only keys written out count."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                line = first.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: the safe loader's own error follows
+                continue
+            if line != key_node.start_mark.line + 1:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (first on line {line})", key_node.start_mark
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_yaml(text: str, where: str) -> Any:
     """``text`` as YAML (safe loader), within :data:`MAX_YAML_VALUES` values once aliases are
     expanded and :data:`MAX_YAML_DEPTH` levels of nesting; anything else raises
-    :class:`ConfigError` starting with ``where`` (the file, or the override), naming what is wrong.
+    :class:`ConfigError` starting with ``where`` (the file, or the override), naming what is wrong
+    (a key given twice in one mapping among it, with its lines).
     Every YAML harness reads from a user goes through here (:func:`read_yaml`)."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except RecursionError:  # PyYAML's parser recurses once per level of nesting
         raise ConfigError(f"{where} nests deeper than {MAX_YAML_DEPTH} levels") from None
     except yaml.YAMLError as e:

@@ -76,6 +76,17 @@ def test_the_yaml_bounds():
         parse_overrides(["a=["])
 
 
+def test_a_key_given_twice_is_refused_with_both_lines():
+    from harness.config import ConfigError, parse_yaml
+
+    with pytest.raises(ConfigError, match=r"^f is not valid YAML: key 'out' is given twice \(first on line 2\)") as e:
+        parse_yaml("trainer:\n  out: a\n  lr: 1\n  out: b\n", "f")
+    assert "line 4" in str(e.value)
+    merged = parse_yaml("base: &b {lr: 1, steps: 2}\nrl:\n  <<: *b\n  lr: 3\n", "f")
+    assert merged["rl"] == {"lr": 3, "steps": 2}  # a merge may still be overridden
+    assert parse_yaml("a: {x: 1}\nb: {x: 2}\n", "f") == {"a": {"x": 1}, "b": {"x": 2}}  # one key per mapping
+
+
 @pytest.mark.parametrize(
     ("name", "content", "message"),
     [
