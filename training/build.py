@@ -126,6 +126,9 @@ def build_validation(cfg: TrainConfig, backend: Any, out: Path) -> Validation | 
         },
         where="validation",
     )
+    best = cfg.trainer.best_metric
+    if best is not None and best not in ecfg.metrics:
+        raise ValueError(f"trainer.best_metric={best!r} is not a validation metric (it reports {list(ecfg.metrics)})")
     run = build_eval(ecfg, backend=backend)
     return Validation(run.method, run.examples, run.manifest, tuple(ecfg.metrics), out / "validation")
 

@@ -15,6 +15,8 @@ from tests.training.test_trainer import make, read_jsonl, recipe
 from training.best_val import BestValidation
 from training.config import TrainConfig
 
+VAL = ("data.val_split=test", "data.val_limit=2", "trainer.eval_every=1", "trainer.best_metric=em")
+
 
 def test_only_a_strictly_higher_score_is_a_new_best():
     best = BestValidation("em")
@@ -37,6 +39,11 @@ def test_the_best_is_read_back_from_the_log_up_to_the_resumed_step(tmp_path):
     best = BestValidation.from_log("em", tmp_path / "metrics.jsonl", upto=3)
     assert (best.step, best.value) == (2, 0.6)  # step 4 runs again after the resume
     assert BestValidation.from_log("em", tmp_path / "none.jsonl", upto=3).step is None
+
+
+def test_a_best_metric_the_validation_does_not_report_is_refused_when_the_trainer_is_built(tmp_path):
+    with pytest.raises(ValueError, match=r"best_metric='exact' is not a validation metric \(it reports \['em'"):
+        make(tmp_path, *VAL[:-1], "trainer.best_metric=exact")
 
 
 @pytest.mark.parametrize(
@@ -66,9 +73,6 @@ def assert_final_holds(run: Path, weights: dict[str, torch.Tensor]) -> None:
     final = load_file(str(run / "final" / "model.safetensors"))
     shared = [k for k in final if k in weights]
     assert shared and all(torch.equal(final[k], weights[k]) for k in shared)
-
-
-VAL = ("data.val_split=test", "data.val_limit=2", "trainer.eval_every=1", "trainer.best_metric=em")
 
 
 @pytest.mark.slow
