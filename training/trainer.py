@@ -505,14 +505,17 @@ class RLTrainer(RLUpdate):
         """On a resume: the best validation up to the resumed step, from rank 0's metrics log (its
         records after that step are dropped when the run starts: those steps run again); its
         ``best-step-N/`` must still be there."""
+        step, missing = -1, 0  # -1: no validation yet
         if self.rank == 0:
             self.best = BestValidation.from_log(self.best.metric, self.out / "metrics.jsonl", self.step_no)
-            if self.best.step is not None and not best_dir(self.out, self.best.step).is_dir():
-                raise FileNotFoundError(
-                    f"resuming with trainer.best_metric={self.best.metric!r}: the best validation so far "
-                    f"(step {self.best.step}) has no weights in {best_dir(self.out, self.best.step)}"
-                )
-        step = _from_rank0(-1 if self.best.step is None else self.best.step)
+            if self.best.step is not None:
+                step, missing = self.best.step, int(not best_dir(self.out, self.best.step).is_dir())
+        step, missing = _from_rank0(step), _from_rank0(missing)  # every rank stops, not rank 0 alone
+        if missing:
+            raise FileNotFoundError(
+                f"resuming with trainer.best_metric={self.best.metric!r}: the best validation so far "
+                f"(step {step}) has no weights in {best_dir(self.out, step)}"
+            )
         self.best.step = None if step < 0 else step
 
 

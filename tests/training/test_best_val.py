@@ -105,3 +105,16 @@ def test_a_run_that_never_beats_its_start_ends_with_the_starting_policy(tmp_path
     scripted_validation(trainer, {0: 0.5, 1: 0.5}, seen)
     trainer.train()
     assert_final_holds(tmp_path / "run", seen[0])
+
+
+@pytest.mark.slow
+def test_a_resume_whose_best_weights_are_gone_says_so(tmp_path):
+    import shutil
+
+    trainer = make(tmp_path, *VAL, "trainer.max_steps=1")
+    scripted_validation(trainer, {0: 0.5, 1: 0.7}, {})
+    trainer.train()
+    shutil.rmtree(tmp_path / "run" / "best-step-1")
+    resumed = make(tmp_path, *VAL, "trainer.max_steps=2")
+    with pytest.raises(FileNotFoundError, match=r"so far \(step 1\) has no weights in .*best-step-1"):
+        resumed.resume(tmp_path / "run")
