@@ -114,7 +114,7 @@ def eval_workload(args: argparse.Namespace, model: str) -> tuple[HFBackend, Any]
 
 def rollout_workload(args: argparse.Namespace, model: str) -> tuple[HFBackend, Any]:
     """The demo's GRPO rollouts of ``args.rl_steps`` steps, as the trainer collects them."""
-    cfg = compose(TrainConfig, [RL_CONFIG], [f"model.path={model}", f"optim.threads={args.threads}"])
+    cfg = compose(TrainConfig, [RL_CONFIG], [f"model.path={model}", f"optim.threads={args.threads}", *args.rl])
     backend = rollout_backend(cfg)
     retriever = dataset_retriever(cfg.retriever, merged_corpus_dataset(cfg), cfg.data.split, cfg.data.data_dir)
     retriever.search(["warm up"], 3)
@@ -152,6 +152,12 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=None, help="eval: first N questions")
     p.add_argument("--rl-steps", type=int, default=1, help="rollouts: the prompts of this many RL steps")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: as harness demo chooses)")
+    p.add_argument(
+        "--rl",
+        action="append",
+        default=[],
+        help="rollouts: an override of the RL recipe (repeatable), e.g. rollout.prompts_per_step=2",
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.threads is None:
