@@ -15,7 +15,6 @@ best so far: a resume continues from that checkpoint or a later one.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from harness import safe_delete
 from harness.fsutil import atomic_dir
+from harness.textfiles import read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +64,8 @@ class BestValidation:
         best = cls(metric)
         key = f"val/{metric}"
         records: list[tuple[int, float]] = []
-        if Path(log_path).exists():
-            for line in Path(log_path).read_text(encoding="utf-8").splitlines():
-                rec = json.loads(line) if line.strip() else {}
+        if Path(log_path).exists():  # a torn last line (a kill mid-write) is dropped, as a resume drops it
+            for _, rec in read_jsonl(log_path, tolerant=True):
                 if key in rec and rec.get("step", upto + 1) <= upto:
                     records.append((int(rec["step"]), float(rec[key])))
         for step, value in sorted(records, key=lambda r: r[0]):

@@ -38,6 +38,7 @@ from benchmarks.demo_summary import summarize
 from benchmarks.eval_runs import run_configs
 from benchmarks.fmt import pct
 from benchmarks.report_write import write_report
+from benchmarks.training_curves import load_training_run
 from harness import safe_delete
 from harness.config import compose, deep_merge, from_dict, load_yaml
 from harness.eval_config import EvalConfig, RetrieverConfig
@@ -255,14 +256,13 @@ def _rl_choice(rl_run: Path) -> str | None:
     a sentence for demo.md with every validation's score, or None."""
     if not (rl_run / "metrics.jsonl").exists():
         return None
-    records = [json.loads(x) for x in (rl_run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    config = json.loads((rl_run / "config.json").read_text())
-    metric = config.get("trainer", {}).get("best_metric")
-    chosen = [r["val/best_step"] for r in records if "val/best_step" in r]
+    series = load_training_run(rl_run).series
+    metric = json.loads((rl_run / "config.json").read_text()).get("trainer", {}).get("best_metric")
+    chosen = series.get("val/best_step")
     if not metric or not chosen:
         return None
-    scores = ", ".join(f"{pct(r[f'val/{metric}'])} at step {r['step']}" for r in records if f"val/{metric}" in r)
+    scores = ", ".join(f"{pct(v)} at step {step}" for step, v in series.get(f"val/{metric}", []))
     return (
-        f"The RL agent is the RL run's step {int(chosen[-1])}, chosen by validation {metric.upper()} on the val "
+        f"The RL agent is the RL run's step {int(chosen[-1][1])}, chosen by validation {metric.upper()} on the val "
         f"split (trainer.best_metric; {scores})."
     )
