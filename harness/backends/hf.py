@@ -5,8 +5,11 @@ running decode batch with a KV cache. At every step boundary it admits the reque
 waiting (up to ``max_batch_size`` rows in all): their prompts are prefilled together, left-padded,
 and their cache rows are joined to the running ones (the shorter side is padded on the left, with
 the padding masked out). Each row stops on its own stop strings, on EOS, or at its own
-``max_new_tokens``; its caller is answered the moment its row finishes, and the row leaves the
-batch and its cache. So a request never waits for a batch to drain before it starts.
+``max_new_tokens``; its caller is answered the moment its row finishes. So a request never
+waits for a batch to drain before it starts. A finished row stays in the batch, its output
+unread, until the next admission rebuilds the cache with the rows still going and the new ones
+(one copy of the cache), or until half the batch has finished: removing rows and joining rows
+each copy the whole cache, and a step or two of a dead row costs less than a copy.
 
 - Token-exact: every row has its own position ids and attention mask, so a row decodes as it
   would alone (greedy output is identical; logprobs agree up to float noise).
@@ -274,7 +277,7 @@ class HFBackend(BackendBase):
             else:
                 new = []
                 if self._update_pending.is_set() and self._pause_rows:
-                    self._yield_to_update(state.rows)
+                    self._yield_to_update(state.live_rows)
                     try:
                         state.recompute()
                     except Exception as e:
@@ -284,7 +287,7 @@ class HFBackend(BackendBase):
                         state.reset()
             joinable = self.continuous or not state.rows
             if joinable and not self._update_pending.is_set() and not closing:
-                closing = self._take_waiting(new, self.max_batch_size - len(state.rows) - len(new))
+                closing = self._take_waiting(new, self.max_batch_size - state.live_count - len(new))
             try:
                 new = [r for r in new if not r.future.cancelled()]  # callers that gave up while queued
                 if new:
@@ -414,7 +417,8 @@ class _Running:
     ``rows`` is in the order of the cache's batch dimension. Every row's newest token sits in the
     last column (rows are left-padded); ``mask`` [A, T] marks the cache columns a row owns, and
     ``next_pos`` [A, 1] is the position id of the token each row feeds next (its last pick, not
-    yet in the cache).
+    yet in the cache). A finished row (``done``) may stay in the batch for a while, decoded but
+    unread (see the module docstring); ``live_rows`` are the others.
     """
 
     def __init__(self, backend: HFBackend) -> None:
@@ -427,6 +431,15 @@ class _Running:
         self.past: Any = None
         self.mask: Any = None
         self.next_pos: Any = None
+
+    @property
+    def live_rows(self) -> list[_Request]:
+        """The rows still decoding."""
+        return [r for r in self.rows if not r.done]
+
+    @property
+    def live_count(self) -> int:
+        return sum(not r.done for r in self.rows)
 
     def admit(self, reqs: list[_Request]) -> None:
         """Prefill ``reqs`` together, pick their first tokens, and join the rows still going."""
@@ -545,6 +558,7 @@ class _Running:
         unchanged; nothing is sampled. The update emptied the prefix cache, so nothing is reused."""
         from harness.backends.hf_kv import grow_in_place
 
+        self._select([j for j, r in enumerate(self.rows) if not r.done])
         if not self.rows:
             return
         torch = self.torch
@@ -575,23 +589,39 @@ class _Running:
                 **{_cache_kwarg(b.model): self.past},
             )
             b.steps_run += 1
-            self.past, self.mask, self.next_pos = _out_cache(out), mask, self.next_pos + 1
+            was_done = [r.done for r in self.rows]
+            # A finished row's position stays put: it may already sit at the model's last one.
+            grow: Any = 1
+            if any(was_done):
+                grow = torch.tensor([[0 if d else 1] for d in was_done], dtype=torch.long, device=dev)  # [A, 1]
+            self.past, self.mask, self.next_pos = _out_cache(out), mask, self.next_pos + grow
             self._pick(self.rows, out.logits[:, -1, :])
-            keep = [j for j, r in enumerate(self.rows) if not r.done]
-            if len(keep) == len(self.rows):
+            ended = [j for j, r in enumerate(self.rows) if r.done and not was_done[j]]
+            if not ended:
                 return
             if b.reuses_prefixes:
-                for j, r in enumerate(self.rows):
-                    if r.done:
-                        self._remember(j, r)
+                for j in ended:
+                    self._remember(j, self.rows[j])
+            keep = [j for j, r in enumerate(self.rows) if not r.done]
             if not keep:
                 self.reset()
-                return
-            sel = torch.tensor(keep, dtype=torch.long, device=dev)
-            self.past.batch_select_indices(sel)
-            self.mask, self.next_pos = self.mask[sel], self.next_pos[sel]
-            self.rows = [self.rows[j] for j in keep]
-            self._trim()
+            elif not b.continuous or 2 * len(keep) <= len(self.rows):
+                self._select(keep)  # no admission may come to rebuild the cache: compact it now
+            else:
+                self._trim()
+
+    def _select(self, keep: list[int]) -> None:
+        """Keep rows ``keep`` of the batch (and of its cache) and drop the others."""
+        if len(keep) == len(self.rows):
+            return
+        if not keep:
+            self.reset()
+            return
+        sel = self.torch.tensor(keep, dtype=self.torch.long, device=self.mask.device)
+        self.past.batch_select_indices(sel)
+        self.mask, self.next_pos = self.mask[sel], self.next_pos[sel]
+        self.rows = [self.rows[j] for j in keep]
+        self._trim()
 
     def _remember(self, j: int, r: _Request) -> None:
         """Put finished row ``j``'s KV in the prefix cache: its input and generated tokens but the
@@ -615,6 +645,8 @@ class _Running:
             temps = self.torch.tensor([r.params.temperature if r.params.temperature > 0 else 1.0 for r in rows])  # [A]
             logp = self.torch.log_softmax(logits / temps.unsqueeze(1), dim=-1)  # [A, V], at each row's temperature
         for j, r in enumerate(rows):
+            if r.done:  # finished earlier, still in the batch until it is rebuilt: its pick is not read
+                continue
             if r.future.cancelled():  # its caller gave up (e.g. a timeout): stop spending on it
                 r.done = True
                 continue
@@ -626,25 +658,35 @@ class _Running:
             self.b._maybe_finish(r, tok, r.budget)
 
     def _join(self, reqs: list[_Request], past: Any, mask: Any, next_pos: Any) -> None:
-        """Append new rows (their cache, mask, next positions) to the running ones."""
+        """Rebuild the batch as the running rows still going, then the new rows (their cache,
+        mask [N, Tn] and next positions [N, 1]): finished rows leave in the same copy."""
+        from harness.backends.hf_kv import joined, row_runs
+
         torch, F = self.torch, self.torch.nn.functional
-        Ta, Tn = self.mask.shape[1], mask.shape[1]
+        keep = [j for j, r in enumerate(self.rows) if not r.done]
+        mine = self.mask[keep]  # [A, T0]
+        owned = mine.any(0).nonzero()
+        first = int(owned[0]) if len(owned) else mine.shape[1]  # leading columns no kept row owns go
+        Ta, Tn = mine.shape[1] - first, mask.shape[1]
         T = max(Ta, Tn)
-        for mine, theirs in zip(self.past.layers, past.layers, strict=True):
-            # keys/values [A, H, Ta, D] and [N, H, Tn, D] → [A+N, H, T, D], padded on the left
-            mine.keys = torch.cat([F.pad(mine.keys, (0, 0, T - Ta, 0)), F.pad(theirs.keys, (0, 0, T - Tn, 0))])
-            mine.values = torch.cat([F.pad(mine.values, (0, 0, T - Ta, 0)), F.pad(theirs.values, (0, 0, T - Tn, 0))])
-        self.mask = torch.cat([F.pad(self.mask, (T - Ta, 0)), F.pad(mask, (T - Tn, 0))])  # [A+N, T]
-        self.next_pos = torch.cat([self.next_pos, next_pos])  # [A+N, 1]
-        self.rows = self.rows + reqs
+        runs = row_runs(keep)
+        layers = self.past.layers
+        for i, theirs in enumerate(past.layers):
+            # keys/values [A0, H, T0, D] (rows `keep`, columns first:) and [N, H, Tn, D] → [A+N, H, T, D]
+            layers[i] = joined(layers[i], first, runs, theirs, T)
+        self.mask = torch.cat([F.pad(mine[:, first:], (T - Ta, 0)), F.pad(mask, (T - Tn, 0))])  # [A+N, T]
+        self.next_pos = torch.cat([self.next_pos[keep], next_pos])  # [A+N, 1]
+        self.rows = [self.rows[j] for j in keep] + reqs
 
     def _trim(self) -> None:
-        """Drop leading cache columns no row owns any more (left by rows that left)."""
+        """Drop leading cache columns no live row owns any more (left by rows that finished; a
+        finished row still in the batch may lose its own: its output is not read)."""
         from harness.backends.hf_kv import GrowingLayer
 
         if not self.b.continuous:
             return
-        owned = self.mask.any(0).nonzero()
+        live = [j for j, r in enumerate(self.rows) if not r.done]
+        owned = (self.mask[live] if len(live) < len(self.rows) else self.mask).any(0).nonzero()
         first = int(owned[0]) if len(owned) else 0
         if first == 0:
             return

@@ -9,10 +9,13 @@ step writes its new column in place, and only a full buffer is copied (into one 
 again, so the copies amortize to a few columns a step).
 
 The layout stays the backend's: rows left-padded, every row's newest token in the last used
-column. Anything outside the layer may still assign ``keys``/``values`` (the backend's row
-joining and prefill compaction do): the layer notices that they are no longer its views and
-copies them into a new buffer at its next update. Dropping leading columns
-(:meth:`GrowingLayer.drop_front`) and selecting rows (``batch_select_indices``) keep the buffer.
+column. Anything outside the layer may still assign ``keys``/``values`` (the backend's prefill
+compaction does): the layer notices that they are no longer its views and copies them into a new
+buffer at its next update. Dropping leading columns (:meth:`GrowingLayer.drop_front`) and
+selecting rows (``batch_select_indices``) keep the buffer. Joining rows (:func:`joined`) writes
+the kept running rows and the new ones straight into one new buffer with free room: one copy of
+the running cache per admission, where ``torch.cat`` of padded parts and the reallocation at the
+next step made three.
 
 Imported lazily (it subclasses a transformers class), like the rest of the backend's use of torch.
 """
@@ -56,6 +59,15 @@ class GrowingLayer(DynamicLayer):
     def capacity(self) -> int:
         """Columns the buffer holds (0 before the first update)."""
         return 0 if self._kbuf is None else int(self._kbuf.shape[2])
+
+    @classmethod
+    def holding(cls, kbuf: torch.Tensor, vbuf: torch.Tensor, used: int) -> GrowingLayer:
+        """A layer whose buffers are ``kbuf``/``vbuf`` [B, H, C, D], columns ``[0, used)`` in use."""
+        new = cls()
+        new.is_initialized, new.device = True, kbuf.device
+        new._kbuf, new._vbuf, new._start, new._end = kbuf, vbuf, 0, used
+        new._publish()
+        return new
 
     def _owns(self) -> bool:
         return self._kbuf is not None and self.keys is self._kview and self.values is self._vview
@@ -134,3 +146,42 @@ def grow_in_place(past: Any) -> None:
     for i, layer in enumerate(layers):
         if type(layer) is DynamicLayer:
             layers[i] = GrowingLayer.of(layer)
+
+
+def row_runs(rows: list[int]) -> list[tuple[int, int, int]]:
+    """``rows`` (increasing batch indices) as runs ``(first, end, at)``: rows ``[first, end)``
+    go to rows ``[at, at + end - first)`` of a batch holding ``rows`` in order (one slice copy a
+    run instead of an indexed gather and a second copy)."""
+    runs: list[tuple[int, int, int]] = []
+    for at, j in enumerate(rows):
+        if runs and runs[-1][1] == j:
+            first, _, start = runs[-1]
+            runs[-1] = (first, j + 1, start)
+        else:
+            runs.append((j, j + 1, at))
+    return runs
+
+
+def joined(mine: Any, first: int, runs: list[tuple[int, int, int]], theirs: Any, width: int) -> GrowingLayer:
+    """One layer holding rows ``runs`` of layer ``mine`` (from column ``first`` on) and then every
+    row of layer ``theirs``, each side right-aligned in ``width`` columns with zeros on its left,
+    in new buffers with free room (``MIN_ROOM`` columns at least) for the next decode steps.
+
+    Zeros, not whatever memory held: the pad columns are masked out, but a masked score times a
+    NaN value would still be NaN."""
+    a = sum(end - start for start, end, _ in runs)
+    mk, mv, tk, tv = mine.keys, mine.values, theirs.keys, theirs.values  # [A0, H, Ta0, D], [N, H, Tn, D]
+    n, heads, tn, dim = tk.shape
+    ta = int(mk.shape[2]) - first
+    cap = width + max(MIN_ROOM, width // 2)
+    kbuf = tk.new_empty((a + n, heads, cap, dim))  # [A+N, H, C, D]
+    vbuf = tv.new_empty((a + n, heads, cap, dim))
+    for buf, src, new in ((kbuf, mk, tk), (vbuf, mv, tv)):
+        if width > ta:
+            buf[:a, :, : width - ta].zero_()
+        if width > tn:
+            buf[a:, :, : width - tn].zero_()
+        for start, end, at in runs:
+            buf[at : at + end - start, :, width - ta : width].copy_(src[start:end, :, first:])
+        buf[a:, :, width - tn : width].copy_(new)
+    return GrowingLayer.holding(kbuf, vbuf, width)

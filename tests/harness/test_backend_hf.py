@@ -283,6 +283,41 @@ def test_a_request_joins_a_running_batch(tiny):
     assert joined and short.token_ids == short_alone.token_ids and len(long.token_ids) == 200
 
 
+def test_finished_rows_wait_for_the_next_admission_to_leave(tiny):
+    """A finished row stays in the batch (unread, its position held) until the next admission
+    rebuilds the cache in one copy, or until half the batch has finished; every row still decodes
+    as it would alone."""
+    from concurrent.futures import Future
+
+    from harness.backends.hf import _Request, _Running
+
+    backend, _, tok = tiny
+    specs = [("the quick brown fox", 3), ("a", 12), ("1 2 3 4 5", 12), ("xyz", 12), ("hello world", 5)]
+    specs = [(t, SamplingParams(max_new_tokens=n, logprobs=True)) for t, n in specs]
+    alone = [gather(backend, [ids(tok, t)], sp)[0] for t, sp in specs]
+    reqs = [_Request(ids(tok, t), sp, Future()) for t, sp in specs]
+    with backend._lock:
+        state = _Running(backend)
+        state.admit(reqs[:4])
+        for _ in range(4):  # row 0 ends after its third token
+            state.step()
+        assert reqs[0].future.done() and state.rows[0] is reqs[0]  # still in the batch, finished
+        assert state.live_count == 3 and state.mask.shape[0] == 4
+        held = int(state.next_pos[0])
+        state.step()
+        assert int(state.next_pos[0]) == held  # a finished row's position does not move on
+        state.admit(reqs[4:])  # the rebuild drops it
+        assert state.rows == reqs[1:] and state.mask.shape[0] == 4
+        while state.rows:
+            state.step()
+            # compacted once at most half the rows still run
+            assert not state.rows or 2 * state.live_count > len(state.rows)
+    for r, a in zip(reqs, alone, strict=True):
+        got = r.future.result(timeout=0)
+        assert got.token_ids == a.token_ids and got.finish_reason == a.finish_reason
+        assert got.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+
+
 @pytest.mark.slow
 def test_embedded_smollm2_rows_joined_mid_decode_are_token_exact():
     from concurrent.futures import Future

@@ -111,3 +111,30 @@ def test_batched_rows_of_different_lengths_and_seeded_samples_match_the_old_laye
     old = gather(off, prompts, greedy) + gather(off, prompts, sampled)
     for g, r in zip(new, old, strict=True):
         _same(g, r)
+
+
+def test_joined_equals_padded_concatenation_with_zero_pads_and_room():
+    """Rows 0, 2, 3 of a running layer (from column 2 on) then a new layer's rows, right-aligned
+    in one buffer: what torch.cat of the left-padded parts gives, pads exactly zero, and the next
+    decode step written in place (no copy)."""
+    import torch.nn.functional as F
+
+    from harness.backends.hf_kv import joined, row_runs
+
+    mine = GrowingLayer()
+    mine.update(*_kv(4, 9, 1))
+    theirs = DynamicLayer()
+    theirs.update(*_kv(2, 12, 2))
+    keep, first = [0, 2, 3], 2
+    assert row_runs(keep) == [(0, 1, 0), (2, 4, 1)]
+    for width in (12, 15):  # the new rows wider than the running ones, then narrower than both
+        got = joined(mine, first, row_runs(keep), theirs, width)
+        for g, m, t in ((got.keys, mine.keys, theirs.keys), (got.values, mine.values, theirs.values)):
+            ta, tn = m.shape[2] - first, t.shape[2]
+            want = torch.cat([F.pad(m[keep, :, first:], (0, 0, width - ta, 0)), F.pad(t, (0, 0, width - tn, 0))])
+            assert torch.equal(g, want)  # pads included: zeros, not leftover memory
+        assert got.capacity >= width + MIN_ROOM
+        buf = got._kbuf.data_ptr()
+        k, v = _kv(5, 1, 3)
+        keys, _ = got.update(k, v)
+        assert got._kbuf.data_ptr() == buf and keys.shape[2] == width + 1 and torch.equal(keys[:, :, -1:], k)
