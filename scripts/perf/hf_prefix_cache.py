@@ -1,6 +1,6 @@
 """The ``hf`` backend's prefix KV cache, on and off, A B B A (a benchmark, not a test).
 
-Two workloads, each run with reuse on (``reuse``: the backend's default budget) and off
+Two workloads, each run with reuse on (``reuse``: the budget the workload's config sets) and off
 (``no-reuse``: ``prefix_cache_tokens=0``), alternating so a drift in the machine's load falls on
 both sides; each run starts from an empty cache:
 
@@ -147,7 +147,12 @@ def main() -> None:
     p.add_argument("--model", default=None, help=f"default: {SFT_MODEL} if it exists, else smollm2-135m-instruct")
     p.add_argument("--only", default="eval,rollouts", help="workloads, from eval,rollouts")
     p.add_argument("--order", default="reuse,no-reuse,no-reuse,reuse", help="the sides in order (A B B A)")
-    p.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help="prefix_cache_tokens of the reuse side")
+    p.add_argument(
+        "--budget",
+        type=int,
+        default=None,
+        help="prefix_cache_tokens of the reuse side (default: the workload's config, else the backend's default)",
+    )
     p.add_argument("--split", default=None, help="eval split (default: test_v1 where the demo has it, else test)")
     p.add_argument("--limit", type=int, default=None, help="eval: first N questions")
     p.add_argument("--rl-steps", type=int, default=1, help="rollouts: the prompts of this many RL steps")
@@ -174,10 +179,12 @@ def main() -> None:
         if name not in builders:
             raise SystemExit(f"--only: workloads are {', '.join(builders)}, got {name!r}")
         backend, work = builders[name](args, model)
+        budget = args.budget if args.budget is not None else backend.prefix_cache.budget or DEFAULT_BUDGET
+        print(f"{name}: prefix_cache_tokens={budget} on the reuse side", flush=True)
         walls: dict[str, list[float]] = {}
         try:
             for side in sides:
-                m = _measured(backend, side == "reuse", args.budget, work)
+                m = _measured(backend, side == "reuse", budget, work)
                 walls.setdefault(side, []).append(m["wall_s"])
                 context = m["computed"] + m["reused"]
                 print(
