@@ -441,6 +441,10 @@ class _Running:
     def live_count(self) -> int:
         return sum(not r.done for r in self.rows)
 
+    def _live(self) -> list[int]:
+        """The batch indices of the rows still decoding."""
+        return [j for j, r in enumerate(self.rows) if not r.done]
+
     def admit(self, reqs: list[_Request]) -> None:
         """Prefill ``reqs`` together, pick their first tokens, and join the rows still going."""
         torch, b = self.torch, self.b
@@ -558,7 +562,7 @@ class _Running:
         unchanged; nothing is sampled. The update emptied the prefix cache, so nothing is reused."""
         from harness.backends.hf_kv import grow_in_place
 
-        self._select([j for j, r in enumerate(self.rows) if not r.done])
+        self._select(self._live())
         if not self.rows:
             return
         torch = self.torch
@@ -602,7 +606,7 @@ class _Running:
             if b.reuses_prefixes:
                 for j in ended:
                     self._remember(j, self.rows[j])
-            keep = [j for j, r in enumerate(self.rows) if not r.done]
+            keep = self._live()
             if not keep:
                 self.reset()
             elif not b.continuous or 2 * len(keep) <= len(self.rows):
@@ -663,7 +667,7 @@ class _Running:
         from harness.backends.hf_kv import joined, row_runs
 
         torch, F = self.torch, self.torch.nn.functional
-        keep = [j for j, r in enumerate(self.rows) if not r.done]
+        keep = self._live()
         mine = self.mask[keep]  # [A, T0]
         owned = mine.any(0).nonzero()
         first = int(owned[0]) if len(owned) else mine.shape[1]  # leading columns no kept row owns go
@@ -685,7 +689,7 @@ class _Running:
 
         if not self.b.continuous:
             return
-        live = [j for j, r in enumerate(self.rows) if not r.done]
+        live = self._live()
         owned = (self.mask[live] if len(live) < len(self.rows) else self.mask).any(0).nonzero()
         first = int(owned[0]) if len(owned) else 0
         if first == 0:
