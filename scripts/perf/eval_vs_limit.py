@@ -69,6 +69,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import shlex
 import statistics
 import tempfile
 import time
@@ -416,6 +417,12 @@ def main() -> None:
         "by default SGLang takes every core, whose OpenMP barriers stall on a CPU shared with other jobs)",
     )
     p.add_argument("--kv-tokens", type=int, default=65536, help="--launch: SGLang's --max-total-tokens (KV cache)")
+    p.add_argument(
+        "--engine-args",
+        default="",
+        help="--launch: more SGLang server arguments, as one string; give it with '=' "
+        "(--engine-args=--enable-mixed-chunk: a prefill that arrives while others decode runs in their decode step)",
+    )
     p.add_argument("--dataset", default="demo")
     p.add_argument("--split", default="test")
     p.add_argument("--data-dir", default=None)
@@ -443,7 +450,7 @@ def main() -> None:
         limits = "unknown"
         if args.launch:
             logs = stack.enter_context(tempfile.TemporaryDirectory())
-            extra = ["--dtype", args.dtype, "--max-total-tokens", str(args.kv_tokens)]
+            extra = ["--dtype", args.dtype, "--max-total-tokens", str(args.kv_tokens), *shlex.split(args.engine_args)]
             t0 = time.perf_counter()
             env = {"SGLANG_CPU_OMP_THREADS_BIND": args.omp_bind} if args.omp_bind else {}
             ecfg = EngineConfig(device="cpu", args=extra, env=env)
@@ -462,7 +469,8 @@ def main() -> None:
         n = len(examples)
         tag = args.workload
         print(
-            f"engine: SGLang CPU {args.dtype} model={args.model} {limits} omp_bind={args.omp_bind}; workload={tag} "
+            f"engine: SGLang CPU {args.dtype} model={args.model} {limits} omp_bind={args.omp_bind} "
+            f"engine_args={args.engine_args!r}; workload={tag} "
             f"{args.dataset}/{args.split} questions={n} concurrency={args.concurrency} max_turns={args.max_turns} "
             f"max_new_tokens={args.max_new_tokens} greedy method=search_r1 retriever=bm25 top{args.topk}",
             flush=True,
