@@ -83,7 +83,7 @@ from benchmarks.build import build_eval, dataset_retriever, simple_evaluate
 from benchmarks.datasets import load_examples
 from harness.backends.base import Completion, SamplingParams
 from harness.backends.sglang import SGLangBackend
-from harness.engines import EngineConfig, launched
+from harness.engines import EngineConfig, detect_device, launched
 from harness.eval_config import BackendConfig, DatasetConfig, EvalConfig, RetrieverConfig
 from harness.runlog import RunDir
 from scripts.perf.engines import add_agent_options, add_engine_options
@@ -418,6 +418,12 @@ def main() -> None:
     )
     p.add_argument("--kv-tokens", type=int, default=65536, help="--launch: SGLang's --max-total-tokens (KV cache)")
     p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=detect_device(),
+        help="--launch: where SGLang runs (default: cuda when nvidia-smi is on PATH, else cpu)",
+    )
+    p.add_argument(
         "--engine-args",
         default="",
         help="--launch: more SGLang server arguments, as one string; give it with '=' "
@@ -453,7 +459,7 @@ def main() -> None:
             extra = ["--dtype", args.dtype, "--max-total-tokens", str(args.kv_tokens), *shlex.split(args.engine_args)]
             t0 = time.perf_counter()
             env = {"SGLANG_CPU_OMP_THREADS_BIND": args.omp_bind} if args.omp_bind else {}
-            ecfg = EngineConfig(device="cpu", args=extra, env=env)
+            ecfg = EngineConfig(device=args.device, args=extra, env=env)
             proc = stack.enter_context(launched("sglang", args.model, ecfg, logs))
             print(f"sglang: started in {time.perf_counter() - t0:.0f} s at {proc.url}", flush=True)
             args.url, limits = proc.url, engine_limits(proc.log_path)
@@ -469,7 +475,8 @@ def main() -> None:
         n = len(examples)
         tag = args.workload
         print(
-            f"engine: SGLang CPU {args.dtype} model={args.model} {limits} omp_bind={args.omp_bind} "
+            f"engine: SGLang {args.device if args.launch else '(given --url)'} {args.dtype} model={args.model} "
+            f"{limits} omp_bind={args.omp_bind} "
             f"engine_args={args.engine_args!r}; workload={tag} "
             f"{args.dataset}/{args.split} questions={n} concurrency={args.concurrency} max_turns={args.max_turns} "
             f"max_new_tokens={args.max_new_tokens} greedy method=search_r1 retriever=bm25 top{args.topk}",
