@@ -78,10 +78,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from benchmarks.build import build_eval, dataset_retriever, simple_evaluate
 from benchmarks.datasets import load_examples
 from harness.backends.base import Completion, SamplingParams
+from harness.backends.hf_prefix import common_prefix
 from harness.backends.sglang import SGLangBackend
 from harness.engines import EngineConfig, detect_device, launched
 from harness.eval_config import BackendConfig, DatasetConfig, EvalConfig, RetrieverConfig
@@ -128,29 +130,21 @@ class RecordingBackend:
         return comp
 
 
-def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """The length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 def reachable_hits(calls: list[Call]) -> list[int]:
     """For each call, the longest prefix of its input that any schedule could find in the prefix
     cache: its longest common prefix with the sequence (input + output) of every call that could
     have run before it. Excluded are the call itself and every call whose input starts with its
     input (a later turn of the same question, which needs this call's answer first). At least
     the hit the engine reported for the agent's call."""
-    seqs = [c.input_ids + c.output_ids for c in calls]
+    inputs = [np.asarray(c.input_ids, dtype=np.int64) for c in calls]
+    seqs = [np.asarray(c.input_ids + c.output_ids, dtype=np.int64) for c in calls]
     hits = []
     for i, c in enumerate(calls):
         n = len(c.input_ids)
         best = c.cached or 0
         for j, (other, seq) in enumerate(zip(calls, seqs, strict=True)):
             if j != i and other.input_ids[:n] != c.input_ids:
-                best = max(best, common_prefix(c.input_ids, seq))
+                best = max(best, common_prefix(inputs[i], seq))
         hits.append(min(best, n))
     return hits
 

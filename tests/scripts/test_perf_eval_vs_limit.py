@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from harness.backends.hf_prefix import common_prefix
 from harness.backends.scripted import ScriptedBackend
 from harness.retrieval.memory import InMemoryRetriever
 from harness.types import Doc, Example
@@ -12,7 +14,6 @@ from pipelines.methods import build_method
 from scripts.perf.eval_vs_limit import (
     Call,
     RecordingBackend,
-    common_prefix,
     generate_payload,
     plan_replay,
     reachable_hits,
@@ -56,6 +57,11 @@ def test_the_payload_is_one_batch_of_exact_lengths_ignoring_eos():
     assert same_work(calls, calls[::-1]) and not same_work(calls, [calls[0], Call((1, 2, 3, 9), 3)])
 
 
+def lcp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """The shared helper (harness.backends.hf_prefix) on token tuples."""
+    return common_prefix(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
+
+
 # Two questions of two turns each after a shared 3-token template (5 6 7): turn 2 is turn 1's
 # input and output, then a retrieved document (40s / 60s).
 Q1T1 = Call((5, 6, 7, 10, 11), 2, cached=0, output_ids=(20, 21))
@@ -71,7 +77,7 @@ def test_reachable_hits_stop_where_no_earlier_call_could_have_cached_more():
     assert reachable_hits(CALLS) == [3, 7, 7, 3]
     # The engine's own report wins if it found more (here: a duplicate question cached before).
     assert reachable_hits([Call(Q1T1.input_ids, 2, cached=5, output_ids=(20, 21)), Q2T1]) == [5, 3]
-    assert common_prefix((1, 2, 3), (1, 2)) == 2 and common_prefix((), (1,)) == 0
+    assert lcp((1, 2, 3), (1, 2)) == 2 and lcp((), (1,)) == 0
 
 
 def test_the_planned_replay_finds_exactly_the_reachable_prefix_in_a_radix_cache():
@@ -90,6 +96,6 @@ def test_the_planned_replay_finds_exactly_the_reachable_prefix_in_a_radix_cache(
     assert sorted(map(tuple, plan.warm)) == [(5, 6, 7), (5, 6, 7, 10, 11, 20, 21), (5, 6, 7, 12, 13, 30, 31)]
     for i, ids in enumerate(plan.inputs):
         others = [tuple(w) for w in plan.warm] + [tuple(o) + (99,) * 5 for j, o in enumerate(plan.inputs) if j != i]
-        assert max(common_prefix(tuple(ids), o) for o in others) == plan.hits[i]
+        assert max(lcp(tuple(ids), o) for o in others) == plan.hits[i]
     # Without the marker the first turns would find their whole input in their second turns' warm-up.
-    assert common_prefix(Q1T1.input_ids, tuple(plan.warm[1])) == len(Q1T1.input_ids)
+    assert lcp(Q1T1.input_ids, tuple(plan.warm[1])) == len(Q1T1.input_ids)
