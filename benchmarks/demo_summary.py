@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from benchmarks.datasets import load_examples
 from benchmarks.fmt import p_value, pct
 from benchmarks.metrics import normalize_answer
 from benchmarks.report import RunSummary, load_run
@@ -183,32 +184,73 @@ def _template_table(later: RunSummary, earlier: RunSummary) -> list[str]:
     return lines
 
 
-def summarize(*stages: str | Path, curves: list[tuple[str, str]] | None = None, note: str | None = None) -> str:
+def supporting_recall(run_dir: str | Path, supporting: dict[str, list[str]]) -> float | None:
+    """Mean over a run's items of the share of the question's supporting passages
+    (``metadata.supporting_doc_ids`` of the demo questions) that any of its searches retrieved:
+    recall@k of the passages a retriever must find, k the searches' top-k. None when no item of the
+    run has supporting passages."""
+    shares = []
+    for t in RunDir(run_dir).trajectories():
+        gold = set(supporting.get(t.example_id, ()))
+        if gold:
+            found = {d for s in t.searches for d in s.doc_ids}
+            shares.append(len(gold & found) / len(gold))
+    return sum(shares) / len(shares) if shares else None
+
+
+def _supporting(run: RunSummary) -> dict[str, list[str]]:
+    """Example id → supporting passage ids of the run's dataset split ({} when it has none or is
+    not a registered dataset)."""
+    try:
+        examples = load_examples(run.dataset, run.split)
+    except (KeyError, ValueError, FileNotFoundError, OSError):
+        return {}
+    return {e.id: list(e.metadata.get("supporting_doc_ids", [])) for e in examples}
+
+
+def summarize(
+    *stages: str | Path,
+    curves: list[tuple[str, str]] | None = None,
+    note: str | None = None,
+    against: list[int | None] | None = None,
+) -> str:
     """Markdown comparing run directories of one agent on the same split, in training order
     (untrained, then each trained stage): one row each, then every stage paired against the one
-    before it, overall and per question template. ``curves``: (title, relative path) of training
-    curve images to link; ``note``: a paragraph under the title (what was run on what)."""
+    before it (or, with ``against``, against ``stages[against[i]]``: several seeds' trained agents
+    each against the model they started from), overall and per question template. ``curves``:
+    (title, relative path) of training curve images to link; ``note``: a paragraph under the title
+    (what was run on what). Where the questions name their supporting passages, each row also gives
+    the share of them the searches retrieved."""
     if len(stages) < 2:
         raise ValueError("summarize needs at least two runs (before and after)")
+    against = against if against is not None else [None, *range(len(stages) - 1)]
+    if len(against) != len(stages) or any(a is not None and not 0 <= a < i for i, a in enumerate(against)):
+        raise ValueError(f"against must name an earlier stage for each stage, not {against}")
     runs = [load_run(Path(s)) for s in stages]
     first = runs[0]
+    supporting = _supporting(first)
+    recall = {r.path: supporting_recall(r.path, supporting) for r in runs} if supporting else {}
     names = " → ".join(r.method for r in runs)
-    lines = [
-        f"# Demo: {names} ({first.dataset} {first.split})",
-        "",
-        *([note, ""] if note else []),
-        "| run | model | n | EM (95% CI) | F1 (95% CI) | format-valid | searches/q |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    head = "| run | model | n | EM (95% CI) | F1 (95% CI) | format-valid | searches/q |"
+    rule = "|---|---|---|---|---|---|---|"
+    if recall:
+        head, rule = head + " supporting passages retrieved |", rule + "---|"
+    lines = [f"# Demo: {names} ({first.dataset} {first.split})", "", *([note, ""] if note else []), head, rule]
     for r in runs:
         cis = {m: bootstrap_ci(list(r.item_values(m).values())) for m in METRICS}
         f = behaviour(r.path)
         cells = [f"{pct(c.mean)} [{pct(c.low)}, {pct(c.high)}]" for c in cis.values()]
-        lines.append(
+        row = (
             f"| {r.method} | {r.model} | {r.n} | {' | '.join(cells)} | {pct(f['format_valid'])} | "
             f"{f['searches_per_q']:.2f} |"
         )
-    for earlier, later in zip(runs, runs[1:], strict=False):
+        if recall:
+            row += f" {pct(recall[r.path]) if recall[r.path] is not None else '–'} |"
+        lines.append(row)
+    for i, later in enumerate(runs):
+        if against[i] is None:
+            continue
+        earlier = runs[against[i]]
         paired = _paired_lines(later, earlier)
         lines += ["", f"## {later.method} against {earlier.method}", "", *paired, "", *_template_table(later, earlier)]
     choices = _choice_table(runs[1:])

@@ -203,6 +203,7 @@ TRAINERS.register(
     "retriever",
     _retriever_trainer,
     next="evaluate: harness eval --retriever harr --index INDEX --encoder {final} (or --retriever dense)",
+    output="encoder",  # the run's trained output (train_cached): the query tower, not a final/ model
 )
 
 
@@ -381,7 +382,7 @@ def train_cached(cfg: TrainConfig, run: str | Path) -> tuple[Path, bool]:
     the run-folder claim); a ``run`` of any other config is cleared first (a cached demo or stage
     never mixes recipes), as ``--overwrite`` clears: only a harness training run is ever cleared."""
     run = Path(run)
-    final, recorded = run / "final", run / "config.json"
+    final, recorded = run / TRAINERS.info(cfg.algo.kind).get("output", "final"), run / "config.json"
     wanted = _identity(json.loads(json.dumps(to_dict(cfg))))  # as config.json holds it (tuples as lists)
     with run_lock(run, "train"):  # re-entrant: train() takes it again
         if final.is_dir() and recorded.exists() and _identity(_as_current(recorded)) == wanted:

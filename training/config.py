@@ -391,13 +391,17 @@ class RecipeSource:
     """Where a recipe's values come from (read by ``tests/training/test_recipe_sources.py``; training
     ignores it): the original run's ``repository``, ``file`` and ``commit`` (``also``: further files
     its values come from, such as the trainer's defaults), and ``values``: the original's value of
-    each hyper-parameter, keyed by the recipe's dotted key (``optim.lr``)."""
+    each hyper-parameter, keyed by the recipe's dotted key (``optim.lr``). ``shrinks``: the shipped
+    seed recipe (a path from the checkout) whose source this recipe shares, for a recipe that runs
+    the same original at another scale (the demo's CPU recipes): its repository, file, commit and
+    values are that recipe's, and every difference is one of this recipe's ``deviations``."""
 
     repository: str = ""
     file: str = ""
     commit: str = ""
     also: tuple[str, ...] = ()
     values: dict[str, Any] = field(default_factory=dict)
+    shrinks: str = ""
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from typing import Any
 
 from benchmarks.build import dataset_retriever, simple_evaluate
 from benchmarks.datasets import get_spec
+from cli.demo.program import auto_threads
 from harness.backends import build_backend
 from harness.backends.base import SamplingParams
 from harness.backends.hf import HFBackend
@@ -48,7 +49,6 @@ from harness.textfiles import read_jsonl
 from pipelines.methods import build_method
 from training.build import rollout_agent_options, rollout_backend
 from training.config import TrainConfig
-from training.demo import auto_threads
 from training.examples import merged_corpus_dataset, train_examples
 from training.rewards import build_reward
 from training.rollout import PromptSampler, collect

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from cli.demo.systems import SYSTEMS as DEMO_SYSTEMS
 from harness.config import ConfigError, compose, to_dict
 from pipelines.methods import validate_options
 from training.advantages import ADVANTAGES
@@ -159,10 +160,18 @@ def _has(eff: dict[str, Any], key: str) -> bool:
     return True
 
 
+def source_of(cfg: TrainConfig) -> Any:
+    """The source a recipe is checked against: its own, or (``source.shrinks``) the seed recipe's
+    it runs at another scale."""
+    if cfg.source.shrinks:
+        return train_config([str(ROOT / cfg.source.shrinks)], []).source
+    return cfg.source
+
+
 def check(path: str, cfg: TrainConfig) -> list[str]:
     """Every problem of the recipe at ``path`` against its source block (empty: it matches)."""
     problems: list[str] = []
-    src = cfg.source
+    src = source_of(cfg)
     if not (src.repository and src.file and len(src.commit) == 40):
         problems.append("source needs repository, file, commit")
     eff = effective(cfg)
@@ -192,6 +201,31 @@ def check(path: str, cfg: TrainConfig) -> list[str]:
 @pytest.mark.parametrize("path", SEEDS)
 def test_the_effective_recipe_equals_its_source_except_the_listed_deviations(path):
     cfg = train_config([str(ROOT / path)], [])
+    assert check(path, cfg) == []
+
+
+def demo_stage(system: str, stage: int) -> tuple[str, TrainConfig]:
+    """A training stage of ``harness demo --system SYSTEM`` as the demo composes it: its shipped
+    recipe with the demo's evaluation agent and retriever copied in (cli.demo.program)."""
+    from cli.demo.program import _eval_data, retriever_stage_config, rl_stage_config
+    from cli.demo.systems import METHODS_CONFIG, get_system, shipped
+
+    s = get_system(system)
+    data = _eval_data(shipped(METHODS_CONFIG), ROOT / "runs" / "x", 1, s)
+    build = retriever_stage_config if s.chain == "harr" else rl_stage_config
+    start, run = ROOT / "runs" / "x" / "start", ROOT / "runs" / "x" / s.stage_names[stage]
+    return s.rl[stage], build(shipped(s.rl[stage]), s.method, data, start, run, [])
+
+
+DEMO_STAGES = [(name, i) for name, s in DEMO_SYSTEMS.items() if s.chain != "prorag" for i in range(len(s.rl))]
+
+
+@pytest.mark.parametrize("system,stage", DEMO_STAGES)
+def test_each_demo_recipe_is_its_original_at_cpu_scale(system, stage):
+    """The demo's CPU recipes, as the demo runs them, name the seed recipe they shrink and list
+    every change of scale: algorithm, estimator, reward, KL and clipping stay the original's."""
+    path, cfg = demo_stage(system, stage)
+    assert cfg.source.shrinks in SEEDS, f"{path}: source.shrinks must name a seed recipe"
     assert check(path, cfg) == []
 
 

@@ -1,10 +1,10 @@
-"""training.demo: what demo.md says of the RL run."""
+"""cli.demo.program: what demo.md says of the RL run."""
 
 from __future__ import annotations
 
 import json
 
-from training.demo import _rl_choice
+from cli.demo.program import _rl_choice
 
 
 def write_run(run, best_metric, records):

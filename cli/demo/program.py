@@ -1,0 +1,400 @@
+"""``harness demo [--system NAME]``: a seed system's whole chain on the shipped demo world, on CPU.
+
+For every system (:mod:`cli.demo.systems` says what each trains):
+
+1. the baselines (``naive``, ``standard``) and the untrained agent on the first
+   :data:`BASELINE_LIMIT` questions of the demo's ``test`` split (a balanced prefix: the baselines
+   are context, and the untrained agent's 0 needs no more to show);
+2. trajectories synthesized in the system's dialect from the first :data:`SFT_QUESTIONS` questions
+   of the demo's ``train`` split (other questions, other supporting passages: see
+   ``benchmarks/demo_data/build_demo.py``);
+3. an SFT warm-up on them;
+4. the SFT agent on the whole ``test`` split, labelled ``METHOD+sft``;
+5. the system's own training from the SFT model, once per seed (``--seeds``), each stage's rollouts
+   through the very agent step 4 evaluates (the methods config's agent and retriever blocks are
+   copied into every RL recipe);
+6. each trained agent on the whole ``test`` split, labelled ``METHOD+sft+rl`` (seed 0) and
+   ``METHOD+sft+rl-sN``;
+7. a report whose rows carry 95% bootstrap intervals, every row paired-tested against the SFT
+   agent (where training starts), the training curves, ``demo.md`` (untrained → SFT → each trained
+   agent, paired against the stage it starts from, overall and per question template) and
+   ``timings.json`` (each stage's wall time).
+
+Every step is cached under ``out``, so a rerun is fast: evaluations resume (a finished one is not
+rerun), the synthesized data is kept while its inputs are unchanged, and each training is skipped
+when its ``final`` model exists and the run's recorded config equals the recipe's. A retrained
+model makes every later stage that used it start over. What it shows goes through a
+:class:`DemoUI` the caller gives (the CLI prints tables).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from benchmarks.build import dataset_retriever
+from benchmarks.datasets import corpus_path, dataset_file, load_examples
+from benchmarks.demo_summary import summarize
+from benchmarks.eval_runs import run_configs
+from benchmarks.fmt import pct
+from benchmarks.report_write import write_report
+from benchmarks.training_curves import load_training_run
+from cli.demo.systems import METHODS_CONFIG, DemoSystem, get_system, shipped
+from harness import safe_delete
+from harness.config import compose, deep_merge, from_dict, load_yaml
+from harness.eval_config import EvalConfig, RetrieverConfig
+from harness.fsutil import write_json_atomic
+from harness.models import load_tokenizer
+from harness.runlog import RUN_ENTRIES, file_hash
+from pipelines.dialects import resolve_dialect
+from training.build import TRAIN_ENTRIES, train_cached
+from training.config import RolloutAgentConfig, SamplingConfig, TrainConfig
+
+logger = logging.getLogger(__name__)
+
+TEST_SPLIT, TRAIN_SPLIT = "test", "train"
+# Prefixes of a multiple of 14 questions are balanced (every template equally often, yes/no and
+# first/second 50/50: build_demo.py), so these subsets keep the splits' balance.
+BASELINE_LIMIT = 42  # test questions for the baselines and the untrained agent
+SFT_QUESTIONS = 28  # train questions the SFT warm-up's trajectories are synthesized from (one pass)
+
+
+class DemoUI(Protocol):
+    """What the demo shows as it goes."""
+
+    def step(self, title: str) -> None: ...  # a new step begins
+    def results(self, results: list[Any]) -> None: ...  # an evaluation's run results
+    def report(self, report: Any) -> None: ...  # the written report (benchmarks.report_write.Report)
+    def say(self, text: str) -> None: ...  # one line of plain text (Markdown included)
+
+
+@dataclass
+class DemoOptions:
+    """What a demo run may change: the configs (None: the system's shipped ones) and their
+    ``key.path=value`` overrides (``sft``: the warm-up's; ``rl``: every training recipe's), the
+    seeds of the training stages, the torch threads of every stage (None: :func:`auto_threads`;
+    ``optim.threads`` in the overrides still wins for a training), and ``limit``: evaluate the first
+    N test questions only (every stage; None: the whole split)."""
+
+    methods_config: str | None = None
+    sft_config: str | None = None
+    rl_configs: Sequence[str] | None = None
+    sft_overrides: list[str] = field(default_factory=list)
+    rl_overrides: list[str] = field(default_factory=list)
+    seeds: Sequence[int] = (0,)
+    threads: int | None = None
+    limit: int | None = None  # the first N test questions only (a quick look; the figures need all 154)
+
+
+def labels(system: DemoSystem) -> tuple[str, str, str]:
+    """The run labels of the untrained agent, the SFT agent and the trained one (seed 0)."""
+    trained = f"{system.method}+sft+harr" if system.chain == "harr" else f"{system.method}+sft+rl"
+    return system.method, f"{system.method}+sft", trained
+
+
+def seeded(name: str, seed: int) -> str:
+    """A folder or label of a seed's training: the name itself for seed 0 (the demo's own), else
+    ``NAME-sSEED``."""
+    return name if seed == 0 else f"{name}-s{seed}"
+
+
+class Timings:
+    """Each stage's wall time, written to ``timings.json`` as it goes (``cached``: the stage found
+    its output and ran nothing)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.stages = path, {}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.monotonic()
+        yield
+        self.stages[name] = {"seconds": round(time.monotonic() - start, 1)}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.path, self.stages)
+
+
+def run_demo(
+    ui: DemoUI, system: str = "research", out: str | Path | None = None, opts: DemoOptions | None = None
+) -> Path:
+    """The system's chain (see the module docstring); returns the report folder."""
+    s, o = get_system(system), opts or DemoOptions()
+    root = Path(out or s.default_out)
+    threads = o.threads
+    if threads is None:
+        threads, why = auto_threads()
+        ui.say(f"torch threads: {threads} ({why}; --threads N to choose)")
+    if not o.seeds or len(set(o.seeds)) != len(o.seeds) or any(seed < 0 for seed in o.seeds):
+        raise ValueError(f"--seeds must be distinct non-negative integers, not {list(o.seeds)}")
+    rl_configs = list(o.rl_configs) if o.rl_configs else [shipped(r) for r in s.rl]
+    if len(rl_configs) != len(s.rl):
+        raise ValueError(f"{s.name} trains {len(s.rl)} recipe(s) in order ({', '.join(s.rl)}): got {len(rl_configs)}")
+    # Threads are execution-only: cached evaluations resume and cached trainings are reused
+    # whatever thread count made them (training.build.EXECUTION_ONLY).
+    sft_over = [f"optim.threads={threads}", *o.sft_overrides]
+    rl_over = [f"optim.threads={threads}", *o.rl_overrides]
+    eval_dir = root / "eval"
+    untrained, sft_label, trained = labels(s)
+    base = _eval_data(o.methods_config or shipped(METHODS_CONFIG), eval_dir, threads, s)
+    if o.limit is not None:
+        base = _limited(base, o.limit)
+    timings = Timings(root / "timings.json")
+    n = 7
+    ui.step(f"1/{n} baselines and the untrained {s.method} agent (the first {BASELINE_LIMIT} test questions)")
+    with timings.stage("baselines"):
+        _evaluate(ui, _limited(base, min(BASELINE_LIMIT, o.limit or BASELINE_LIMIT)), ["naive", "standard", s.method])
+    ui.step(f"2/{n} SFT data: synthesized in {s.method}'s dialect from the first {SFT_QUESTIONS} train questions")
+    with timings.stage("synthesis"):
+        data = _synthesize(ui, base, root / "sft", s.method)
+    ui.step(f"3/{n} SFT warm-up")
+    with timings.stage("sft"):
+        model, retrained = _train_sft(ui, o.sft_config or shipped(s.sft), sft_over, data, root / "sft" / "model")
+    if retrained:  # everything after the SFT model belongs to an older one: folders harness made
+        _clear_after_sft(root, s, eval_dir)
+    ui.step(f"4/{n} the SFT agent ({sft_label}, demo test split)")
+    with timings.stage("eval_sft"):
+        _evaluate(ui, _with_model(base, model), [s.method], sft_label)
+    finals: list[tuple[int, Path, str]] = []  # (seed, the trained run's folder, its label)
+    for seed in o.seeds:
+        ui.step(f"5/{n} {s.name}'s training from the SFT model, seed {seed}: {s.algorithm}")
+        with timings.stage(seeded("train", seed)):
+            last_run, retrained = _train_chain(ui, s, rl_configs, rl_over, base, model, root, seed)
+        label = seeded(trained, seed)
+        if retrained:  # results of an older trained model
+            safe_delete.remove(eval_dir / f"{label}-demo-test", RUN_ENTRIES, kind="eval", why="harness demo")
+        ui.step(f"6/{n} the trained agent ({label}, demo test split)")
+        with timings.stage(seeded("eval_trained", seed)):
+            _evaluate(ui, _trained_eval(base, s, model, last_run), [s.method], label)
+        finals.append((seed, last_run, label))
+    ui.step(f"7/{n} report")
+    return _report(ui, s, eval_dir, root / "report", finals)
+
+
+def auto_threads() -> tuple[int, str]:
+    """Torch threads for the demo on this machine, and why. Every core when the machine is quiet
+    (1-minute load average under half the cores); one when it is busy, where on a 2-core VM two
+    threads spin-wait on each other (~3x the CPU time of a step, measured under load). Quiet, two
+    threads make a GRPO step of the demo 1.5x faster than one (111 s against 171 s, measured with
+    scripts/perf/train_step.py; see docs/training.md)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if cores > 1 and load < cores / 2:
+        return cores, f"{cores} cores, load average {load:.2f}: quiet"
+    return 1, f"{cores} core(s), load average {load:.2f}: busy or single-core"
+
+
+def _with_model(data: dict[str, Any], model: Path) -> dict[str, Any]:
+    return {**data, "backend": {**data.get("backend", {}), "model": str(model)}}
+
+
+def _eval_data(methods_config: str, eval_dir: Path, threads: int, s: DemoSystem) -> dict[str, Any]:
+    """The evaluation config every stage of ``s`` shares: the methods config, with the system's
+    agent and retriever overrides, on the demo's test split."""
+    data = load_yaml(methods_config)
+    backend = {**data.get("backend", {}), "threads": threads}  # execution-only: runs still resume
+    data = deep_merge(data, {"agent": s.agent, "retriever": s.retriever})
+    return {**data, "backend": backend, "dataset": {"name": "demo", "split": TEST_SPLIT}, "out": str(eval_dir)}
+
+
+def _limited(data: dict[str, Any], limit: int) -> dict[str, Any]:
+    return {**data, "dataset": {**data["dataset"], "limit": limit}}
+
+
+def _evaluate(ui: DemoUI, data: dict[str, Any], methods: list[str], label: str | None = None) -> None:
+    configs = [from_dict(EvalConfig, deep_merge(data, {"method": m, "label": label})) for m in methods]
+    results = run_configs(configs, say=ui.say)
+    ui.results(results)
+    failed = [r for r in results if r.errors]
+    if failed:
+        raise RuntimeError(f"{', '.join(str(r.method) for r in failed)}: items failed (see the run directories)")
+
+
+def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path, dialect: str) -> Path:
+    """The ``dialect`` trajectories (its small-model variant where the agent runs it) of the first
+    :data:`SFT_QUESTIONS` questions of the demo's train split, kept while their inputs are unchanged."""
+    # deferred: training.synthesize imports flashrag and torch (seconds)
+    from training.synthesize import corpus_titles, synthesize
+
+    agent = data.get("agent", {})
+    variant, max_doc = agent.get("variant", "exact"), int(agent.get("max_doc_tokens", 128))
+    model = data.get("backend", {}).get("model", "smollm2-135m-instruct")
+    rcfg = RetrieverConfig(**data.get("retriever", {}))
+    inputs = {
+        "questions": file_hash(dataset_file("demo", TRAIN_SPLIT)),
+        "limit": SFT_QUESTIONS,
+        "corpus": file_hash(corpus_path("demo", TRAIN_SPLIT)),
+        "dialect": dialect,
+        "variant": variant,
+        "max_doc_tokens": max_doc,
+        "tokenizer": model,
+        "retriever": rcfg.kind,
+        "topk": rcfg.topk,
+    }
+    path, stamp = sft_dir / "train.jsonl", sft_dir / "train.inputs.json"
+    if path.exists() and stamp.exists() and json.loads(stamp.read_text()) == inputs:
+        ui.say(f"cached: {path}")
+        return path
+    sft_dir.mkdir(parents=True, exist_ok=True)
+    examples = load_examples("demo", TRAIN_SPLIT, limit=SFT_QUESTIONS)
+    retriever = dataset_retriever(rcfg, "demo", TRAIN_SPLIT)
+    titles = corpus_titles(corpus_path("demo", TRAIN_SPLIT))
+    d = resolve_dialect(dialect, variant)
+    stats = synthesize(examples, d, retriever, path, rcfg.topk, load_tokenizer(model), max_doc, titles)
+    if not stats.kept:
+        raise RuntimeError(f"synthesis kept no trajectory: {stats.summary()}")
+    stamp.write_text(json.dumps(inputs, indent=2))
+    ui.say(f"{d.name}: {stats.summary()} → {path}")
+    return path
+
+
+def _train_sft(ui: DemoUI, recipe: str, overrides: list[str], data: Path, run: Path) -> tuple[Path, bool]:
+    """The SFT model folder and whether it was (re)trained now (see :func:`training.build.train_cached`)."""
+    source = f"sft.sources=[{{kind: synth, path: {json.dumps(str(data))}}}]"
+    return _train(ui, compose(TrainConfig, [recipe], [source, *overrides]), run)
+
+
+def _clear_after_sft(root: Path, s: DemoSystem, eval_dir: Path) -> None:
+    """Remove what an older SFT model led to: the later evaluations and every training run of
+    the system (any seed), each only when harness wrote all of it (:mod:`harness.safe_delete`)."""
+    _, sft_label, trained = labels(s)
+    for run in sorted(eval_dir.glob("*-demo-test")):
+        if run.name.startswith((f"{sft_label}-", f"{trained}-")):
+            safe_delete.remove(run, RUN_ENTRIES, kind="eval", why="harness demo")
+    for name in s.stage_names:
+        for run in sorted(root.glob(f"{name}")) + sorted(root.glob(f"{name}-s*")):
+            safe_delete.remove(run, TRAIN_ENTRIES, kind="train", why="harness demo")
+
+
+def _train_chain(
+    ui: DemoUI,
+    s: DemoSystem,
+    recipes: list[str],
+    overrides: list[str],
+    data: dict[str, Any],
+    sft: Path,
+    root: Path,
+    seed: int,
+) -> tuple[Path, bool]:
+    """The system's training stages in order for ``seed``, each from the model the one before
+    left; returns the last run's folder and whether any stage trained now (a retrained stage
+    retrains every stage after it)."""
+    model, any_new = sft, False
+    for name, recipe in zip(s.stage_names, recipes, strict=True):
+        run = root / seeded(name, seed)
+        if any_new:  # an earlier stage changed: this one's model is stale
+            safe_delete.remove(run, TRAIN_ENTRIES, kind="train", why="harness demo")
+        stage_over = [*overrides, f"trainer.seed={seed}"]
+        if s.chain == "harr":
+            stage_over.append(f"retriever_rl.rl.seed={seed}")  # the retriever trainer's own seed
+            cfg = retriever_stage_config(recipe, s.method, data, sft, run, stage_over)
+        else:
+            cfg = rl_stage_config(recipe, s.method, data, model, run, stage_over)
+        final, new = _train(ui, cfg, run)
+        model, any_new = final, any_new or new
+    return run, any_new
+
+
+def rl_stage_config(
+    recipe: str, method: str, data: dict[str, Any], start: Path, run: Path, overrides: list[str]
+) -> TrainConfig:
+    """The config an RL stage of the demo trains: ``recipe`` from ``start``, its rollouts the
+    evaluation's agent and retriever (``data``: the demo's eval config), so the agent trained is
+    the agent evaluated; ``overrides`` last."""
+    agent = data.get("agent", {})
+    # The evaluation's turn length is the rollouts' (rollout.sampling owns it); its temperature,
+    # top_p and seed are evaluation's: rollouts sample as the RL recipe says.
+    loop = {k: v for k, v in agent.items() if k not in RolloutAgentConfig.MOVED_KEYS}
+    same_agent = [
+        f"model.path={json.dumps(str(start))}",
+        f"rollout.method={method}",
+        f"rollout.agent={json.dumps(loop)}",
+        f"rollout.sampling.max_new_tokens={int(agent.get('max_new_tokens', SamplingConfig.max_new_tokens))}",
+        f"retriever={json.dumps(data.get('retriever', {}))}",
+        f"trainer.out={json.dumps(str(run.parent))}",
+    ]
+    return compose(TrainConfig, [recipe], [*same_agent, *overrides])
+
+
+def retriever_stage_config(
+    recipe: str, method: str, data: dict[str, Any], generator: Path, run: Path, overrides: list[str]
+) -> TrainConfig:
+    """The config HARR's stage trains: the query tower by RL with ``generator`` frozen, its rollouts
+    through the evaluation's agent options key by key (the recipe's sampling stays: HARR's
+    generator samples at 0.7); ``overrides`` last."""
+    loop = {k: v for k, v in data.get("agent", {}).items() if k not in ("temperature", "top_p", "seed")}
+    same_agent = [
+        f"retriever_rl.method={method}",
+        f"retriever_rl.backend.model={json.dumps(str(generator))}",
+        *(f"retriever_rl.agent.{k}={json.dumps(v)}" for k, v in loop.items()),
+        f"trainer.out={json.dumps(str(run.parent))}",
+    ]
+    return compose(TrainConfig, [recipe], [*same_agent, *overrides])
+
+
+def _train(ui: DemoUI, cfg: TrainConfig, run: Path) -> tuple[Path, bool]:
+    """Train ``cfg`` into ``run`` unless it holds this config's output (:func:`training.build.train_cached`)."""
+    final, retrained = train_cached(cfg, run)
+    ui.say(f"trained → {final}" if retrained else f"cached: {final} (trained with this recipe)")
+    return final, retrained
+
+
+def _trained_eval(data: dict[str, Any], s: DemoSystem, sft: Path, last_run: Path) -> dict[str, Any]:
+    """The evaluation of the trained agent: its model, or (HARR) the SFT generator with the trained
+    query tower searching as it was trained (``--retriever harr``)."""
+    if s.chain == "harr":
+        retriever = {**data.get("retriever", {}), "kind": "harr", "encoder": str(last_run / "encoder")}
+        return {**_with_model(data, sft), "retriever": retriever}
+    return _with_model(data, last_run / "final")
+
+
+def _report(ui: DemoUI, s: DemoSystem, eval_dir: Path, out: Path, finals: list[tuple[int, Path, str]]) -> Path:
+    # Every row is paired against the SFT agent, where training starts (demo.md pairs the chain:
+    # SFT against the untrained agent, each trained agent against SFT); the training runs' folders
+    # make the report draw their curves (report.html and out/curves/*.png).
+    untrained, sft_label, _ = labels(s)
+    report = write_report(
+        [str(eval_dir / "*"), *(str(run) for _, run, _ in finals)], out, "md,html,csv", baseline=sft_label
+    )
+    ui.report(report)
+    stages = [eval_dir / f"{name}-demo-test" for name in (untrained, sft_label)]
+    stages += [eval_dir / f"{label}-demo-test" for _, _, label in finals]
+    seeds = ", ".join(str(seed) for seed, _, _ in finals)
+    note = (
+        f"{s.name}: {s.algorithm}. The baselines and the untrained agent ran on the first {BASELINE_LIMIT} questions "
+        f"of the test split (a balanced prefix), the SFT and trained agents on all of it; each pair of stages is "
+        f"compared on the questions both answered. Training seeds: {seeds} ({len(finals)} draw"
+        f"{'s' if len(finals) > 1 else ''}; each trained agent is paired against the SFT agent)."
+    )
+    for seed, run, _ in finals:
+        if chosen := _rl_choice(run):
+            note += f" Seed {seed}: {chosen}"
+    against = [None, 0] + [1] * len(finals)
+    text = summarize(*stages, curves=[(Path(c).stem, c) for c in report.curves], note=note, against=against)
+    (out / "demo.md").write_text(text)
+    ui.say(text)
+    ui.say(f"report: {out}/report.html, {out}/leaderboard.md, {out}/demo.md")
+    return out
+
+
+def _rl_choice(rl_run: Path) -> str | None:
+    """Which step's weights the RL run kept, when validation chose them (``trainer.best_metric``):
+    a sentence for demo.md with every validation's score, or None."""
+    if not (rl_run / "metrics.jsonl").exists():
+        return None
+    series = load_training_run(rl_run).series
+    metric = json.loads((rl_run / "config.json").read_text()).get("trainer", {}).get("best_metric")
+    chosen = series.get("val/best_step")
+    if not metric or not chosen:
+        return None
+    scores = ", ".join(f"{pct(v)} at step {step}" for step, v in series.get(f"val/{metric}", []))
+    return (
+        f"The RL agent is the RL run's step {int(chosen[-1][1])}, chosen by validation {metric.upper()} on the val "
+        f"split (trainer.best_metric; {scores})."
+    )

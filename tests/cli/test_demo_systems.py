@@ -1,0 +1,141 @@
+"""``harness demo --system NAME`` end to end at CI size: a tiny random Llama with SmolLM2's tokenizer
+in place of SmolLM2, four test questions, one training step per stage. What is checked is that each
+stage hands its output to the next (the SFT model to the training, the trained model or encoder to
+the last evaluation, every run to the report and demo.md), not what is learned."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli.demo.program import DemoOptions, labels, run_demo, seeded
+from cli.demo.systems import SYSTEMS, get_system
+from harness.models import load_tokenizer
+from tests.helpers.models import random_llama
+
+pytestmark = pytest.mark.slow
+
+# Evaluations of the tiny model: one short turn, so a random model's 154 answers cost nothing.
+AGENT = {"variant": "small", "max_turns": 1, "max_new_tokens": 8, "max_total_tokens": 256, "max_doc_tokens": 16}
+RL = [
+    "trainer.max_steps=1",
+    "trainer.eval_every=1",
+    "data.val_limit=2",
+    "rollout.prompts_per_step=2",
+    "rollout.n_samples=2",
+    "rollout.sampling.max_new_tokens=8",
+    "algo.ppo_mini_batch_size=null",
+    "optim.micro_batch_size=2",
+    "model.gradient_checkpointing=false",
+    # HARR's retriever recipe: one step of two questions, two samples each
+    "retriever_rl.rl.steps=1",
+    "retriever_rl.rl.questions_per_step=2",
+    "retriever_rl.rl.group_size=2",
+    "retriever_rl.sampling.n_candidates=4",
+]
+
+
+class _Quiet:
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+
+    def step(self, title: str) -> None:
+        self.steps.append(title)
+
+    def results(self, results) -> None:
+        pass
+
+    def report(self, report) -> None:
+        pass
+
+    def say(self, text: str) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A random two-layer Llama saved with SmolLM2's tokenizer (its chat template included)."""
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tok = load_tokenizer("smollm2-135m-instruct")
+    random_llama(len(tok), seed=0, tie_word_embeddings=True).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def _methods_config(tmp: Path, model: Path) -> str:
+    path = tmp / "methods.yaml"
+    data = {
+        "agent": AGENT,
+        "baseline": {"max_new_tokens": 8},
+        "backend": {"kind": "hf", "model": str(model), "max_batch_size": 8, "max_concurrency": 8},
+    }
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _opts(tmp: Path, model: Path, seeds=(0,)) -> DemoOptions:
+    return DemoOptions(
+        methods_config=_methods_config(tmp, model),
+        sft_overrides=[f"model.path={model}", "trainer.max_steps=1", "sft.batch_size=2", "optim.micro_batch_size=2"],
+        rl_overrides=list(RL),
+        seeds=seeds,
+        threads=1,
+        limit=4,
+    )
+
+
+@pytest.mark.parametrize("system", [s for s in SYSTEMS if SYSTEMS[s].chain != "prorag"])
+def test_each_system_chain_hands_its_outputs_on(system, tmp_path, tiny_model):
+    s = get_system(system)
+    out = tmp_path / "demo"
+    report = run_demo(_Quiet(), system, out, _opts(tmp_path, tiny_model))
+    untrained, sft_label, trained = labels(s)
+    runs = {p.name for p in (out / "eval").iterdir()}
+    assert {f"{untrained}-demo-test", f"{sft_label}-demo-test", f"{trained}-demo-test"} <= runs
+    # The SFT run's final model is what the first training stage started from.
+    sft_final = out / "sft" / "model" / "final"
+    assert sft_final.is_dir()
+    first = json.loads((out / s.stage_names[0] / "config.json").read_text())
+    if s.chain == "harr":
+        assert first["retriever_rl"]["backend"]["model"] == str(sft_final)
+        assert (out / "retriever" / "encoder").is_dir()
+        manifest = json.loads((out / "eval" / f"{trained}-demo-test" / "manifest.json").read_text())
+        assert manifest["config"]["retriever"]["encoder"] == str(out / "retriever" / "encoder")
+    else:
+        assert first["model"]["path"] == str(sft_final)
+        assert first["rollout"]["method"] == s.method and first["rollout"]["agent"]["variant"] == "small"
+        for before, after in zip(s.stage_names, s.stage_names[1:], strict=False):  # R1-Searcher: stage 2 from stage 1
+            assert json.loads((out / after / "config.json").read_text())["model"]["path"] == str(out / before / "final")
+        manifest = json.loads((out / "eval" / f"{trained}-demo-test" / "manifest.json").read_text())
+        assert manifest["config"]["backend"]["model"] == str(out / s.stage_names[-1] / "final")
+    text = (report / "demo.md").read_text()
+    assert f"## {trained} against {sft_label}" in text and f"## {sft_label} against {untrained}" in text
+    assert set(json.loads((out / "timings.json").read_text())) >= {"baselines", "sft", "train", "eval_trained"}
+
+
+def test_seeds_train_apart_from_one_sft_model_and_a_rerun_trains_nothing(tmp_path, tiny_model, monkeypatch):
+    out = tmp_path / "demo"
+    run_demo(_Quiet(), "research", out, _opts(tmp_path, tiny_model, seeds=(0, 1)))
+    _, sft_label, trained = labels(get_system("research"))
+    for seed in (0, 1):
+        cfg = json.loads((out / seeded("rl", seed) / "config.json").read_text())
+        assert cfg["trainer"]["seed"] == seed and cfg["model"]["path"] == str(out / "sft" / "model" / "final")
+        assert (out / "eval" / f"{seeded(trained, seed)}-demo-test").is_dir()
+    text = (out / "report" / "demo.md").read_text()
+    assert f"## {seeded(trained, 1)} against {sft_label}" in text  # each seed against SFT, not against seed 0
+
+    def no_training(*a, **k):
+        raise AssertionError("a cached stage trained again")
+
+    monkeypatch.setattr("training.build.train", no_training)
+    run_demo(_Quiet(), "research", out, _opts(tmp_path, tiny_model, seeds=(0, 1)))
+
+
+def test_unknown_system_and_bad_seeds_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="not a demo system; choose one of research"):
+        run_demo(_Quiet(), "nope", tmp_path)
+    with pytest.raises(ValueError, match="--seeds must be distinct"):
+        run_demo(_Quiet(), "research", tmp_path, DemoOptions(seeds=(0, 0), threads=1))
