@@ -198,7 +198,7 @@ def supporting_recall(run_dir: str | Path, supporting: dict[str, list[str]]) -> 
     return sum(shares) / len(shares) if shares else None
 
 
-def _supporting(run: RunSummary) -> dict[str, list[str]]:
+def supporting_passages(run: RunSummary) -> dict[str, list[str]]:
     """Example id → supporting passage ids of the run's dataset split ({} when it has none or is
     not a registered dataset)."""
     try:
@@ -228,7 +228,7 @@ def summarize(
         raise ValueError(f"against must name an earlier stage for each stage, not {against}")
     runs = [load_run(Path(s)) for s in stages]
     first = runs[0]
-    supporting = _supporting(first)
+    supporting = supporting_passages(first)
     recall = {r.path: supporting_recall(r.path, supporting) for r in runs} if supporting else {}
     names = " → ".join(r.method for r in runs)
     head = "| run | model | n | EM (95% CI) | F1 (95% CI) | format-valid | searches/q |"

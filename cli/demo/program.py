@@ -48,11 +48,12 @@ from benchmarks.report_write import write_report
 from benchmarks.training_curves import load_training_run
 from cli.demo.systems import METHODS_CONFIG, DemoSystem, get_system, shipped
 from harness import safe_delete
-from harness.config import compose, deep_merge, from_dict, load_yaml
+from harness.config import compose, deep_merge, from_dict, load_yaml, to_dict
 from harness.eval_config import EvalConfig, RetrieverConfig
 from harness.fsutil import write_json_atomic
 from harness.models import load_tokenizer
 from harness.runlog import RUN_ENTRIES, file_hash
+from harness.safe_delete import FILE
 from pipelines.dialects import resolve_dialect
 from training.build import TRAIN_ENTRIES, train_cached
 from training.config import RolloutAgentConfig, SamplingConfig, TrainConfig
@@ -270,6 +271,137 @@ def _clear_after_sft(root: Path, s: DemoSystem, eval_dir: Path) -> None:
     for name in s.stage_names:
         for run in sorted(root.glob(f"{name}")) + sorted(root.glob(f"{name}-s*")):
             safe_delete.remove(run, TRAIN_ENTRIES, kind="train", why="harness demo")
+    if s.chain == "prorag":  # the MCTS values, the PRM and the RFT data and model were the old SFT model's
+        safe_delete.remove(root / MCTS_DIR, MCTS_LAYOUT, kind="mcts", why="harness demo")
+        safe_delete.remove(root / PRM_RUN, TRAIN_ENTRIES, kind="train", why="harness demo")
+        safe_delete.remove(root / RFT_DIR / "model", TRAIN_ENTRIES, kind="train", why="harness demo")
+        (root / RFT_DIR / "set.inputs.json").unlink(missing_ok=True)  # the set is rebuilt: its stamp no longer holds
+
+
+# What ``harness demo --system prorag`` writes between its SFT model and its RL runs; every part
+# derives from the SFT model, so a retrained SFT model clears them all (see _clear_after_sft).
+MCTS_DIR, PRM_RUN, RFT_DIR = "mcts", "prm", "rft"
+MCTS_LAYOUT = {"steps.jsonl": FILE, "pairs.jsonl": FILE, "done.jsonl": FILE, "inputs.json": FILE}
+RFT_SAMPLES = 4  # samples per question for RFT (ProRAG samples its training set; K=4 as cpu_chain.yaml)
+RFT_QUESTIONS = 28  # train questions sampled for RFT
+
+
+def _prorag_chain(
+    ui: DemoUI,
+    s: DemoSystem,
+    recipe: str,
+    overrides: list[str],
+    data: dict[str, Any],
+    sft: Path,
+    root: Path,
+    seed: int,
+) -> tuple[Path, bool]:
+    """ProRAG after its SFT model: MCTS step values, a PRM on their sibling pairs, RFT (samples kept
+    by outcome and PRM, then SFT on them), and dual-granularity RL with the PRM from the RFT model.
+    The MCTS, PRM and RFT stages are the SFT model's (one for every seed); the RL stage is the
+    seed's. Returns the RL run and whether anything trained now."""
+    threads = [o for o in overrides if o.startswith("optim.threads=")]
+    mcts, new = _mcts(ui, shipped(s.extra["mcts"]), data, sft, root / MCTS_DIR)
+    prm_cfg = compose(
+        TrainConfig,
+        [shipped(s.extra["prm"])],
+        [f"model.path={json.dumps(str(sft))}", f"prm.data=[{json.dumps(str(mcts))}]", *threads],
+    )
+    if new:
+        safe_delete.remove(root / PRM_RUN, TRAIN_ENTRIES, kind="train", why="harness demo")
+    prm, new_prm = _train(ui, prm_cfg, root / PRM_RUN)
+    kept, new_set = _rft_set(ui, data, sft, prm, root / RFT_DIR, renew=new or new_prm)
+    rft_cfg = compose(
+        TrainConfig,
+        [shipped(s.extra["rft"])],
+        [f"model.path={json.dumps(str(sft))}", f"sft.sources=[{{kind: run, path: {json.dumps(str(kept))}}}]", *threads],
+    )
+    if new_set:
+        safe_delete.remove(root / RFT_DIR / "model", TRAIN_ENTRIES, kind="train", why="harness demo")
+    rft, new_rft = _train(ui, rft_cfg, root / RFT_DIR / "model")
+    run = root / seeded(s.stage_names[-1], seed)
+    earlier = new or new_prm or new_set or new_rft
+    if earlier:
+        safe_delete.remove(run, TRAIN_ENTRIES, kind="train", why="harness demo")
+    rl_over = [*overrides, f"trainer.seed={seed}", f"algo.step_scorer_path={json.dumps(str(prm))}"]
+    _, new_rl = _train(ui, rl_stage_config(recipe, s.method, data, rft, run, rl_over), run)
+    return run, earlier or new_rl
+
+
+def _mcts(ui: DemoUI, recipe: str, data: dict[str, Any], sft: Path, out: Path) -> tuple[Path, bool]:
+    """MCTS step values of the SFT model (the recipe's questions and budget, the evaluation's agent,
+    backend and retriever), resumed per question; a folder made for other inputs is cleared first.
+    Returns the folder and whether it searched anything now."""
+    from training.mcts import run_mcts_recipe  # deferred: flashrag and torch (seconds)
+
+    over = [
+        f"backend={json.dumps({**data.get('backend', {}), 'model': str(sft)})}",
+        f"retriever={json.dumps(data.get('retriever', {}))}",
+        f"agent={json.dumps(data.get('agent', {}))}",
+    ]
+    inputs = {"recipe": load_yaml(recipe), "overrides": over, "sft": _run_identity(sft.parent)}
+    stamp = out / "inputs.json"
+    if stamp.exists() and json.loads(stamp.read_text()) == inputs and (out / "done.jsonl").exists():
+        stats, _ = run_mcts_recipe([recipe], over, str(out))  # resumes: finished questions are skipped
+        if not stats.questions:
+            ui.say(f"cached: {out}")
+            return out, False
+        return out, True
+    safe_delete.remove(out, MCTS_LAYOUT, kind="mcts", why="harness demo: MCTS of another SFT model or recipe")
+    safe_delete.claim(out, "mcts")
+    write_json_atomic(stamp, inputs)
+    stats, _ = run_mcts_recipe([recipe], over, str(out))
+    ui.say(f"MCTS: {stats.summary()} → {out}")
+    return out, True
+
+
+def _rft_set(ui: DemoUI, data: dict[str, Any], sft: Path, prm: Path, folder: Path, renew: bool) -> tuple[Path, bool]:
+    """RFT's data: :data:`RFT_SAMPLES` samples of the SFT model on the first :data:`RFT_QUESTIONS`
+    train questions (temperature 0.8, ProRAG's rft_sample.yaml), kept when their F1 is at least 0.5
+    and their steps pass the learned PRM (``harness data rft-filter``'s rule, as cpu_chain.yaml).
+    Returns the kept run and whether it was (re)made now."""
+    from training.rft import RFTFilterConfig, rft_filter  # deferred: torch (seconds)
+
+    samples, kept, stamp = folder / "samples", folder / "set", folder / "set.inputs.json"
+    if renew:
+        for run in sorted(samples.glob("*")) if samples.exists() else []:
+            safe_delete.remove(run, RUN_ENTRIES, kind="eval", why="harness demo: samples of an older SFT model")
+    sample_cfg = deep_merge(
+        _with_model(data, sft),
+        {
+            "dataset": {"name": "demo", "split": TRAIN_SPLIT, "limit": RFT_QUESTIONS},
+            "agent": {"temperature": 0.8},
+            "n_samples": RFT_SAMPLES,
+            "out": str(samples),
+        },
+    )
+    _evaluate(ui, sample_cfg, ["prorag"])
+    cfg = RFTFilterConfig(
+        metric="f1",
+        min_outcome=0.5,
+        step_scorer="prm",
+        step_scorer_args={"path": str(prm)},
+        step_agg="step",
+        step_threshold=0.5,
+    )
+    inputs = {"config": to_dict(cfg), "sft": _run_identity(sft.parent), "prm": _run_identity(prm.parent)}
+    if not renew and stamp.exists() and json.loads(stamp.read_text()) == inputs and kept.exists():
+        ui.say(f"cached: {kept}")
+        return kept, False
+    summary = rft_filter([samples], kept, cfg)
+    write_json_atomic(stamp, inputs)
+    ui.say(f"RFT set: kept {summary.n_kept} of {summary.n_in} samples ({summary.questions_kept} questions) → {kept}")
+    if not summary.n_kept:
+        raise RuntimeError(f"the RFT filter kept no sample of {summary.n_in}: see {kept}")
+    return kept, True
+
+
+def _run_identity(run: Path) -> Any:
+    """What identifies a trained model for the stages built on it: its run's recorded config and
+    the last line of its metrics (a retrained model with the same config logs other losses)."""
+    cfg = json.loads((run / "config.json").read_text()) if (run / "config.json").exists() else None
+    metrics = (run / "metrics.jsonl").read_text().strip().splitlines() if (run / "metrics.jsonl").exists() else []
+    return {"config": cfg, "last": metrics[-1] if metrics else None}
 
 
 def _train_chain(
@@ -285,6 +417,8 @@ def _train_chain(
     """The system's training stages in order for ``seed``, each from the model the one before
     left; returns the last run's folder and whether any stage trained now (a retrained stage
     retrains every stage after it)."""
+    if s.chain == "prorag":
+        return _prorag_chain(ui, s, recipes[-1], overrides, data, sft, root, seed)
     model, any_new = sft, False
     for name, recipe in zip(s.stage_names, recipes, strict=True):
         run = root / seeded(name, seed)
