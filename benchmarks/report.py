@@ -33,7 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.evaluate import DEFAULT_METRICS, item_values, score_trajectory, scored_items
+from benchmarks.evaluate import (
+    DEFAULT_METRICS,
+    behaviour,
+    item_values,
+    score_trajectory,
+    scored_items,
+    unanswerable_ids,
+)
 from benchmarks.profiles import JUDGE, get_profile
 from benchmarks.stats import CI, DEFAULT_B, DEFAULT_SEED, PairedDiff, bootstrap_ci, paired_bootstrap
 from harness.config import read_yaml
@@ -118,6 +125,12 @@ class RunSummary:
     def missing(self, metric: str) -> int:
         """Items (not failed) whose value of ``metric`` is missing."""
         return sum(1 for s in self.scores if s.metric(metric) is None and not s.error)
+
+    def behaviour(self, correct: str) -> dict[str, float | None]:
+        """Abstention and cost with ``correct`` as the measure of a right answer
+        (:func:`benchmarks.evaluate.behaviour`, as ``results.json`` has them; recomputed from the
+        scores, so ``--rescore`` recomputes them too)."""
+        return behaviour(self.scores, correct, unanswerable_ids(self.answerability))
 
     def finish_reasons(self) -> dict[str, int]:
         out: dict[str, int] = {}
