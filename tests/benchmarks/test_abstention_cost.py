@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from benchmarks.evaluate import aggregate, behaviour, evaluate, score_trajectory
-from benchmarks.metrics import ABSTENTIONS, METRICS, abstained, score_prediction
+from benchmarks.metrics import METRICS, abstained, score_prediction
 from benchmarks.report import build_leaderboard, load_run
 from benchmarks.report_render import cost_markdown, to_csv
 from benchmarks.results_table import print_results
