@@ -127,7 +127,7 @@ def replication_markdown(lb: Leaderboard) -> list[str]:
     rows = replication_rows(lb)
     if not rows:
         return []
-    head = ["system", "dataset", "metric", "paper", "ours (95% CI)", "n", "row"]
+    head = ["system", "dataset", "metric", "paper", "field (paper + published)", "ours (95% CI)", "lands", "n", "row"]
     title = "## Paper vs ours (replication cards; same number only in the paper's setting)"
     return [title, "", *_md_table(head, rows)]
 
