@@ -577,15 +577,18 @@ def span_text(span: tuple[float, float, int] | None) -> str:
 
 
 def field_notes(rows: list[ComparisonRow]) -> list[str]:
-    """Each published row the table's ``field`` column spans, once: who, which kind, how measured."""
-    seen: dict[tuple[str, str], FieldRow] = {}
+    """Each published row the table's ``field`` column spans, once, beside the paper's: its numbers
+    on the table's datasets, its kind, how it was measured and its source."""
+    seen: dict[tuple[str, str], tuple[FieldRow, dict[str, float]]] = {}
     for r in rows:
         for f in r.published:
-            seen.setdefault((f.system, f.model), f)
+            seen.setdefault((f.system, f.model), (f, {}))[1][f"{r.dataset} {NAMES.get(r.metric, r.metric)}"] = f.value
     if not seen:
         return []
     out = ["field: the paper's number and these published rows (same dataset and metric family; settings differ):"]
-    out += [f"  {escape(f.system)}, {escape(f.model)}: {escape(f.setting)}" for f in seen.values()]
+    for f, values in seen.values():
+        shown = ", ".join(f"{k} {v:g}" for k, v in sorted(values.items()))
+        out.append(f"  {escape(f.system)}, {escape(f.model)}: {escape(shown)}; {escape(f.setting)}")
     return out
 
 

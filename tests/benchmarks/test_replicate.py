@@ -179,5 +179,6 @@ def test_cards_show_the_fields_spread_and_where_ours_lands():
     table = console.export_text()
     assert "23.2–48.8" in table and "within" in table
     notes = " ".join(replication_notes(rep))
-    assert "Search-R1 (SkyRL, 3 turns), Qwen2.5-3B-Instruct: independent reproduction, GRPO" in notes
+    skyrl = "Search-R1 (SkyRL, 3 turns), Qwen2.5-3B-Instruct: bamboogle EM (last answer) 44.8; independent reproduction"
+    assert skyrl + ", GRPO" in notes
     assert "NovaSky-AI/SkyRL docs/content/docs/recipes/overview.mdx @ a83edc9 (read 2026-12-06)" in notes
