@@ -292,3 +292,19 @@ def test_user_output_cites_no_internal_document(tmp_path):
         assert "REFERENCE §" not in json.dumps(yaml.safe_load(path.read_text()), ensure_ascii=False), path.name
     for name in PROFILES.names():
         assert "REFERENCE §" not in PROFILES.get(name).source, name
+
+
+def test_published_averages_match_their_rows():
+    """A transcription check: where a note gives the source's average, it is the mean of the row's
+    numbers (or the note says the source's own average is not)."""
+    import re
+
+    checked = 0
+    for e in load_reference(REFERENCE):
+        m = re.search(r"average (0\.\d+)", e.get("note") or "")
+        if not m or "not the mean" in e["note"]:
+            continue
+        values = list(e["values"].values())
+        assert abs(sum(values) / len(values) / 100 - float(m.group(1))) < 0.0015, e["system"]
+        checked += 1
+    assert checked >= 3
