@@ -33,7 +33,7 @@ import multiprocessing
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +195,10 @@ class Answerability:
     index_id: str
     index_kind: str = ""
     num_docs: int = 0
+    # Ids of the questions whose answer is nowhere in the corpus (not in_corpus; yes/no answers
+    # count as found): what abstention on unanswerable questions is scored over
+    # (benchmarks.evaluate.behaviour).
+    unanswerable: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -209,6 +213,12 @@ def summarize(items: Sequence[Sequence[Any]], topk: int) -> tuple[float, float |
     in_corpus = sum(1 for it in items if it[3] == YES_NO or it[1]) / n
     retrievable = sum(1 for it in items if it[3] == YES_NO or 0 < it[2] <= topk) / n
     return in_corpus, retrievable, yes_no, empty
+
+
+def not_in_corpus(ids: Sequence[str], items: Sequence[Sequence[Any]]) -> list[str]:
+    """The ids whose per-question record ``[digest, in_corpus, rank, kind]`` has no answer in the
+    corpus (a yes/no answer counts as found, as in :func:`summarize`)."""
+    return [i for i, it in zip(ids, items, strict=True) if it[3] != YES_NO and not it[1]]
 
 
 def _store_path(index_dir: str | Path) -> Path:
@@ -309,9 +319,11 @@ def check_index(
         res = Answerability(
             name, s, len(exs), in_corpus, retrievable, topk, yes_no, empty, data_hash,
             manifest["index_id"], manifest["kind"], manifest["num_docs"],
+            not_in_corpus(list(items), list(items.values())),
         )  # fmt: skip
+        dropped = ("data_hash", "index_id", "index_kind", "num_docs", "unanswerable")  # the items hold them
         store["datasets"][data_hash] = {
-            **{k: v for k, v in res.to_dict().items() if k not in ("data_hash", "index_id", "index_kind", "num_docs")},
+            **{k: v for k, v in res.to_dict().items() if k not in dropped},
             "match": "normalize_answer (benchmarks.metrics), whole tokens; yes/no counted as found",
             "checked_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "items": items,
@@ -350,7 +362,7 @@ def known_answerability(
         return Answerability(
             entry["dataset"], entry["split"], len(examples), in_corpus,
             retrievable if k <= entry["topk"] else None, k, yes_no, empty, data_hash, index_id,
-            store.get("kind", ""), int(store.get("num_docs", 0)),
+            store.get("kind", ""), int(store.get("num_docs", 0)), not_in_corpus([e.id for e in examples], picked),
         )  # fmt: skip
     return None
 

@@ -29,6 +29,10 @@ from harness.types import Example, Trajectory
 logger = logging.getLogger(__name__)
 
 DEFAULT_METRICS = ("em", "f1", "acc", "cover_em")
+# Recorded for every item whatever the metric profile: what the model did (declined to answer or
+# not), not how right it was, so that every run has it (and --rescore recomputes it). Not part of a
+# run's configured metrics, so adding it changed no run's config hash.
+BEHAVIOUR_METRICS = ("abstain",)
 # Metrics computed from more than the prediction (the whole response, the question).
 _TRAJECTORY_METRICS = ("em_last_answer", "judge")
 
@@ -51,7 +55,7 @@ def score_trajectory(
     metric; its None (a failed call) stays None: missing, not wrong. Without a judge the
     ``judge`` metric is None too.
     """
-    metrics = tuple(metrics)
+    metrics = tuple(metrics) + tuple(m for m in BEHAVIOUR_METRICS if m not in metrics)
     plain = tuple(m for m in metrics if m not in _TRAJECTORY_METRICS)
     if traj.error is not None:
         values: dict[str, float | None] = dict.fromkeys(metrics, 0.0)
@@ -113,6 +117,46 @@ def metric_mean(scores: Iterable[ItemScore], metric: str) -> float | None:
     return float(np.mean(values)) if values else None
 
 
+def behaviour(
+    scores: Iterable[ItemScore], correct: str, unanswerable: Iterable[str] | None = None
+) -> dict[str, float | None]:
+    """Abstention and cost over the scored items (:func:`scored_items`); ``correct``: the metric
+    that says an answer is right (a run's headline, EM by default); ``unanswerable``: ids of the
+    questions whose gold answer is nowhere in the searched corpus (``harness index check``), when
+    known. docs/evaluation.md ("Abstention and cost") defines each value and its source:
+
+    - ``abstention``: the share of items whose prediction declines (``abstain``);
+    - ``tokens_per_correct`` / ``searches_per_correct``: generated tokens / searches over all
+      scored samples, divided by the sum of ``correct`` over them (None when nothing is correct);
+    - with ``unanswerable``: ``answerable_accuracy`` (mean ``correct`` over the other questions),
+      ``unanswerable_abstention`` (mean ``abstain`` over those) and ``n_unanswerable``.
+    """
+    scores = list(scores)
+    items = scored_items(scores)
+    right = sum(float(s.metric(correct) or 0.0) for s in items)
+    out: dict[str, float | None] = {
+        "abstention": metric_mean(scores, "abstain"),
+        "tokens_per_correct": sum(s.generated_tokens for s in items) / right if right else None,
+        "searches_per_correct": sum(s.n_searches for s in items) / right if right else None,
+    }
+    if unanswerable is not None:
+        out_ids = set(unanswerable)
+        acc = [v for k, v in item_values(scores, correct).items() if k not in out_ids]
+        abst = [v for k, v in item_values(scores, "abstain").items() if k in out_ids]
+        out["answerable_accuracy"] = float(np.mean(acc)) if acc else None
+        out["unanswerable_abstention"] = float(np.mean(abst)) if abst else None
+        out["n_unanswerable"] = float(len({s.id for s in items} & out_ids))
+    return out
+
+
+def unanswerable_ids(answerability: dict[str, Any] | None) -> list[str] | None:
+    """The ids of a run's questions whose answer is not in the corpus, from its manifest's
+    ``answerability`` (None when ``harness index check`` has not recorded them)."""
+    if not answerability or "unanswerable" not in answerability:
+        return None
+    return [str(i) for i in answerability["unanswerable"]]
+
+
 def aggregate(
     scores: Sequence[ItemScore], manifest: RunManifest, metrics: Iterable[str] = DEFAULT_METRICS
 ) -> RunResults:
@@ -141,6 +185,8 @@ def aggregate(
         latency_p50_s=float(np.percentile(lat, 50)) if lat else None,
         latency_p95_s=float(np.percentile(lat, 95)) if lat else None,
         finish_reasons=dict(Counter(str(s.finish_reason) for s in scores)),
+        correct_metric=metrics[0] if metrics else None,
+        behaviour=behaviour(everything, metrics[0], unanswerable_ids(manifest.answerability)) if metrics else {},
     )
 
 

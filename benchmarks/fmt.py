@@ -13,6 +13,7 @@ NAMES = {
     "f1_r1_searcher": "F1 (R1-Searcher)",
     "f1_prorag": "F1 (ProRAG)",
     "judge": "LLM judge",
+    "abstain": "Abstain",
 }
 MISSING = "–"
 

@@ -170,6 +170,20 @@ def em_last_answer_response(response: str, golds: str | Sequence[str], prompt: s
     return 0.0 if len(matches) < min_matches or not matches else exact_match(matches[-1].strip(), golds)
 
 
+#: Predictions that decline to answer, normalised (:func:`normalize_answer`): no answer at all (a
+#: response without one: what the R1-Searcher dialect's own "no answer" string stands for too) and
+#: "I don't know" (R1-Searcher's ``no_answer``, ``evaluation/eval_search_loacl.py``; the answer MASH
+#: and BAPO reward). A test keeps every registered dialect's ``no_answer`` string in this set.
+ABSTENTIONS = frozenset({"", "i dont know", "i do not know"})
+
+
+def abstained(pred: str, golds: str | Sequence[str] = ()) -> float:
+    """1 when the prediction declines to answer (:data:`ABSTENTIONS`), else 0; the gold answers
+    play no part (a behaviour, not a correctness: OverSearchQA, arXiv 2601.05503, scores abstention
+    on unanswerable questions)."""
+    return float(normalize_answer(pred or "") in ABSTENTIONS)
+
+
 Metric = Callable[[str, Sequence[str]], float]
 METRICS: Registry[Metric] = Registry("metric")
 for _name, _fn in (
@@ -183,6 +197,7 @@ for _name, _fn in (
     ("f1_r1_searcher", f1_r1_searcher),
     ("em_last_answer", em_last_answer),
     ("f1_prorag", f1_prorag),
+    ("abstain", abstained),
 ):
     METRICS.register(_name, _fn)
 

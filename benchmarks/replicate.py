@@ -30,7 +30,7 @@ from benchmarks.datasets import corpus_path
 from benchmarks.eval_runs import run_configs
 from benchmarks.fmt import NAMES, pct
 from benchmarks.profiles import apply_profile, get_profile, judge_note
-from benchmarks.report import load_reference, load_run
+from benchmarks.report import load_reference, load_run, reference_setting
 from benchmarks.stats import bootstrap_ci
 from harness.config import ConfigError, deep_merge, from_dict, load_yaml, parse_overrides, read_yaml
 from harness.eval_config import EvalConfig
@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 CARDS_DIR = Path(__file__).resolve().parents[1] / "configs" / "replicate"
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# Published rows: the papers' other rows and independent reproductions (benchmarks.report.load_reference)
+PUBLISHED = REPO_ROOT / "configs" / "reference" / "published.yaml"
 CARD_FIELDS = ("system", "checkpoint", "method", "dialect", "template", "retriever", "datasets", "metric_profile")
 
 
@@ -151,6 +153,7 @@ def card_reference_entries() -> list[dict[str, Any]]:
             out.append(
                 {
                     "system": card.system,
+                    "kind": "paper",
                     "model": f"{card.checkpoint or card.extra.get('checkpoint_collection', '?')} ({card.base_model})",
                     "metric": NAMES.get(p.metric, p.metric),
                     "values": dict(p.values),
@@ -167,10 +170,8 @@ def card_reference_entries() -> list[dict[str, Any]]:
 
 def reference_entries(path: str | Path) -> list[dict[str, Any]]:
     """``harness report --reference``: the cards' paper numbers, then the published-numbers
-    file's entries for systems no card covers."""
-    cards = card_reference_entries()
-    covered = {e["system"] for e in cards}
-    return cards + [e for e in load_reference(path) if e["system"] not in covered]
+    file's entries (other rows of the papers, and independent reproductions)."""
+    return card_reference_entries() + load_reference(path)
 
 
 def card_configs(
@@ -228,6 +229,57 @@ def setting_differences(card: Card, cfg: Any, manifest: Any, n_items: int, n_ful
     return out
 
 
+@dataclass(frozen=True)
+class FieldRow:
+    """A published row beside a card's number (``configs/reference/published.yaml`` with
+    ``replicates: CARD``): the paper's other rows and independent reproductions, in percent."""
+
+    system: str
+    model: str
+    kind: str
+    value: float
+    setting: str  # benchmarks.report.reference_setting: how it was measured, and its source
+
+
+def metric_family(name: str) -> str:
+    """``em`` for every exact match (``em_last_answer``, ``EM (R1-Searcher)``, ``EM``), ``f1`` for
+    every token F1, ``cover_em``, ``acc``: which published rows a measured metric sits beside."""
+    n = name.lower().replace("-", "_").replace(" ", "_")
+    for fam in ("cover_em", "em", "f1", "acc"):
+        if n == fam or n.startswith((fam + "_", fam + "(")):
+            return fam
+    return n
+
+
+def field_rows(card: Card, dataset: str, metric: str, entries: list[dict[str, Any]]) -> list[FieldRow]:
+    """The published rows of ``card``'s system on ``dataset`` in ``metric``'s family."""
+    out = []
+    for e in entries:
+        if e.get("replicates") != card.name or dataset not in e["values"]:
+            continue
+        if metric_family(e["metric"]) != metric_family(metric):
+            continue
+        out.append(FieldRow(e["system"], e["model"], e["kind"], float(e["values"][dataset]), reference_setting(e)))
+    return out
+
+
+def field_span(paper: float | None, rows: list[FieldRow]) -> tuple[float, float, int] | None:
+    """(lowest, highest, how many) over the paper's number and the published rows (percent)."""
+    values = ([paper] if paper is not None else []) + [r.value for r in rows]
+    return (min(values), max(values), len(values)) if values else None
+
+
+def lands(ours: float | None, span: tuple[float, float, int] | None) -> str:
+    """Where a measured value (0..1) sits against the field's span (percent): ``below``,
+    ``within`` or ``above`` the paper's and the reproductions' numbers."""
+    if ours is None or span is None:
+        return ""
+    low, high, n = span
+    x = 100 * ours
+    where = "below" if x < low - 1e-9 else "above" if x > high + 1e-9 else "within"
+    return f"{where} ({n} published)" if n > 1 else where
+
+
 @dataclass
 class ComparisonRow:
     """One (dataset, metric) line of a replication table; values in 0..1, the paper's in percent."""
@@ -244,6 +296,12 @@ class ComparisonRow:
     differences: list[str]
     run_dir: str
     run: str = "search agent"  # or CLOSED_BOOK: the same model and prompt, retrieval turned off
+    # The paper's other rows and independent reproductions on this dataset and metric family.
+    published: list[FieldRow] = field(default_factory=list)
+
+    @property
+    def span(self) -> tuple[float, float, int] | None:
+        return field_span(self.paper, self.published)
 
 
 CLOSED_BOOK = "closed-book"
@@ -256,8 +314,11 @@ def compare(
     metrics: tuple[str, ...],
     differences: list[str],
     run: str = "search agent",
+    reference: list[dict[str, Any]] | None = None,
 ) -> list[ComparisonRow]:
-    """Paper vs ours for every metric of the run (bootstrap 95% CI over items, as reports do)."""
+    """Paper vs ours for every metric of the run (bootstrap 95% CI over items, as reports do),
+    with the field's published rows (``reference``: :func:`benchmarks.report.load_reference`
+    entries) beside the search agent's."""
     summary = load_run(Path(run_dir))
     rows = []
     for m in metrics:
@@ -279,15 +340,19 @@ def compare(
                 differences=differences,
                 run_dir=str(run_dir),
                 run=run,
+                published=field_rows(card, label, m, reference or []) if run != CLOSED_BOOK else [],
             )
         )
     return rows
 
 
-def replication_rows(lb: Any) -> list[list[str]]:
+def replication_rows(lb: Any, reference: list[dict[str, Any]] | None = None) -> list[list[str]]:
     """Paper vs ours for every leaderboard cell that runs a card's method on a card's dataset:
-    ``[system, dataset, metric, paper, ours [CI], n, run]``, the rows ``harness replicate`` prints."""
+    ``[system, dataset, metric, paper, field, ours [CI], lands, n, run]``, the rows ``harness
+    replicate`` prints; ``field``: the span of the paper's and the published rows
+    (``reference``, default the published-numbers file) and where ours lands in it."""
     cards = [load_card(n) for n in card_names()]
+    reference = load_reference(PUBLISHED) if reference is None else reference
     out = []
     for row in lb.rows:
         for cell in row.cells.values():
@@ -305,7 +370,10 @@ def replication_rows(lb: Any) -> list[list[str]]:
                         ci = cell.ci[m]
                         ours = f"{pct(ci.mean)} [{pct(ci.low)}, {pct(ci.high)}]"
                         n = f"{run.n}/{run.n_total}"
-                        out.append([card.system, d.key, NAMES.get(m, m), f"{paper:g}", ours, n, row.label])
+                        span = field_span(paper, field_rows(card, d.key, m, reference))
+                        where = lands(ci.mean if ci.mean == ci.mean else None, span)
+                        row_ = [card.system, d.key, NAMES.get(m, m), f"{paper:g}", span_text(span), ours, where]
+                        out.append([*row_, n, row.label])
     return out
 
 
@@ -424,10 +492,11 @@ def replicate(
     closed = [(label, closed_book_config(cfg)) for label, cfg in runnable]
     results = run_configs([cfg for _, cfg in runnable + closed], say=say)
     rows: list[ComparisonRow] = []
+    published = load_reference(PUBLISHED)
     for (label, cfg), res in zip(runnable, results[: len(runnable)], strict=True):
         run_dir = run_dir_for(cfg)
         diffs = setting_differences(card, cfg, RunDir(run_dir).manifest, res.n_total, full_size(cfg))
-        rows.extend(compare(card, label, run_dir, tuple(cfg.metrics), diffs))
+        rows.extend(compare(card, label, run_dir, tuple(cfg.metrics), diffs, reference=published))
     for label, cfg in closed:
         rows.extend(compare(card, label, run_dir_for(cfg), tuple(cfg.metrics), [], run=CLOSED_BOOK))
     answerability = {k: v.to_dict() if v is not None else None for k, v in answerability.items()}
@@ -483,20 +552,44 @@ def replication_table(rep: Replication) -> Any:
 
     card = rep.card
     table = Table(title=f"harness replicate {card.name}: {card.system} (metric profile: {rep.profile}; percent)")
-    for col in ("dataset", "run", "metric", "paper", "ours", "95% CI", "n", "missing"):
-        table.add_column(col, justify="left" if col in ("dataset", "run", "metric") else "right", no_wrap=True)
+    cols = ("dataset", "run", "metric", "paper", "field", "ours", "95% CI", "lands", "n", "missing")
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("dataset", "run", "metric", "lands") else "right", no_wrap=True)
     for r in sorted(rep.rows, key=lambda r: r.dataset):  # stable: per dataset, the search run first
         table.add_row(
             r.dataset,
             r.run,
             NAMES.get(r.metric, r.metric),
             "–" if r.paper is None else f"{r.paper:g}",
+            span_text(r.span) if r.published else "–",
             pct(r.ours),
             f"[{pct(r.low)}, {pct(r.high)}]",
+            lands(r.ours, r.span) if r.published else "",
             str(r.n),
             str(r.missing) if r.missing else "",
         )
     return table
+
+
+def span_text(span: tuple[float, float, int] | None) -> str:
+    """``33.1–44.8 (6)``: the lowest and highest published number and how many there are."""
+    return "–" if span is None else f"{span[0]:g}–{span[1]:g} ({span[2]})"
+
+
+def field_notes(rows: list[ComparisonRow]) -> list[str]:
+    """Each published row the table's ``field`` column spans, once, beside the paper's: its numbers
+    on the table's datasets, its kind, how it was measured and its source."""
+    seen: dict[tuple[str, str], tuple[FieldRow, dict[str, float]]] = {}
+    for r in rows:
+        for f in r.published:
+            seen.setdefault((f.system, f.model), (f, {}))[1][f"{r.dataset} {NAMES.get(r.metric, r.metric)}"] = f.value
+    if not seen:
+        return []
+    out = ["field: the paper's number and these published rows (same dataset and metric family; settings differ):"]
+    for f, values in seen.values():
+        shown = ", ".join(f"{k} {v:g}" for k, v in sorted(values.items()))
+        out.append(f"  {escape(f.system)}, {escape(f.model)}: {escape(shown)}; {escape(f.setting)}")
+    return out
 
 
 def replication_notes(rep: Replication) -> list[str]:
@@ -504,6 +597,7 @@ def replication_notes(rep: Replication) -> list[str]:
     its setting differs from the paper's, what was not run and why, and whether it was local."""
 
     out = [f"paper: {escape(s)}" for s in sorted({r.source for r in rep.rows if r.source})]
+    out += field_notes(rep.rows)
     out += answerability_notes(rep)
     seen = set()
     for r in rep.rows:

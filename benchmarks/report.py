@@ -33,7 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.evaluate import DEFAULT_METRICS, item_values, score_trajectory, scored_items
+from benchmarks.evaluate import (
+    DEFAULT_METRICS,
+    behaviour,
+    item_values,
+    score_trajectory,
+    scored_items,
+    unanswerable_ids,
+)
 from benchmarks.profiles import JUDGE, get_profile
 from benchmarks.stats import CI, DEFAULT_B, DEFAULT_SEED, PairedDiff, bootstrap_ci, paired_bootstrap
 from harness.config import read_yaml
@@ -47,7 +54,12 @@ METRICS = ("em", "f1", "acc", "cover_em")
 # The order papers print these benchmarks in; subsets such as ``hotpotqa_500`` sort with their base.
 DATASET_ORDER = ("hotpotqa", "2wikimultihopqa", "2wiki", "musique", "bamboogle")
 TRAINING_METRICS = "metrics.jsonl"  # what a training run folder holds (training/logging_utils.py)
-REFERENCE_FIELDS = ("system", "model", "metric", "values", "corpus", "retriever", "k", "subset", "source")
+REFERENCE_FIELDS = (
+    *("system", "kind", "model", "algorithm", "metric", "values", "corpus", "retriever", "k"),
+    *("turns", "steps", "compute", "subset", "source", "read"),
+)
+#: What a published row is: the paper's own number, or someone else's run of the same system.
+REFERENCE_KINDS = ("paper", "independent reproduction")
 
 
 def dataset_sort_key(name: str) -> tuple[int, str]:
@@ -118,6 +130,12 @@ class RunSummary:
     def missing(self, metric: str) -> int:
         """Items (not failed) whose value of ``metric`` is missing."""
         return sum(1 for s in self.scores if s.metric(metric) is None and not s.error)
+
+    def behaviour(self, correct: str) -> dict[str, float | None]:
+        """Abstention and cost with ``correct`` as the measure of a right answer
+        (:func:`benchmarks.evaluate.behaviour`, as ``results.json`` has them; recomputed from the
+        scores, so ``--rescore`` recomputes them too)."""
+        return behaviour(self.scores, correct, unanswerable_ids(self.answerability))
 
     def finish_reasons(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -425,8 +443,11 @@ def _mark_significance(rows: list[Row], baseline: str, metrics: tuple[str, ...],
 def load_reference(path: str | Path) -> list[dict[str, Any]]:
     """Published numbers (``configs/reference/published.yaml``): one entry per system and setting.
 
-    Every entry must carry its setting (model, corpus, retriever, k, subset, source), because the
-    numbers are only meaningful with it; a missing field is an error, not a blank.
+    Every entry must carry its kind (:data:`REFERENCE_KINDS`), its setting (model, algorithm,
+    corpus, retriever, k, turns, steps, compute, subset: ``null`` where the source does not say),
+    its source (a repository and path, an arXiv id and table, or a url) and the date it was read
+    (``read``), because the numbers are only meaningful with them; a missing field is an error,
+    not a blank.
     """
     data = read_yaml(path) or {}
     if not isinstance(data, dict):
@@ -438,7 +459,31 @@ def load_reference(path: str | Path) -> list[dict[str, Any]]:
             raise ValueError(f"{path}: entry {e.get('system')!r} lacks {missing}")
         if not isinstance(e["values"], dict):
             raise ValueError(f"{path}: entry {e['system']!r}: values must map dataset -> number")
+        if e["kind"] not in REFERENCE_KINDS:
+            raise ValueError(f"{path}: entry {e['system']!r}: kind {e['kind']!r} is not one of {list(REFERENCE_KINDS)}")
+        e["read"] = str(e["read"])  # YAML reads 2026-12-06 as a date; reports print and embed it as text
+        src = e["source"]
+        if not isinstance(src, dict) or not (
+            {"repository", "path"} <= set(src) or {"arxiv", "table"} <= set(src) or "url" in src
+        ):
+            raise ValueError(
+                f"{path}: entry {e['system']!r}: source must name a repository and path, an arxiv id and table, "
+                f"or a url, not {src!r:.80}"
+            )
     return entries
+
+
+def source_text(src: Any) -> str:
+    """A published row's source in one phrase (a repository path at a commit, an arXiv table, a url)."""
+    if not isinstance(src, dict):
+        return str(src)
+    if "repository" in src:
+        text = f"{src['repository']} {src['path']}" + (f" @ {str(src['commit'])[:7]}" if src.get("commit") else "")
+    elif "arxiv" in src:
+        text = f"arXiv {src['arxiv']}, {src['table']}"
+    else:
+        text = str(src["url"])
+    return text + (f", as quoted in {src['quoted_in']}" if src.get("quoted_in") else "")
 
 
 def reference_datasets(entries: list[dict[str, Any]]) -> list[str]:
@@ -448,8 +493,19 @@ def reference_datasets(entries: list[dict[str, Any]]) -> list[str]:
 
 def reference_setting(e: dict[str, Any]) -> str:
     """One line describing where a published number comes from and how it was measured."""
-    parts = [f"corpus {e['corpus']}", f"retriever {e['retriever']}", f"top-{e['k']}" if e.get("k") else "", e["subset"]]
-    text = ", ".join(p for p in parts if p) + f"; source: {e['source']}"
+    parts = [
+        e.get("kind", ""),
+        e.get("algorithm") or "",
+        f"corpus {e['corpus']}",
+        f"retriever {e['retriever']}",
+        f"top-{e['k']}" if e.get("k") else "",
+        f"{e['turns']} turns" if e.get("turns") else "",
+        f"{e['steps']} steps" if e.get("steps") else "",
+        e.get("compute") or "",
+        e["subset"],
+    ]
+    text = ", ".join(str(p) for p in parts if p) + f"; source: {source_text(e['source'])}"
+    text += f" (read {e['read']})" if e.get("read") else ""
     return text + (f"; note: {e['note']}" if e.get("note") else "")
 
 

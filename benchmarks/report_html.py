@@ -105,7 +105,7 @@ def _items(lb: Leaderboard) -> tuple[list[dict[str, Any]], list[str]]:
     return items, capped
 
 
-def _cell(c: Cell) -> dict[str, Any]:
+def _cell(c: Cell, correct: str) -> dict[str, Any]:
     r = c.run
     return {
         "ci": {m: {"mean": ci.mean, "low": ci.low, "high": ci.high} for m, ci in c.ci.items()},
@@ -122,6 +122,7 @@ def _cell(c: Cell) -> dict[str, Any]:
         "tokens": r.mean("generated_tokens"),
         "p50": r.latency(50),
         "p95": r.latency(95),
+        "behaviour": r.behaviour(correct),  # abstention and cost (benchmarks.evaluate.behaviour)
     }
 
 
@@ -142,7 +143,7 @@ def report_data(lb: Leaderboard, reference: list[dict[str, Any]] | None = None) 
             {
                 "label": r.label,
                 "average": r.average,
-                "cells": {ds: _cell(c) for ds, c in r.cells.items()},
+                "cells": {ds: _cell(c, lb.metrics[0] if lb.metrics else "em") for ds, c in r.cells.items()},
             }
             for r in lb.rows
         ],

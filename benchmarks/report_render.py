@@ -127,7 +127,7 @@ def replication_markdown(lb: Leaderboard) -> list[str]:
     rows = replication_rows(lb)
     if not rows:
         return []
-    head = ["system", "dataset", "metric", "paper", "ours (95% CI)", "n", "row"]
+    head = ["system", "dataset", "metric", "paper", "field (paper + published)", "ours (95% CI)", "lands", "n", "row"]
     title = "## Paper vs ours (replication cards; same number only in the paper's setting)"
     return [title, "", *_md_table(head, rows)]
 
@@ -154,26 +154,76 @@ def paired_markdown(lb: Leaderboard) -> list[str]:
     return _md_table(head, rows)
 
 
+COST_COLUMNS = ("searches", "gen tokens", "p50 s", "p95 s", "abstain %", "tokens/ok", "searches/ok")
+
+
 def cost_markdown(lb: Leaderboard) -> list[str]:
-    """Mean searches, mean generated tokens and latency percentiles per cell."""
-    head = ["method"] + [f"{ds} {k}" for ds in lb.datasets for k in ("searches", "gen tokens", "p50 s", "p95 s")]
-    rows = []
+    """Mean searches, mean generated tokens and latency percentiles per cell, then abstention and
+    the cost per correct answer (``ok``: the headline metric, :func:`correct_metric`); then, for
+    cells whose questions ``harness index check`` recorded, accuracy on the answerable questions
+    and abstention on the unanswerable ones."""
+    correct = correct_metric(lb)
+    head = ["method"] + [f"{ds} {k}" for ds in lb.datasets for k in COST_COLUMNS]
+    rows, split = [], []
     for row in lb.rows:
         cells = [row.label]
         for ds in lb.datasets:
             c = row.cells.get(ds)
             if c is None:
-                cells += ["–"] * 4
+                cells += ["–"] * len(COST_COLUMNS)
                 continue
             r = c.run
+            b = r.behaviour(correct)
             cells += [
                 _num(r.mean("n_searches"), ".2f"),
                 _num(r.mean("generated_tokens"), ".0f"),
                 _num(r.latency(50), ".2f"),
                 _num(r.latency(95), ".2f"),
+                pct(b["abstention"]),
+                _num(b["tokens_per_correct"], ".0f"),
+                _num(b["searches_per_correct"], ".2f"),
             ]
+            if "answerable_accuracy" in b:
+                split.append((row.label, ds, b))
         rows.append(cells)
-    return _md_table(head, rows)
+    out = [
+        f"`ok`: a correct answer by {NAMES.get(correct, correct)} (its sum over items); abstain: the share of "
+        'predictions that decline to answer (no answer, or "I don\'t know"); docs/evaluation.md defines each.',
+        "",
+    ]
+    out += _md_table(head, rows)
+    if split:
+        out += [
+            "",
+            "Answerable and unanswerable questions apart (`harness index check`: is a gold answer anywhere in "
+            "the corpus searched):",
+            "",
+        ]
+        out += _md_table(
+            [
+                "method",
+                "dataset",
+                f"{NAMES.get(correct, correct)} on answerable",
+                "abstain on unanswerable",
+                "unanswerable n",
+            ],
+            [
+                [
+                    lb_,
+                    ds,
+                    pct(b["answerable_accuracy"]),
+                    pct(b["unanswerable_abstention"]),
+                    f"{b['n_unanswerable']:.0f}",
+                ]
+                for lb_, ds, b in split
+            ],
+        )
+    return out
+
+
+def correct_metric(lb: Leaderboard) -> str:
+    """The metric a report counts a correct answer by: its headline (the first column)."""
+    return lb.metrics[0] if lb.metrics else "em"
 
 
 def _ref_value(e: dict[str, Any], ds: str) -> str:
@@ -223,6 +273,11 @@ CSV_HEAD = [
     "mean_generated_tokens",
     "latency_p50_s",
     "latency_p95_s",
+    "abstention",
+    "tokens_per_correct",
+    "searches_per_correct",
+    "answerable_accuracy",
+    "unanswerable_abstention",
     "setting",
 ]
 
@@ -236,12 +291,15 @@ def to_csv(lb: Leaderboard, reference: list[dict[str, Any]] | None = None) -> st
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(CSV_HEAD)
+    correct = correct_metric(lb)
     for row in lb.rows:
         for ds in lb.datasets:
             c = row.cells.get(ds)
             if c is None:
                 continue
             r = c.run
+            b = r.behaviour(correct)
+            behaviour = [_f4(b.get(k)) for k in CSV_HEAD[-6:-1]]
             for m in lb.metrics:
                 ci, d = c.ci[m], c.vs_baseline.get(m)
                 paired = [""] * 6 if d is None else [_f4(d.diff), _f4(d.low), _f4(d.high), _f4(d.p), d.n]
@@ -250,7 +308,7 @@ def to_csv(lb: Leaderboard, reference: list[dict[str, Any]] | None = None) -> st
                     ["measured", *row.key, ds, m, _f4(ci.mean), _f4(ci.low), _f4(ci.high), r.n, r.n_total, r.errors]
                     + [int(r.complete), int(r.complete and lb.is_best(ds, m, ci.mean)), *paired]
                     + [_f4(r.mean("n_searches")), _f4(r.mean("generated_tokens")), _f4(r.latency(50))]
-                    + [_f4(r.latency(95)), r.status]
+                    + [_f4(r.latency(95)), *behaviour, r.status]
                 )
     for e in reference or []:
         for ds, v in e["values"].items():

@@ -19,6 +19,7 @@ from rich.table import Table
 from benchmarks import report_render
 from benchmarks.answerability import answerability_short
 from benchmarks.fmt import NAMES, pct
+from benchmarks.leaderboard_export import BOARDS, board_files
 from benchmarks.replicate import reference_entries
 from benchmarks.report import (
     METRICS,
@@ -37,7 +38,8 @@ from benchmarks.training_curves import load_training_run, render_pngs, run_label
 logger = logging.getLogger(__name__)
 
 FILES = {"md": "leaderboard.md", "csv": "leaderboard.csv", "latex": "leaderboard.tex", "html": "report.html"}
-FORMATS = tuple(FILES)
+# A public leaderboard's own format (benchmarks.leaderboard_export.BOARDS): one file per row, in a folder.
+FORMATS = (*FILES, *BOARDS.names())
 REFERENCE = Path(__file__).resolve().parents[1] / "configs" / "reference" / "published.yaml"
 
 
@@ -101,6 +103,7 @@ def write_report(
     metric_profile: str | None = None,
     bootstrap: int = 1000,
     seed: int = 0,
+    any_setting: bool = False,
 ) -> Report:
     """Group the evaluation runs among ``runs`` (run folders, folders holding runs at any depth,
     or globs) by method × dataset, bootstrap the cells (``bootstrap`` resamples, ``seed``), test
@@ -109,8 +112,11 @@ def write_report(
 
     ``metric_profile``: its columns (default: the runs' recorded profile, else the default
     metrics); ``reference``: add the published numbers (``reference_file``, default
-    :data:`REFERENCE`). Every file is rendered before any is written, and they are written all or
-    none. Raises ``ValueError`` (nothing readable, bad options) or ``OSError`` naming what failed.
+    :data:`REFERENCE`). A leaderboard format (``searchagent-leaderboard``) writes one file per row
+    into its folder, refusing rows not measured in the board's setting unless ``any_setting``
+    (:func:`benchmarks.leaderboard_export.board_files`). Every file is rendered before any is
+    written, and they are written all or none. Raises ``ValueError`` (nothing readable, bad
+    options, a row off the board's setting) or ``OSError`` naming what failed.
     """
     wanted = parse_formats(formats)
     found = find_runs(runs)
@@ -127,7 +133,9 @@ def write_report(
     )
     lb.training = training
     ref = reference_entries(reference_file or REFERENCE) if reference else None
-    files = {FILES[fmt]: _renderer(fmt)(lb, ref).encode("utf-8") for fmt in wanted}
+    files = {FILES[fmt]: _renderer(fmt)(lb, ref).encode("utf-8") for fmt in wanted if fmt in FILES}
+    for fmt in (f for f in wanted if f in BOARDS):
+        files.update(board_files(lb, fmt, any_setting))
     pngs = render_pngs(training)
     write_all_or_none(out, {**files, **pngs})
     logger.info("wrote %d files to %s", len(files) + len(pngs), out)

@@ -1,5 +1,9 @@
 """The results table ``harness eval`` (and ``harness demo``) prints: one row per run, one column
-per metric of the runs (the profile's), then searches, tokens, latency and errors.
+per metric of the runs (the profile's), then searches, tokens, latency and errors, then abstention
+and cost (``abst``: share of predictions that decline; ``tok/ok`` and ``srch/ok``: generated tokens
+and searches per correct answer) and, for runs whose questions ``harness index check`` recorded,
+accuracy on the answerable questions and abstention on the unanswerable ones
+(:func:`benchmarks.evaluate.behaviour`).
 
 Numbers are never cut: number columns never wrap or shrink; the method and dataset names wrap
 instead; and when the number columns do not fit the width together, they are split over
@@ -24,7 +28,23 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.1f}"
 
 
-def _rows(results: list[Any], metrics: list[str]) -> list[list[str]]:
+def _num(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _behaviour_cells(r: Any, answerability: bool) -> list[str]:
+    b = getattr(r, "behaviour", None) or {}
+    cells = [
+        _pct(b.get("abstention")),
+        _num(b.get("tokens_per_correct"), ".0f"),
+        _num(b.get("searches_per_correct"), ".2f"),
+    ]
+    if answerability:
+        cells += [_pct(b.get("answerable_accuracy")), _pct(b.get("unanswerable_abstention"))]
+    return cells
+
+
+def _rows(results: list[Any], metrics: list[str], answerability: bool = False) -> list[list[str]]:
     def cell(r: Any, m: str) -> str:
         missing = (getattr(r, "missing", None) or {}).get(m, 0)
         return _pct(r.metrics.get(m)) + (f" ({missing} missing)" if missing else "")
@@ -39,6 +59,7 @@ def _rows(results: list[Any], metrics: list[str]) -> list[list[str]]:
             "-" if r.mean_generated_tokens is None else f"{r.mean_generated_tokens:.0f}",
             "-" if r.latency_p50_s is None else f"{r.latency_p50_s:.2f}",
             str(r.errors),
+            *_behaviour_cells(r, answerability),
         ]
         for r in results
     ]
@@ -48,8 +69,21 @@ def results_tables(results: list[Any], profile: str | None = None, width: int = 
     """The rich tables that show ``results`` within ``width`` columns without cutting a number
     (one table when it fits, else the number columns split over several)."""
     metrics = list(dict.fromkeys(m for r in results for m in r.metrics))
-    cols = [*_KEYS, "n", *(NAMES.get(m, m) for m in metrics), "srch", "tok", "p50 s", "err"]
-    rows = _rows(results, metrics)
+    answerability = any("answerable_accuracy" in (getattr(r, "behaviour", None) or {}) for r in results)
+    cols = [
+        *_KEYS,
+        "n",
+        *(NAMES.get(m, m) for m in metrics),
+        "srch",
+        "tok",
+        "p50 s",
+        "err",
+        "abst",
+        "tok/ok",
+        "srch/ok",
+    ]
+    cols += ["ans acc", "unans abst"] if answerability else []
+    rows = _rows(results, metrics, answerability)
     need = [max([len(c), *(len(row[i]) for row in rows)]) for i, c in enumerate(cols)]
     # A rich table with the default box takes 3 columns per column (padding and a rule) plus 1.
     room = width - 1 - sum(min(_KEY_MIN, need[i]) + 3 for i in range(len(_KEYS)))

@@ -13,6 +13,8 @@ record per validation with ``val/<metric>`` keys; its validations are also evalu
   log-ratio, the k3 KL estimate, the ratio's 5th, 50th and 95th percentiles, the share capped or masked;
 - response length (``response_tokens``) and searches per rollout (``searches``);
 - what the rollouts scored by the eval scorer, whatever the reward: ``em``, ``f1``, ``format_valid``;
+- training health (``health/*``, :mod:`training.health`): empty retrievals, repeated n-grams,
+  broken reasoning tags, mean ``<think>`` length;
 - validation score: ``val/<metric>`` (from the log, else the validation run's ``results.json``);
 - ``loss`` (the one curve an SFT or PRM run has in common with RL);
 - asynchronous runs (``trainer.async``): staleness, trainer idle time, buffer depth; and the wall
@@ -81,6 +83,11 @@ FIXED = (
     Panel("em", "EM of the training rollouts", "EM (0-1)"),
     Panel("f1", "F1 of the training rollouts", "F1 (0-1)"),
     Panel("format_valid", "format-valid responses among the rollouts", "fraction"),
+    # training health (training/health.py): signs of collapse before the reward shows them
+    Panel("health/empty_retrieval", "health: share of searches that returned no text", "fraction"),
+    Panel("health/repeated_ngrams", "health: share of responses repeating a 6-word run 3+ times", "fraction"),
+    Panel("health/broken_tags", "health: share of responses with malformed or unbalanced reasoning tags", "fraction"),
+    Panel("health/think_words", "health: mean words inside <think> per response", "words"),
     Panel("loss", "training loss", "loss"),
     # trainer.async (training/async_rollout.py): drawn only for asynchronous runs
     Panel("async/staleness_mean", "staleness of the step's groups (versions behind the trainer)", "versions"),

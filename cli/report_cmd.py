@@ -26,7 +26,15 @@ def report_command(
     baseline: str = typer.Option(
         None, "--baseline", help="Method every other row is tested against (paired bootstrap on shared items)."
     ),
-    formats: str = typer.Option("md,html,csv,latex", "--format", help="Comma-separated subset of md,html,csv,latex."),
+    formats: str = typer.Option(
+        "md,html,csv,latex",
+        "--format",
+        help="Comma-separated subset of md,html,csv,latex, and searchagent-leaderboard (the TencentBAC "
+        "SearchAgent Leaderboard's JSON, one file per row; only rows in its setting: wiki-18, top-3, complete).",
+    ),
+    any_setting: bool = typer.Option(
+        False, "--any-setting", help="Export leaderboard files for rows measured in another setting too."
+    ),
     rescore: bool = typer.Option(
         False, "--rescore", help="Recompute scores from stored trajectories with the current metric code (in memory)."
     ),
@@ -51,7 +59,17 @@ def report_command(
 
     try:
         rep = write_report(
-            runs, out, formats, baseline, rescore, reference, reference_file, metric_profile, bootstrap, seed
+            runs,
+            out,
+            formats,
+            baseline,
+            rescore,
+            reference,
+            reference_file,
+            metric_profile,
+            bootstrap,
+            seed,
+            any_setting=any_setting,
         )
     except (ValueError, OSError, KeyError) as e:  # KeyError: RegistryError, an unknown profile
         fail(str(e))

@@ -173,6 +173,12 @@ class RunResults:
     latency_p50_s: float | None = None
     latency_p95_s: float | None = None
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    # Abstention and cost (benchmarks.evaluate.behaviour): abstention, tokens_per_correct,
+    # searches_per_correct, and with `harness index check` data answerable_accuracy,
+    # unanswerable_abstention, n_unanswerable; "correct" is correct_metric (the run's headline).
+    # Empty in results written before these existed.
+    correct_metric: str | None = None
+    behaviour: dict[str, float | None] = field(default_factory=dict)
     schema_version: int = RUN_SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

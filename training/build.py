@@ -150,7 +150,9 @@ def rollout_agent_options(cfg: TrainConfig, validation: bool = False) -> dict[st
 
 def _rl_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
     """``algo.kind: rl``: the search agent's rollouts (through ``build_method``) on the policy."""
-    # deferred: training.trainer imports torch (~1.4 s)
+    # deferred: training.trainer imports torch (~1.4 s), and so do these
+    from training.health import preflight
+    from training.rewards import build_reward
     from training.trainer import RLTrainer
 
     d = cfg.data
@@ -162,6 +164,8 @@ def _rl_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
     retriever = dataset_retriever(cfg.retriever, merged_corpus_dataset(cfg), d.split, d.data_dir)
     backend = backend or rollout_backend(cfg)
     agent = build_method(cfg.rollout.method, backend, retriever, options)
+    if cfg.trainer.preflight:  # before the policy is built and anything is written: a broken setup trains nothing
+        preflight(agent, examples, build_reward(cfg.algo.reward), agent.config.topk)
     validation = build_validation(cfg, backend, Path(out))
     return RLTrainer(cfg, agent, examples, out, validate=validation)
 

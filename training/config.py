@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from harness.config import require_at_least
 from harness.eval_config import BackendConfig, RetrieverConfig
 from training.retriever_config import RetrieverTrainConfig
+
+_STOP_RULE = re.compile(r"^\s*(>=|<=|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
+
+
+def parse_stop_on(rules: dict[str, Any]) -> dict[str, tuple[str, float]]:
+    """``trainer.stop_on`` read: ``{"health/empty_retrieval": "> 0.5"}`` → ``{metric: (op, threshold)}``;
+    a bare number means ``>``. Raises ``ValueError`` naming the rule that does not read."""
+    if not isinstance(rules, dict):
+        raise ValueError(f"trainer.stop_on must map a step metric to a rule such as '> 0.5', not {rules!r:.60}")
+    out = {}
+    for metric, rule in rules.items():
+        if isinstance(rule, int | float) and not isinstance(rule, bool):
+            out[str(metric)] = (">", float(rule))
+            continue
+        m = _STOP_RULE.match(str(rule))
+        if not m:
+            raise ValueError(
+                f"trainer.stop_on.{metric}: {rule!r} is not a rule; write a comparison and a number, e.g. '> 0.5' "
+                "(stop when the step's value is above 0.5) or '< 0.1'"
+            )
+        out[str(metric)] = (m.group(1), float(m.group(2)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -347,9 +370,19 @@ class TrainerConfig:
     entropy_every: int = 10
     # Asynchronous rollouts (``trainer.async`` in YAML; see training.async_rollout).
     async_: AsyncConfig = field(default_factory=lambda: AsyncConfig(), metadata={"key": "async"})
+    # RL: before the first step, check that the retriever returns text for a few training
+    # questions and that a gold answer's reward is positive; stop with what failed otherwise.
+    preflight: bool = True
+    # RL: stop the run when a step metric crosses a rule ({"health/empty_retrieval": "> 0.5",
+    # "format_valid": "< 0.05"}; a bare number means ">") for stop_on_steps steps in a row, as
+    # max_nonfinite_steps stops a diverged run. See training.health.
+    stop_on: dict[str, Any] = field(default_factory=dict)
+    stop_on_steps: int = 1
 
     def __post_init__(self) -> None:
         require_at_least(self, 0, "max_nonfinite_steps")
+        require_at_least(self, 1, "stop_on_steps")
+        parse_stop_on(self.stop_on)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from benchmarks.evaluate import score_trajectory
 from harness.config import to_dict
 from harness.textfiles import parse_json_line
 from pipelines.dialects import get_dialect
+from training.health import health_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +143,8 @@ def _truncate_jsonl(path: Path, step: int) -> int:
 def rollout_metrics(
     trajectories: list[Any], rewards: list[float], parts: list[dict[str, float]], dialect: str
 ) -> dict[str, float]:
-    """What the rollouts of a step did: reward, EM/F1, format validity, searches, lengths.
+    """What the rollouts of a step did: reward, EM/F1, format validity, searches, lengths, and
+    their health (``health/*``: :func:`training.health.health_metrics`).
 
     EM/F1 are the item scores ``harness eval`` writes (``benchmarks.evaluate.score_trajectory``),
     whatever the training reward is, so runs with different rewards stay comparable.
@@ -158,6 +160,7 @@ def rollout_metrics(
         "searches": float(np.mean([len(t.searches) for t in trajectories])),
         "response_tokens": float(np.mean([t.generated_tokens for t in trajectories])),
         "errors": float(sum(1 for t in trajectories if t.error)),
+        **health_metrics(trajectories, d),
     }
     for key in sorted({k for p in parts for k in p}):  # the reward's own components
         out[f"reward/{key}"] = float(np.mean([p.get(key, 0.0) for p in parts]))

@@ -54,6 +54,7 @@ from training.engine import (
     initialize,
     rank_and_world,
 )
+from training.health import HealthGuard
 from training.logging_utils import (
     MetricsLog,
     ProgressBar,
@@ -167,6 +168,7 @@ class RLTrainer(RLUpdate):
         self.run_id = uuid.uuid4().hex
         self._saved_step, self._saved_at = -1, time.monotonic()  # the last checkpoint: step, clock
         self.guard = NonFiniteGuard(cfg.trainer.max_nonfinite_steps)
+        self.health = HealthGuard(cfg.trainer.stop_on, cfg.trainer.stop_on_steps)  # trainer.stop_on
         self._skipped_updates = 0  # optimizer steps skipped as non-finite in the current step
         # Nothing is written and nothing synced until the run starts (the first step, after any
         # resume): a build or a resume that fails leaves the run folder as it was.
@@ -290,6 +292,8 @@ class RLTrainer(RLUpdate):
             if c.trainer.save_rollouts:
                 self.log.write_rollouts(self.step_no, rollout.trajectories, rewards, rollout.group_ids)
         self.guard.stop_if_diverged()
+        self.health.record(self.step_no, metrics)
+        self.health.stop_if_unhealthy()  # trainer.stop_on, after the step is logged, before its checkpoint
         # 10. checkpoint: every save_every steps, and once save_every_minutes have passed
         if self._save_due():
             self.save()

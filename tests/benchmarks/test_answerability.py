@@ -122,6 +122,7 @@ def test_check_index_shares_store_and_lines(index, data_dir, words):
     # in corpus: q1 q2 q3 q5(yes) q7 = 5 of 8; q4 absent, q6 only a piece of a token, q8 empty.
     assert (a.n, a.yes_no, a.unlocatable) == (8, 1, 1)
     assert a.in_corpus == pytest.approx(5 / 8)
+    assert a.unanswerable == ["q4", "q6", "q8"]  # what abstention on unanswerable questions is over
     assert a.retrievable is not None and a.retrievable <= a.in_corpus
     store = json.loads((index / STORE).read_text())
     examples = read_examples(data_dir / "bamboogle" / "test.jsonl")
@@ -192,6 +193,7 @@ def test_eval_manifest_records_the_shares_and_a_closed_book_run_searches_nothing
     run = build_eval(cfg)
     a = run.manifest.answerability
     assert a is not None and a["n"] == 4 and a["topk"] == 3 and a["in_corpus"] == 0.75  # q4 is absent
+    assert a["unanswerable"] == ["q4"]  # the run's own questions only
     assert a["data_hash"] == run.manifest.data_hash
     closed = closed_book_config(cfg)
     assert closed.name == "search_r1-closed-book" and closed.agent == {"max_turns": 0, "final_turn": True}

@@ -101,7 +101,8 @@ def test_score_trajectory_uses_the_response_for_search_r1_em():
         finish_reason="answer",
     )
     s = score_trajectory(traj, ("em_last_answer", "f1", "judge"))
-    assert s.metrics == {"em_last_answer": 1.0, "f1": 1.0, "judge": None}  # no judge: missing, not 0
+    # no judge: missing, not 0; abstain is recorded whatever the profile (BEHAVIOUR_METRICS)
+    assert s.metrics == {"em_last_answer": 1.0, "f1": 1.0, "judge": None, "abstain": 0.0}
     untagged = Trajectory(**{**traj.__dict__, "response_text": "I think Paris"})
     assert score_trajectory(untagged, ("em_last_answer",)).metrics["em_last_answer"] == 0.0
 

@@ -136,3 +136,49 @@ def test_answerability_notes_say_when_a_score_beats_the_corpus():
     assert "closed-book EM 30.0 is above" not in notes
     rep.answerability = {"hotpotqa": None}
     assert "answerability on this corpus unknown" in " ".join(answerability_notes(rep))
+
+
+def test_cards_show_the_fields_spread_and_where_ours_lands():
+    """Issue 49: beside the paper's number, the published rows of the same system (the paper's other
+    rows, independent reproductions) with their sources, and where a harness row lands in their span."""
+    from rich.console import Console
+
+    from benchmarks.replicate import (
+        PUBLISHED,
+        ComparisonRow,
+        Replication,
+        field_rows,
+        field_span,
+        lands,
+        metric_family,
+        replication_notes,
+        replication_table,
+    )
+    from benchmarks.report import load_reference
+
+    assert [metric_family(m) for m in ("em_last_answer", "EM", "EM (R1-Searcher)", "F1", "f1_prorag", "cover_em")] == [
+        "em", "em", "em", "f1", "f1", "cover_em"
+    ]  # fmt: skip
+    card = load_card("search_r1")
+    published = field_rows(card, "bamboogle", "em_last_answer", load_reference(PUBLISHED))
+    by = {(f.system, f.kind): f.value for f in published}
+    assert by[("Search-R1 (SkyRL, 2 turns)", "independent reproduction")] == 24.2
+    assert by[("Search-R1 (SkyRL, 3 turns)", "independent reproduction")] == 44.8
+    assert by[("Search-R1", "paper")] == 23.2  # the paper's 3B-Instruct row, as SkyRL quotes it
+    f1_rows = field_rows(card, "bamboogle", "f1", load_reference(PUBLISHED))  # FlashRAG printed F1 there
+    assert {(f.system, f.value) for f in f1_rows} == {("Search-R1 checkpoint (FlashRAG)", 59.9)}
+    paper, _ = card.paper_value("em_last_answer", "bamboogle")
+    span = field_span(paper, published)
+    assert span[0] == 23.2 and span[1] == 48.8 and span[2] == len(published) + 1
+    assert lands(0.10, span).startswith("below") and lands(0.30, span).startswith("within")
+    assert lands(0.60, span).startswith("above")
+    row = ComparisonRow("bamboogle", "em_last_answer", paper, "", 0.3, 0.2, 0.4, 10, 0, [], "r", published=published)
+    rep = Replication(card, [row], [], True, "search_r1")
+    console = Console(width=250, record=True, color_system=None)
+    console.print(replication_table(rep))
+    table = console.export_text()
+    assert "23.2–48.8" in table and "within" in table
+    notes = " ".join(replication_notes(rep))
+    skyrl = "Search-R1 (SkyRL, 3 turns), Qwen2.5-3B-Instruct: bamboogle EM (last answer) 44.8; independent reproduction"
+    assert skyrl + ", GRPO" in notes
+    assert "NovaSky-AI/SkyRL docs/content/docs/recipes/overview.mdx @ a83edc9 (read 2026-12-06)" in notes

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from benchmarks.report import build_leaderboard, load_reference, load_runs
@@ -156,8 +157,10 @@ def test_reference_rows_are_labelled_published(tmp_path):
     assert "| ReSearch (published) | agentrl/ReSearch-Qwen-7B-Instruct (Qwen2.5-7B-Instruct, GRPO) | EM | 43.52 |" in md
     assert "replication card configs/replicate/research.yaml" in md
     assert "| R1-Searcher (published) |" in md and "| Cover-EM | 65.4 |" in md
-    # Entries no card covers still come from the file.
-    assert "| FlashRAG IRCoT (published) |" in md and "ReSearch pilot (published)" in md
+    # The file's rows follow: the papers' other rows and independent reproductions, each with its kind,
+    # setting and source (issue 49).
+    assert "| FlashRAG IRCoT (published) |" in md and "| Search-R1 (SkyRL, 3 turns) (published) |" in md
+    assert "independent reproduction, GRPO" in md and "NovaSky-AI/SkyRL docs/content/docs/recipes/overview.mdx" in md
     csv_lines = (tmp_path / "leaderboard.csv").read_text().splitlines()
     from benchmarks.replicate import reference_entries
 
@@ -168,12 +171,23 @@ def test_reference_rows_are_labelled_published(tmp_path):
 
 
 def test_reference_entries_must_carry_their_setting(tmp_path):
+    from benchmarks.datasets import DATASETS
+
     bad = tmp_path / "ref.yaml"
     bad.write_text("entries:\n  - {system: X, model: M, metric: EM, values: {hotpotqa: 1.0}}\n")
     with pytest.raises(ValueError, match="lacks"):
         load_reference(bad)
-    for e in load_reference(REFERENCE):
-        assert set(e["values"]) <= {"hotpotqa", "2wikimultihopqa", "musique", "bamboogle"}
+    good = dict(load_reference(REFERENCE)[0])
+    for change, error in (({"kind": "blog"}, "kind 'blog' is not one of"), ({"source": "a paper"}, "source must name")):
+        bad.write_text(yaml.safe_dump({"entries": [{**good, **change}]}))
+        with pytest.raises(ValueError, match=error):
+            load_reference(bad)
+    entries = load_reference(REFERENCE)
+    assert {e["kind"] for e in entries} == {"paper", "independent reproduction"}
+    for e in entries:
+        assert set(e["values"]) <= set(DATASETS.names()), e["system"]  # harness dataset names
+        assert all(0 <= v <= 100 for v in e["values"].values()), e["system"]  # percent
+        assert str(e["read"]).startswith("2026-"), e["system"]
 
 
 def _digest(d: Path) -> dict[str, str]:
@@ -278,3 +292,19 @@ def test_user_output_cites_no_internal_document(tmp_path):
         assert "REFERENCE §" not in json.dumps(yaml.safe_load(path.read_text()), ensure_ascii=False), path.name
     for name in PROFILES.names():
         assert "REFERENCE §" not in PROFILES.get(name).source, name
+
+
+def test_published_averages_match_their_rows():
+    """A transcription check: where a note gives the source's average, it is the mean of the row's
+    numbers (or the note says the source's own average is not)."""
+    import re
+
+    checked = 0
+    for e in load_reference(REFERENCE):
+        m = re.search(r"average (0\.\d+)", e.get("note") or "")
+        if not m or "not the mean" in e["note"]:
+            continue
+        values = list(e["values"].values())
+        assert abs(sum(values) / len(values) / 100 - float(m.group(1))) < 0.0015, e["system"]
+        checked += 1
+    assert checked >= 3
