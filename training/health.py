@@ -78,15 +78,18 @@ def gold_response(dialect: Dialect, answer: str) -> str:
     return final_turn(dialect, answer, None)
 
 
-def gold_trajectory(example: Example, dialect: Dialect) -> Trajectory:
-    """A well-formed trajectory that answers ``example`` with its first gold answer."""
+def gold_trajectory(example: Example, dialect: Dialect, prompt: str | None = None) -> Trajectory:
+    """A well-formed trajectory that answers ``example`` with its first gold answer, after
+    ``prompt`` (the text the agent's prompt renders to; the bare question when not given). The
+    prompt matters to a reward that reads it (Search-R1's ``qa_em`` takes the last of at least two
+    answers in prompt + response: the prompt's example answer is the first)."""
     text = gold_response(dialect, example.answers[0])
     return Trajectory(
         example_id=example.id,
         question=example.question,
         answers=list(example.answers),
         method=dialect.name,
-        segments=[Segment("prompt", [], example.question), Segment("model", [], text)],
+        segments=[Segment("prompt", [], example.question if prompt is None else prompt), Segment("model", [], text)],
         prediction=example.answers[0],
         response_text=text,
         finish_reason="answer",
@@ -95,12 +98,18 @@ def gold_trajectory(example: Example, dialect: Dialect) -> Trajectory:
     )
 
 
-def check_reward(reward_fn: Callable[[Trajectory], Any], examples: Sequence[Example], dialect: Dialect) -> None:
+def check_reward(
+    reward_fn: Callable[[Trajectory], Any],
+    examples: Sequence[Example],
+    dialect: Dialect,
+    render: Callable[[str], str] | None = None,
+) -> None:
     """Raise :class:`PreflightError` when the reward of a gold answer is not positive for any of
-    ``examples`` (a reward that cannot tell right from wrong gives GRPO nothing to learn)."""
+    ``examples`` (a reward that cannot tell right from wrong gives GRPO nothing to learn).
+    ``render``: a question's prompt text as the agent renders it (None: the bare question)."""
     scored = []
     for e in examples:
-        traj = gold_trajectory(e, dialect)
+        traj = gold_trajectory(e, dialect, render(e.question) if render else None)
         reward = float(reward_fn(traj)[0])
         scored.append((e, reward, traj.response_text))
     if not any(r > 0 for _, r, _ in scored):
@@ -118,8 +127,17 @@ def preflight(agent: Any, examples: Sequence[Example], reward_fn: Callable[[Traj
     if not chosen:
         raise PreflightError("preflight: no training question has a gold answer")
     check_retriever(getattr(agent, "retriever", None), [e.question for e in chosen], k)
-    check_reward(reward_fn, chosen, agent.dialect)
+    check_reward(reward_fn, chosen, agent.dialect, _renderer(agent))
     logger.info("preflight passed: the retriever returns text and a gold answer scores > 0 (%d questions)", len(chosen))
+
+
+def _renderer(agent: Any) -> Callable[[str], str] | None:
+    """The search agent's prompt text of a question (its dialect, tokenizer, chat and few-shot
+    options), or None for an agent that does not say how it renders one."""
+    tokenizer, config = getattr(agent, "tokenizer", None), getattr(agent, "config", None)
+    if tokenizer is None or config is None:
+        return None
+    return lambda q: agent.dialect.render(q, tokenizer, agent.use_chat, config.few_shot)
 
 
 # ---- per step ----------------------------------------------------------------------------------

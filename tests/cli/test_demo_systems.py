@@ -28,7 +28,7 @@ RL = [
     "rollout.n_samples=2",
     "rollout.sampling.max_new_tokens=8",
     "algo.ppo_mini_batch_size=null",
-    "optim.micro_batch_size=2",
+    "optim.micro_batch_size=4",  # the 4 rows of a step in one micro-batch (research filters groups: it needs that)
     "model.gradient_checkpointing=false",
     # HARR's retriever recipe: one step of two questions, two samples each
     "retriever_rl.rl.steps=1",

@@ -70,6 +70,21 @@ def test_a_gold_answer_in_the_dialects_tags_gets_a_positive_reward(dialect, rewa
     check_reward(build_reward(reward), EXAMPLES, d)  # raises when not positive
 
 
+@pytest.mark.parametrize("dialect", ["search_r1", "search_r1_small", "rag_r1", "rag_r1_small"])
+def test_a_reward_read_from_prompt_and_response_scores_gold_after_the_agents_prompt(dialect):
+    """Search-R1's and RAG-R1's training reward (em on prompt + response, qa_em) takes the last of
+    at least two answers: the prompt's example answer is the first. Scored on the bare question,
+    a gold answer got 0 and the preflight refused the demo's PPO recipes; after the prompt the
+    agent renders, it scores 1."""
+    from harness.models import load_tokenizer
+
+    d, tok = get_dialect(dialect), load_tokenizer("smollm2-135m-instruct")
+    reward = build_reward({"name": "em", "answer_from": "prompt_response"})
+    with pytest.raises(PreflightError):  # the bare question holds no example answer
+        check_reward(reward, EXAMPLES, d)
+    check_reward(reward, EXAMPLES, d, lambda q: d.render(q, tok, True, False))
+
+
 def test_preflight_reward_that_gives_gold_nothing_fails():
     def zero(traj):
         return 0.0, {}
