@@ -84,6 +84,9 @@ def demo_command(
         min=1,
         help="Evaluate only the first N test questions (a quick look; the demo's figures need all 154).",
     ),
+    baselines: bool = typer.Option(
+        True, "--baselines/--no-baselines", help="Run FlashRAG's naive and standard beside the untrained agent."
+    ),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides of the SFT recipe."),
 ) -> None:
     """Baselines, untrained agent, SFT warm-up, SFT agent, the system's training, trained agent, report."""
@@ -99,6 +102,7 @@ def demo_command(
         seeds=_seeds(seeds),
         threads=threads or None,
         limit=limit,
+        baselines=baselines,
     )
     try:
         run_demo(_Terminal(), system, out, opts)

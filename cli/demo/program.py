@@ -82,7 +82,8 @@ class DemoOptions:
     ``key.path=value`` overrides (``sft``: the warm-up's; ``rl``: every training recipe's), the
     seeds of the training stages, the torch threads of every stage (None: :func:`auto_threads`;
     ``optim.threads`` in the overrides still wins for a training), and ``limit``: evaluate the first
-    N test questions only (every stage; None: the whole split)."""
+    N test questions only (every stage; None: the whole split); ``baselines``: whether FlashRAG's
+    ``naive`` and ``standard`` run beside the untrained agent."""
 
     methods_config: str | None = None
     sft_config: str | None = None
@@ -92,6 +93,7 @@ class DemoOptions:
     seeds: Sequence[int] = (0,)
     threads: int | None = None
     limit: int | None = None  # the first N test questions only (a quick look; the figures need all 154)
+    baselines: bool = True  # FlashRAG's naive and standard beside the untrained agent (context only)
 
 
 def labels(system: DemoSystem) -> tuple[str, str, str]:
@@ -150,7 +152,8 @@ def run_demo(
     n = 7
     ui.step(f"1/{n} baselines and the untrained {s.method} agent (the first {BASELINE_LIMIT} test questions)")
     with timings.stage("baselines"):
-        _evaluate(ui, _limited(base, min(BASELINE_LIMIT, o.limit or BASELINE_LIMIT)), ["naive", "standard", s.method])
+        methods = ["naive", "standard", s.method] if o.baselines else [s.method]
+        _evaluate(ui, _limited(base, min(BASELINE_LIMIT, o.limit or BASELINE_LIMIT)), methods)
     ui.step(f"2/{n} SFT data: synthesized in {s.method}'s dialect from the first {SFT_QUESTIONS} train questions")
     with timings.stage("synthesis"):
         data = _synthesize(ui, base, root / "sft", s.method)
@@ -175,7 +178,8 @@ def run_demo(
             _evaluate(ui, _trained_eval(base, s, model, last_run), [s.method], label)
         finals.append((seed, last_run, label))
     ui.step(f"7/{n} report")
-    return _report(ui, s, eval_dir, root / "report", finals)
+    with timings.stage("report"):
+        return _report(ui, s, eval_dir, root / "report", finals)
 
 
 def auto_threads() -> tuple[int, str]:

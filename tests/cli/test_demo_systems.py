@@ -23,6 +23,7 @@ AGENT = {"variant": "small", "max_turns": 1, "max_new_tokens": 8, "max_total_tok
 RL = [
     "trainer.max_steps=1",
     "trainer.eval_every=1",
+    "trainer.val_before_train=false",
     "data.val_limit=2",
     "rollout.prompts_per_step=2",
     "rollout.n_samples=2",
@@ -76,7 +77,7 @@ def _methods_config(tmp: Path, model: Path) -> str:
     return str(path)
 
 
-def _opts(tmp: Path, model: Path, seeds=(0,)) -> DemoOptions:
+def _opts(tmp: Path, model: Path, seeds=(0,), baselines: bool = False) -> DemoOptions:
     return DemoOptions(
         methods_config=_methods_config(tmp, model),
         sft_overrides=[f"model.path={model}", "trainer.max_steps=1", "sft.batch_size=2", "optim.micro_batch_size=2"],
@@ -84,6 +85,7 @@ def _opts(tmp: Path, model: Path, seeds=(0,)) -> DemoOptions:
         seeds=seeds,
         threads=1,
         limit=4,
+        baselines=baselines,  # FlashRAG's baselines: once, in the research chain (the same for every system)
     )
 
 
@@ -91,7 +93,7 @@ def _opts(tmp: Path, model: Path, seeds=(0,)) -> DemoOptions:
 def test_each_system_chain_hands_its_outputs_on(system, tmp_path, tiny_model):
     s = get_system(system)
     out = tmp_path / "demo"
-    report = run_demo(_Quiet(), system, out, _opts(tmp_path, tiny_model))
+    report = run_demo(_Quiet(), system, out, _opts(tmp_path, tiny_model, baselines=system == "research"))
     untrained, sft_label, trained = labels(s)
     runs = {p.name for p in (out / "eval").iterdir()}
     assert {f"{untrained}-demo-test", f"{sft_label}-demo-test", f"{trained}-demo-test"} <= runs
@@ -117,6 +119,7 @@ def test_each_system_chain_hands_its_outputs_on(system, tmp_path, tiny_model):
 
 
 def test_seeds_train_apart_from_one_sft_model_and_a_rerun_trains_nothing(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not the checkout: the shipped recipes are found from the package (issue 44)
     out = tmp_path / "demo"
     run_demo(_Quiet(), "research", out, _opts(tmp_path, tiny_model, seeds=(0, 1)))
     _, sft_label, trained = labels(get_system("research"))
