@@ -129,6 +129,12 @@ def test_seeds_train_apart_from_one_sft_model_and_a_rerun_trains_nothing(tmp_pat
         assert (out / "eval" / f"{seeded(trained, seed)}-demo-test").is_dir()
     text = (out / "report" / "demo.md").read_text()
     assert f"## {seeded(trained, 1)} against {sft_label}" in text  # each seed against SFT, not against seed 0
+    # The learning table reads the same folders: one row per seed, each against the SFT agent.
+    from scripts.perf.learning_table import markdown, rows
+
+    table = rows("research", out, [0, 1])
+    assert [r["seed"] for r in table] == [0, 1] and all(r["n"] == 4 for r in table)
+    assert markdown(table, {}).count("| research |") == 2
 
     def no_training(*a, **k):
         raise AssertionError("a cached stage trained again")
