@@ -148,20 +148,29 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class RolloutCorrectionConfig:
-    """``algo.rollout_correction``: the importance ratio ρ = π_old / π_behav of every model token
-    (``level: token``) or of its whole row (``level: sequence``: exp Σ over the row's model tokens),
+    """``algo.rollout_correction``: the importance ratio ρ = π_old / π_behav of every model token,
     from the trainer's pre-update log-probs and the backend's, and what the policy loss does with
-    it (see :mod:`training.losses`). ``none``: nothing (the mismatch is still logged); ``tis``: each
-    token's loss term × min(ρ, ``cap``) (``cap: null``: × ρ); ``mask``: × ρ inside [``lo``, ``hi``],
-    0 outside (``hi: null``: no upper bound). A dropped token still counts in the loss's denominator,
-    as in TRL's ``*_mask`` modes and AReaL. TRL 0.26's ``vllm_importance_sampling_mode`` maps as
-    token_truncate → {tis, token}, sequence_mask → {mask, sequence, hi: cap}, and so on."""
+    it (see :mod:`training.losses`; docs/training.md has the table of which kind each framework
+    uses). ``none``: nothing (the mismatch is still logged); ``tis``: each token's loss term ×
+    min(ρ, ``cap``) (``cap: null``: × ρ); ``mask``: × ρ inside [``lo``, ``hi``], 0 outside (``hi:
+    null``: no upper bound; IcePop and OpenRLHF's ``icepop`` at ``level: token``). ``tis`` and
+    ``mask`` take ρ per token (``level: token``) or per row (``level: sequence``: exp Σ over the
+    row's model tokens). The rejections weigh a kept token 1 and a rejected one 0: ``geo_mask``
+    rejects a row whose geometric mean exp(mean log ρ) is outside [``lo``, ``hi``] (SkyRL's
+    ``sequence_mask_metric: geometric``, recommended [0.99, 1.01]); ``token_mask`` a token outside
+    the band (SkyRL's ``token_mask_is_threshold_*``); ``outlier_mask`` a row with any token outside
+    the band (SkyRL's ``outlier_token_is_threshold_*``). ``masked_in_denominator``: a token
+    weighted 0 still counts in the loss's denominators (TRL, AReaL, SkyRL, OpenRLHF); false: it
+    leaves them, as verl's rejection sampling rewrites ``response_mask``. TRL 0.26's
+    ``vllm_importance_sampling_mode`` maps as token_truncate → {tis, token}, sequence_mask → {mask,
+    sequence, hi: cap}, and so on."""
 
-    kind: Literal["none", "tis", "mask"] = "none"
-    level: Literal["token", "sequence"] = "token"
+    kind: Literal["none", "tis", "mask", "geo_mask", "token_mask", "outlier_mask"] = "none"
+    level: Literal["token", "sequence"] = "token"  # tis and mask; the rejections fix their own
     cap: float | None = 2.0  # tis (verl's rollout_is_threshold default 2.0; TRL's cap is 3.0)
-    lo: float = 0.0  # mask: the band [lo, hi] of kept ratios
+    lo: float = 0.0  # mask and the rejections: the band [lo, hi] of kept ratios
     hi: float | None = 2.0
+    masked_in_denominator: bool = True
 
     def __post_init__(self) -> None:
         if self.cap is not None and not self.cap > 0:
@@ -243,6 +252,13 @@ class AlgoConfig:
             raise ValueError(f"algo.critic_warmup must be >= 0, got {self.critic_warmup}")
         if self.gae_over == "response" and self.advantage != "gae":
             raise ValueError(f"algo.gae_over=response applies to algo.advantage=gae, not {self.advantage!r}")
+        if self.loss_agg == "dapo" and not self.rollout_correction.masked_in_denominator:
+            # dapo's denominator is the optimizer step's token count, taken before the micro-batches'
+            # old log-probs (and so the rejections) are known.
+            raise ValueError(
+                "algo.rollout_correction.masked_in_denominator=false does not apply to algo.loss_agg=dapo "
+                "(its step-wide token count is fixed before the rejections); use token_mean or seq_mean_token_mean"
+            )
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,12 @@ COMMON = [
     "optim.micro_batch_size", "trainer.max_steps", "model.gradient_checkpointing", "model.lora", "optim.schedule",
 ]  # fmt: skip
 # The rollout correction's parameters that act, per kind (algo.rollout_correction).
-CORRECTION = {"none": [], "tis": ["level", "cap"], "mask": ["level", "lo", "hi"]}
+# A kind that weighs a token 0 (masks and rejections) also makes masked_in_denominator act.
+BAND = ["lo", "hi", "masked_in_denominator"]
+CORRECTION = {
+    "none": [], "tis": ["level", "cap"], "mask": ["level", *BAND],
+    "geo_mask": BAND, "token_mask": BAND, "outlier_mask": BAND,
+}  # fmt: skip
 AGENT = [
     "max_turns", "max_total_tokens", "max_context", "topk", "max_doc_tokens",
     "max_query_doc_tokens", "chat", "few_shot", "response_prefix", "final_turn", "mode", "variant", "template",
@@ -201,6 +206,14 @@ def plant_default(monkeypatch, cls: type, name: str, value: Any) -> None:
     defaults = list(cls.__init__.__defaults__)
     defaults[names.index(name) - (len(names) - len(defaults))] = value
     monkeypatch.setattr(cls.__init__, "__defaults__", tuple(defaults))
+
+
+def test_every_rollout_correction_kind_names_the_keys_that_act_for_it():
+    from training.losses import ROLLOUT_CORRECTIONS
+
+    assert set(CORRECTION) == set(ROLLOUT_CORRECTIONS.names())
+    fields = {f.name for f in dataclasses.fields(AlgoConfig().rollout_correction)} - {"kind"}
+    assert set().union(*CORRECTION.values()) == fields  # every field of the config acts for some kind
 
 
 def test_a_default_that_differs_from_the_original_fails(monkeypatch):
