@@ -270,6 +270,25 @@ def research_validate(d: Dialect, response: str) -> tuple[bool, str]:
     return True, "format is correct"
 
 
+# ReSearch's compute_score (re_search.py:151-156) splits the decoded prompt + response on the
+# chat model's assistant header when the text holds one, else on the base prompt's "Assistant:".
+RESEARCH_TURN_MARKERS = ("<|im_start|>assistant\n", "Assistant:")
+
+
+def research_scored_turn(text: str) -> tuple[str, bool] | None:
+    """What ReSearch's reward validates and scores (``re_search.compute_score``): ``text`` (the
+    decoded prompt + response) split on ``<|im_start|>assistant\\n`` when it holds one, else on
+    ``Assistant:``; piece [1], the text between the first marker (the prompt's) and the next. So a
+    response that writes the next dialogue turn itself is validated only up to that turn, and then
+    fails the EOS check (the piece does not end with the EOS token): returns (the piece, whether
+    it runs to the end of the text). None without any marker (the original's index error)."""
+    marker = RESEARCH_TURN_MARKERS[0] if RESEARCH_TURN_MARKERS[0] in text else RESEARCH_TURN_MARKERS[1]
+    parts = text.split(marker)
+    if len(parts) < 2:
+        return None
+    return parts[1], len(parts) == 2
+
+
 # ---- R1-Searcher (evaluation/eval_search_loacl.py; train/reward_server_qwen_zero.py) ---------
 def r1_searcher_parse(d: Dialect, text: str, end: TurnEnd) -> Action:
     """``eval_search_loacl.py``: a turn stopped on ``</answer>`` with an ``<answer>`` answers with
@@ -330,6 +349,31 @@ def r1_searcher_observe(d: Dialect, queries: tuple[str, ...], results: list[list
     return f"\n\n<|begin_of_documents|>\n{body}<|end_of_documents|>\n\n"
 
 
+# The reward servers' get_qa split the query (prompt + response) on the generation prompt's end
+# and keep the LAST piece: the Qwen server (reward_server_qwen_zero.py:150-154) on the base
+# prompt's, the Llama servers (reward_server_llama_stage1.py:122-125, _stage2.py:149-152) on
+# Llama 3's chat header. Before that they strip EOS/pad runs from both ends and append one EOS
+# (strip_sequence(...) + eos_token, qwen :170-173, llama stage 1 :143-146, stage 2 :170-173),
+# the eos of the policy's tokenizer (--reward_pretrain): Qwen2.5's <|endoftext|>, Llama 3.1
+# Instruct's <|eot_id|>.
+R1S_SERVER_TURNS = {
+    "qwen": ("\nAssistant: <think>", "<|endoftext|>"),
+    "llama": ("<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n<think>", "<|eot_id|>"),
+}
+
+
+def r1_searcher_solution(response: str, server: str) -> str:
+    """The text an R1-Searcher reward server scores (``get_qa``'s ``solution``): the response with
+    EOS runs stripped from both ends and one EOS appended, then the text after the LAST
+    occurrence of the server's turn marker, stripped. A response that writes a next turn itself
+    (``\\nAssistant: <think>``) is scored on what follows it; an unclosed last ``<answer>`` reads
+    to the EOS text."""
+    marker, eos = R1S_SERVER_TURNS[server]
+    core = re.sub(f"^({re.escape(eos)})+", "", response)
+    core = re.sub(f"({re.escape(eos)})+$", "", core)
+    return (core + eos).split(marker)[-1].strip()
+
+
 def r1_searcher_answer(d: Dialect, response: str) -> str | None:
     """The reward servers' extraction: the text between the last ``<answer>`` and the
     ``</answer>`` after it, stripped (the evaluation's prediction is the answering turn's own,
@@ -372,8 +416,9 @@ def r1_searcher_validate(d: Dialect, response: str) -> tuple[bool, str]:
     on the response after ``Assistant: <think>``: document/query tag counts all equal, no
     "Assistant"/"assistant", no ``<think>`` and one ``</think>``, one answer block without query
     or document tags, at most 10 words, and no CJK outside the documents. The Llama server's
-    checks: :func:`r1_searcher_validate_llama`."""
-    s = response.strip()
+    checks: :func:`r1_searcher_validate_llama`. Only the text after the last ``\\nAssistant: <think>``
+    is checked, as the server's ``get_qa`` reads it (a response that writes a next turn itself)."""
+    s = response.split(R1S_SERVER_TURNS["qwen"][0])[-1].strip()
     counts = [s.count(t) for t in _R1S_TAGS]
     if len(set(counts)) != 1:
         return False, f"query/document tag counts differ: {counts}"
