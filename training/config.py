@@ -228,7 +228,20 @@ class AlgoConfig:
     step_scorer_path: str | None = None  # step_scorer prm: a trained PRM folder, scored in process
     step_scorer_url: str | None = None  # step_scorer prm: a `harness serve prm` server instead
     step_scorer_format: bool = False  # step_scorer prm: add ProRAG's step format term (training.prm)
+    # step_scorer prm: what the PRM scores of each prefix + step (training.prm_window.ScoringWindow),
+    # as ProRAG's RL scores it (prorag/rl/trainer.py get_prm_score: the tokenizer's truncation=True,
+    # max_length=4096 keeps the FIRST 4096 tokens, and no EOS is appended, though the PRM was trained
+    # with one, prorag/prm/train.py:32-33).
+    step_scorer_append_eos: bool = False
+    step_scorer_max_len: int | None = 4096
+    step_scorer_keep: Literal["first", "last"] = "first"
     norm_by_std: bool = True
+    # ε of the advantage's normalisation; null: the estimator's own, registered with it
+    # (training.advantages.ADVANTAGES: grpo 1e-6 as verl, group_norm 1e-9 and reinforce_pp 1e-8 as
+    # OpenRLHF, gae 1e-8 as verl's masked_whiten, dual_granularity 1e-4 as ProRAG).
+    adv_eps: float | None = None
+    # dual_granularity: the step scores' σ is sqrt(var + step_eps) (ProRAG, prorag/rl/trainer.py:187)
+    step_eps: float = 1e-8
     # DAPO's dynamic-sampling filter without the refill: groups whose rollouts all got the same
     # reward (no group-relative signal) are left out of the step's update (logged groups/kept_frac).
     filter_groups: bool = False
@@ -392,8 +405,11 @@ class PRMConfig:
     loss: Literal["pairwise", "pointwise"] = "pairwise"  # ProRAG: pairwise (TRL RewardTrainer)
     batch_size: int = 32  # pairs (or step records) per optimizer step; ProRAG 4 x 8 accumulation
     val_fraction: float = 0.02  # pairs held out for the logged pair accuracy (ProRAG: 2 %)
-    append_eos: bool = True  # ProRAG scores prefix + step + EOS
-    max_len: int | None = 4096  # keep the last max_len tokens (ProRAG: max_seq_length 4096)
+    append_eos: bool = True  # ProRAG trains on prefix + step + EOS (prorag/prm/train.py:32-33)
+    max_len: int | None = 4096  # ProRAG: --max_seq_length 4096 (scripts/prm.sh)
+    # An item longer than max_len: "drop" it, as TRL's RewardTrainer filters its dataset by
+    # max_length (ProRAG's TRL 0.26), or "left": keep its last max_len tokens (the head reads the end).
+    too_long: Literal["drop", "left"] = "drop"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

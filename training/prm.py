@@ -21,6 +21,7 @@ rebuild the tokenizer), and the tokenizer files when it has them. :func:`load_pr
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import logging
 import os
@@ -53,6 +54,7 @@ from training.epochs import EpochSampler
 from training.logging_utils import MetricsLog, ProgressBar, open_run_records
 from training.lora import lora_critic, merged_state_dict
 from training.prm_server import MAX_TOKENS, create_app
+from training.prm_window import ScoringWindow
 from training.sft import sft_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -117,6 +119,27 @@ def load_points(paths: list[str], eos: int | None) -> list[PointExample]:
             raise ValueError(f"{where}: pointwise PRM targets must be in [0, 1], got value {v}")
         out.append(PointExample(ids, v))
     return out
+
+
+def _lengths(item: Any) -> list[int]:
+    return [len(item.chosen), len(item.rejected)] if isinstance(item, PairExample) else [len(item.ids)]
+
+
+def fitting(items: list, max_len: int | None, too_long: str) -> list:
+    """The items whose every sequence fits ``max_len`` when ``too_long`` is ``drop`` (TRL's
+    RewardTrainer keeps a pair only if chosen and rejected both do); all of them for ``left`` (they
+    are cut to their last ``max_len`` tokens when scored)."""
+    if too_long == "left" or max_len is None:
+        return items
+    kept = [x for x in items if max(_lengths(x)) <= max_len]
+    if len(kept) < len(items):
+        logger.info(
+            "prm.too_long=drop: %d of %d items longer than prm.max_len=%d left out",
+            len(items) - len(kept),
+            len(items),
+            max_len,
+        )
+    return kept
 
 
 def split_held_out(items: list, fraction: float, seed: int) -> tuple[list, list]:
@@ -209,11 +232,16 @@ class PRMTrainer:
         self.tokenizer = prm_tokenizer(cfg)
         eos = self.tokenizer.eos_token_id if p.append_eos else None
         pairs = load_pairs(list(p.data), eos)
-        self.train_pairs, self.val_pairs = split_held_out(pairs, p.val_fraction, cfg.trainer.seed)
+        # ProRAG splits, then TRL's RewardTrainer filters each split by max_length (prm.too_long: drop).
+        self.train_pairs, self.val_pairs = (
+            fitting(x, p.max_len, p.too_long) for x in split_held_out(pairs, p.val_fraction, cfg.trainer.seed)
+        )
         self.loss = PRM_LOSSES.get(p.loss)
-        self.items = items = self.loss.items(self, eos)
+        loaded = self.loss.items(self, eos)
+        self.items = items = fitting(loaded, p.max_len, p.too_long)
         if not items:
-            raise ValueError(f"prm.data {list(p.data)}: no {self.loss.what}")
+            why = f" within prm.max_len={p.max_len} (prm.too_long=drop left out all {len(loaded)})" if loaded else ""
+            raise ValueError(f"prm.data {list(p.data)}: no {self.loss.what}{why}")
         if p.batch_size % self.world:
             raise ValueError(f"prm.batch_size={p.batch_size} must divide by {self.world} ranks")
         model = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))
@@ -355,9 +383,9 @@ def save_prm(model: Any, tokenizer: Any, out: Path, cfg: TrainConfig, metrics: d
 class PRM:
     """A trained PRM in process: ``score(seqs)`` → raw head scores (logits), no gradients."""
 
-    def __init__(self, model: Any, tokenizer: Any, append_eos: bool = True, max_len: int | None = None) -> None:
+    def __init__(self, model: Any, tokenizer: Any, window: ScoringWindow | None = None) -> None:
         self.model, self.tokenizer = model.eval(), tokenizer
-        self.append_eos, self.max_len = append_eos, max_len
+        self.window = window or ScoringWindow()  # as it was trained: EOS (prm.append_eos), the end kept
         # Local rank 0 scores in process while its server thread scores for the node's other ranks.
         self.lock = threading.Lock()
 
@@ -377,22 +405,21 @@ class PRM:
         return int(getattr(cfg, "vocab_size", None) or len(self.tokenizer))
 
     @torch.no_grad()
-    def score(self, seqs: list[list[int]], batch_size: int = 8) -> list[float]:
-        """Scores of token-id sequences (prefix + step; EOS appended here when the PRM was trained so),
-        on the model's device, in batches of similar length (less padding); returned in input order."""
+    def score(self, seqs: list[list[int]], batch_size: int = 8, window: ScoringWindow | None = None) -> list[float]:
+        """Scores of token-id sequences (prefix + step) seen through ``window`` (default: as the
+        PRM was trained, :attr:`window`), on the model's device, in batches of similar length (less
+        padding); returned in input order."""
         with self.lock:
-            return self._score(seqs, batch_size)
+            return self._score(seqs, batch_size, window or self.window)
 
-    def _score(self, seqs: list[list[int]], batch_size: int) -> list[float]:
-        tail = [self.tokenizer.eos_token_id] if self.append_eos else []
+    def _score(self, seqs: list[list[int]], batch_size: int, window: ScoringWindow) -> list[float]:
+        seqs = [window.apply(s, self.tokenizer.eos_token_id) for s in seqs]
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
         out = [0.0] * len(seqs)
         for i in range(0, len(order), batch_size):
             idx = order[i : i + batch_size]
-            part = [list(seqs[j]) + tail for j in idx]
-            for j, v in zip(
-                idx, scores_of(self.model, part, self.pad_id, self.max_len, self.device).tolist(), strict=True
-            ):
+            part = [seqs[j] for j in idx]
+            for j, v in zip(idx, scores_of(self.model, part, self.pad_id, None, self.device).tolist(), strict=True):
                 out[j] = v
         return out
 
@@ -427,7 +454,7 @@ def load_prm(path: str | Path, threads: int | None = None, device: str | torch.d
         tok = load_tokenizer(str(path))
     device = torch.device(device or "cpu")
     model = model.to(device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
-    return PRM(model, tok, bool(meta.get("append_eos", True)), meta.get("max_len"))
+    return PRM(model, tok, ScoringWindow(bool(meta.get("append_eos", True)), meta.get("max_len"), "last"))
 
 
 # ---- the step scorer --------------------------------------------------------------------------
@@ -487,10 +514,11 @@ class PRMStepScorer:
         format_term: bool = False,
         batch_size: int = 8,
         device: str | torch.device | None = None,
+        window: ScoringWindow | None = None,
     ) -> None:
         if (path is None) == (url is None):
             raise ValueError("the prm step scorer needs exactly one of algo.step_scorer_path or algo.step_scorer_url")
-        self.format_term, self.batch_size = format_term, batch_size
+        self.format_term, self.batch_size, self.window = format_term, batch_size, window
         self.prm, self.url = node_local_prm(path, device) if path else (None, None)
         if url:
             self.url = url.rstrip("/")
@@ -499,9 +527,11 @@ class PRMStepScorer:
         if not seqs:
             return []
         if self.prm is not None:
-            return self.prm.score(seqs, self.batch_size)
-
-        r = httpx.post(f"{self.url}/score", json={"sequences": seqs}, timeout=600.0)
+            return self.prm.score(seqs, self.batch_size, self.window)
+        body: dict[str, Any] = {"sequences": seqs}
+        if self.window is not None:
+            body["window"] = dataclasses.asdict(self.window)
+        r = httpx.post(f"{self.url}/score", json=body, timeout=600.0)
         if r.status_code != 200:
             raise RuntimeError(f"PRM server {self.url}: HTTP {r.status_code}: {r.text[:300]}")
         return [float(x) for x in r.json()["scores"]]

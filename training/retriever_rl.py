@@ -61,7 +61,7 @@ from training.advantages import gae, grpo, outcome_to_tokens
 from training.checkpoint import write_safetensors
 from training.config import TrainConfig, TrainerConfig
 from training.divergence import NonFiniteGuard, check_finite, is_finite
-from training.engine import ValueHead
+from training.engine import ValueHead, lr_factor
 from training.examples import first_dataset, train_examples
 from training.losses import aggregate, kl_loss, kl_penalty, policy_loss, value_loss
 from training.retriever_config import RetrieverRLConfig
@@ -299,6 +299,8 @@ class RetrieverRL:
                 self.value_head = ValueHead(dim=self.tower.dim, hidden=cfg.value_hidden)
             groups.append({"params": list(self.value_head.parameters()), "lr": cfg.value_lr})
         self.opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        for group in self.opt.param_groups:
+            group["initial_lr"] = group["lr"]  # the schedule's base (rl.schedule)
         self._params = params
         self.rng = random.Random(cfg.seed)
         self.step_no = 0
@@ -319,6 +321,10 @@ class RetrieverRL:
         )
         stats: dict[str, float] = {}
         skipped = 0
+        # rl.schedule: this step's LR, on every group (the value head's too, as HF's scheduler does)
+        factor = lr_factor(c.schedule, self.step_no, 0, c.schedule_steps or c.steps)
+        for group in self.opt.param_groups:
+            group["lr"] = group["initial_lr"] * factor
         for _ in range(c.epochs):
             self.opt.zero_grad(set_to_none=True)
             loss, stats = loss_fn()
@@ -352,6 +358,7 @@ class RetrieverRL:
             "grad_norm": float(gnorm.detach()),
             "rollout_s": rollout_s,
             "step_s": time.perf_counter() - t0,
+            "lr": self.opt.param_groups[0]["lr"],
             **{f"loss/{k}": v for k, v in stats.items()},
             **self.guard.record(self.step_no, skipped),
         }
@@ -360,7 +367,7 @@ class RetrieverRL:
     def _grpo_loss_fn(self, trajs: list[Trajectory], rewards: torch.Tensor) -> Callable[[], tuple]:
         """GRPO: group-normalised advantages per question (example-major batches of G)."""
         groups = torch.arange(len(trajs) // self.cfg.group_size).repeat_interleave(self.cfg.group_size)  # [B]
-        adv = grpo(rewards, groups, norm_by_std=self.cfg.norm_by_std)  # [B]
+        adv = grpo(rewards, groups, eps=self.cfg.adv_eps, norm_by_std=self.cfg.norm_by_std)  # [B]
         return lambda: retrieval_loss(self.retriever, trajs, adv, self.cfg)
 
     def _ppo_loss_fn(self, trajs: list[Trajectory], rewards: torch.Tensor) -> Callable[[], tuple]:

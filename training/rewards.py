@@ -50,6 +50,7 @@ from pipelines.dialects.protocols import (
     r1_searcher_validate_llama,
     research_scored_turn,
 )
+from training.prm_window import ScoringWindow
 
 RewardOut = tuple[float, dict[str, float]]
 RewardFn = Callable[[Trajectory], RewardOut]
@@ -419,10 +420,17 @@ def build_step_scorer(name: str, options: dict[str, Any] | None = None) -> StepS
 def algo_step_scorer(algo: Any, device: Any = None) -> StepScorer:
     """The step scorer of a training recipe: ``algo.step_scorer``, and for ``prm`` its
     ``algo.step_scorer_path`` (a PRM folder, loaded on ``device``, the policy's, once per node)
-    or ``algo.step_scorer_url`` (``harness serve prm``) and ``algo.step_scorer_format``."""
+    or ``algo.step_scorer_url`` (``harness serve prm``), ``algo.step_scorer_format`` and what the
+    PRM scores of each prefix + step (``algo.step_scorer_append_eos``, ``_max_len``, ``_keep``)."""
     name = algo.step_scorer
     if name == "prm":
-        options = {"path": algo.step_scorer_path, "url": algo.step_scorer_url, "format_term": algo.step_scorer_format}
+        window = ScoringWindow(algo.step_scorer_append_eos, algo.step_scorer_max_len, algo.step_scorer_keep)
+        options = {
+            "path": algo.step_scorer_path,
+            "url": algo.step_scorer_url,
+            "format_term": algo.step_scorer_format,
+            "window": window,
+        }
         if algo.step_scorer_path:
             options["device"] = device
         return build_step_scorer(name, options)

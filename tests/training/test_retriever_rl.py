@@ -344,3 +344,22 @@ def test_ppo_reward_rises_on_toy_corpus(tmp_path):
     assert (tmp_path / "run" / "value_head.safetensors").is_file()
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert "loss/value_loss" in metrics[-1]
+
+
+def test_lr_schedule_is_set_once_per_step(tmp_path):
+    """retriever_rl.rl.schedule linear over schedule_steps 4 (HARR's PPO: TrainingArguments'
+    linear over its 313 batches, stepped once per batch): step k (1-based) runs at
+    lr × (4 − (k − 1)) / 4 = 1e-2, .75e-2, .5e-2, .25e-2, then 0 past the span; constant keeps 1e-2."""
+    retriever, runner = _setup(tmp_path)
+    lrs: list[float] = []
+    cfg = RetrieverRLConfig(
+        group_size=2, questions_per_step=1, steps=5, lr=1e-2, schedule="linear", schedule_steps=4, kl_coef=0.0
+    )
+    RetrieverRL(retriever, runner, cfg, tmp_path / "run").train(EXAMPLES, on_step=lambda r: lrs.append(r.metrics["lr"]))
+    assert lrs == pytest.approx([1e-2, 0.75e-2, 0.5e-2, 0.25e-2, 0.0])
+    lrs.clear()
+    cfg = RetrieverRLConfig(group_size=2, questions_per_step=1, steps=2, lr=1e-2, kl_coef=0.0)
+    RetrieverRL(retriever, runner, cfg, tmp_path / "run2").train(
+        EXAMPLES, on_step=lambda r: lrs.append(r.metrics["lr"])
+    )
+    assert lrs == pytest.approx([1e-2, 1e-2])
