@@ -72,7 +72,8 @@ class RetrieverRLConfig:
     # call's reward before GAE, as HARR's PPO trainer (TRL 0.18.1 PPOTrainer, kl_estimator k1);
     # false: a k3 KL loss term, as the GRPO path always has it.
     kl_in_reward: bool = False
-    reward: Literal["f1", "em"] = "f1"
+    # The answer's metric (benchmarks.metrics): HARR's f1_reward is SQuAD's F1 (f1_squad, no yes/no rule).
+    reward: Literal["f1", "f1_squad", "em"] = "f1_squad"
     norm_by_std: bool = True
     adv_eps: float = 1e-4  # GRPO: (R − mean) / (std + adv_eps), HARR's trl_hacked/trainer/grpo_trainer.py:1163
     # How the per-call policy loss is averaged (a training.losses.AGGREGATIONS name): token_mean

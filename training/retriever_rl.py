@@ -257,7 +257,8 @@ def ppo_loss(
     new = layout.grid(lp)  # [B, T]
     m = layout.mask.float()  # [B, T]
     loss, stats = policy_loss(new, layout.old_logp, adv, m, cfg.clip_eps, cfg.clip_eps, cfg.loss_agg)
-    vloss, vstats = value_loss(layout.grid(head(q)), old_values, returns, m, cfg.vf_clip)
+    # the value loss is averaged as the policy loss (HARR's PPO: both masked_mean over one trajectory's calls)
+    vloss, vstats = value_loss(layout.grid(head(q)), old_values, returns, m, cfg.vf_clip, cfg.loss_agg)
     out = {**{k: float(v) for k, v in stats.items()}, **vstats, "value_loss": float(vloss.detach())}
     loss = loss + cfg.vf_coef * vloss
     if cfg.kl_coef > 0 and not cfg.kl_in_reward:
