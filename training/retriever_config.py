@@ -75,6 +75,9 @@ class RetrieverRLConfig:
     # The answer's metric (benchmarks.metrics): HARR's f1_reward is SQuAD's F1 (f1_squad, no yes/no rule).
     reward: Literal["f1", "f1_squad", "em"] = "f1_squad"
     norm_by_std: bool = True
+    # A rollout that searched nothing is trained on a pseudo-call: the question, its greedy top-k
+    # (HARR's generator.py: ``if not source_node`` retrieves the question itself).
+    pseudo_call: bool = True
     adv_eps: float = 1e-4  # GRPO: (R − mean) / (std + adv_eps), HARR's trl_hacked/trainer/grpo_trainer.py:1163
     # How the per-call policy loss is averaged (a training.losses.AGGREGATIONS name): token_mean
     # is TRL 0.18.1's default ``bnpo`` (the sum over every call of the batch / the number of

@@ -286,8 +286,10 @@ class RetrieverRL:
         cfg: RetrieverRLConfig,
         out: Path,
         max_nonfinite_steps: int = TrainerConfig.max_nonfinite_steps,
+        topk: int = 3,
     ) -> None:
         self.retriever, self.runner, self.cfg, self.out = retriever, runner, cfg, Path(out)
+        self.topk = topk  # documents a call retrieves (retriever_rl.sampling.topk): the pseudo-call's too
         self.guard = NonFiniteGuard(max_nonfinite_steps)  # see training.divergence
         self.tower = retriever.tower
         self.tower.freeze_reference()  # the KL anchor: the weights before any update
@@ -315,6 +317,8 @@ class RetrieverRL:
         self.retriever.greedy = False
         self.retriever.salt = self.step_no  # fresh samples each step, reproducible whatever the concurrency
         trajs = self.runner.run(examples, c.group_size)  # [len(examples) * G], example-major
+        if c.pseudo_call:
+            self._add_pseudo_calls(trajs)
         rewards = torch.tensor([reward_of(t, c.reward) for t in trajs])  # [B]
         rollout_s = time.perf_counter() - t0
         loss_fn = (
@@ -364,6 +368,23 @@ class RetrieverRL:
             **self.guard.record(self.step_no, skipped),
         }
         return StepResult(self.step_no, metrics)
+
+    def _add_pseudo_calls(self, trajs: list[Trajectory]) -> None:
+        """HARR's generator (generator.py, after its loop): a rollout that searched nothing still
+        gets one call, the question itself in the empty-history state, its greedy top-k recorded
+        (not sampled: ``_sample`` is not applied), so the rollout's reward trains the tower on it.
+        Recorded as a search of turn -1 (the agent never saw its documents)."""
+        need = [t for t in trajs if t.finish_reason != "error" and not any(s.sample for s in t.searches)]
+        if not need:
+            return
+        greedy, self.retriever.greedy = self.retriever.greedy, True
+        try:
+            states = [state_for(t.question, [], f"{t.example_id}#{t.sample_index}", []) for t in need]
+            res = self.retriever.search([t.question for t in need], self.topk, state=states)
+        finally:
+            self.retriever.greedy = greedy
+        for t, docs, sample in zip(need, res, res.samples, strict=True):
+            t.searches.append(SearchRecord.from_docs(-1, t.question, docs, 0.0, sample))
 
     def _grpo_loss_fn(self, trajs: list[Trajectory], rewards: torch.Tensor) -> Callable[[], tuple]:
         """GRPO: group-normalised advantages per question (example-major batches of G)."""
@@ -532,7 +553,8 @@ class RetrieverTrainer:
         self.retriever, self.runner = build_from_config(cfg, backend)
         self.examples = train_examples(cfg)
         t = cfg.trainer
-        self.rl = RetrieverRL(self.retriever, self.runner, cfg.retriever_rl.rl, self.out, t.max_nonfinite_steps)
+        r = cfg.retriever_rl
+        self.rl = RetrieverRL(self.retriever, self.runner, r.rl, self.out, t.max_nonfinite_steps, r.sampling.topk)
         self._log: Any = None  # metrics.jsonl, opened by the first step
 
     @property

@@ -81,7 +81,7 @@ RETRIEVER = [
       ("n_candidates", "tau", "topk", "stateful", "template", "max_history", "max_titles", "max_chars")),
     *(f"retriever_rl.rl.{k}" for k in
       ("algo", "group_size", "questions_per_step", "steps", "epochs", "lr", "weight_decay", "clip_eps", "kl_coef",
-       "kl_in_reward", "reward", "loss_agg", "grad_clip", "schedule", "seed")),
+       "kl_in_reward", "reward", "loss_agg", "grad_clip", "schedule", "seed", "pseudo_call")),
     *(f"retriever_rl.agent.{k}" for k in (*AGENT, "max_new_tokens", "temperature", "top_p", "min_room", "seed")),
 ]  # fmt: skip
 PPO_KEYS = ("gamma", "lam", "whiten_advantages", "vf_coef", "vf_clip", "value_lr", "value_hidden")
