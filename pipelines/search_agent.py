@@ -288,6 +288,9 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
                 raise BackendError(f"backend aborted the request: {comp.meta.get('message', '')}".strip())
             ids, text, logprobs = self._cut(list(comp.token_ids), comp.text, comp.logprobs)
             cut = len(ids) < len(comp.token_ids)  # the dialect cut the turn: it ends as a stop does
+            if d.drop_eos and comp.stopped_on_eos and not cut and ids and ids[-1] in self._eos_ids(comp):
+                # the original re-encodes the decoded turn: no EOS token (Dialect.drop_eos)
+                ids, logprobs = ids[:-1], None if logprobs is None else logprobs[:-1]
             eos, length = comp.stopped_on_eos and not cut, comp.finish_reason == "length" and not cut
             before = "".join(s.text for s in traj.segments)  # prompt + response so far (RAG-R1's eval reads it)
             action = d.parse_action(text, eos=eos, length=length, context=before)
@@ -345,6 +348,11 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
         traj.finish_reason = reason
         if label:
             traj.metadata["original_finish"] = label
+
+    def _eos_ids(self, comp: Completion) -> set[int]:
+        """The ids a turn that stopped on EOS may end with: the matched stop id, the tokenizer's EOS."""
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return {i for i in (comp.matched_stop, eos) if isinstance(i, int)}
 
     def _cut(
         self, ids: list[int], text: str, logprobs: list[float] | None

@@ -107,6 +107,7 @@ _SEARCH_R1_STOPS = ("</search>",)
 # <answer> of the sequence (qa_em).
 _SEARCH_R1_LOOP: dict[str, Any] = dict(
     cut=P.search_r1_cut,
+    drop_eos=True,  # generation.py decodes each turn with skip_special_tokens=True and re-encodes it
     on_eos="parse",
     on_length="parse",
     final_turn=True,
@@ -186,6 +187,7 @@ def _register_exact() -> None:
                 prompt_answers_count=True,
                 question_mark=False,
                 cut=None,
+                drop_eos=True,  # eval_multiquery.py decodes each turn (skip_special_tokens) and re-encodes
                 final_turn=False,
                 corrective=None,
                 answer_rule="the last <answer>...</answer> of prompt + response, unstripped (the prompt's "

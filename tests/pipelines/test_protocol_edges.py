@@ -64,6 +64,22 @@ def test_search_r1_two_answers_cut_after_the_first_and_eos_dropped(toy_retriever
     assert traj.prediction == "Lunne"
 
 
+@pytest.mark.parametrize("dialect", ["search_r1", "rag_r1"])
+def test_search_r1_and_rag_r1_drop_the_eos_of_a_turn_that_is_not_cut(dialect, toy_retriever):
+    """generation.py (and RAG-R1's generation_mq.py) decode each turn with skip_special_tokens=True
+    and re-encode it: a turn that ends on EOS without a cut (no </search>, no </answer>) is kept
+    without its EOS, so the EOS is neither trained nor in the next turn's context."""
+    d = resolve_dialect(dialect, mode="train")
+    traj, backend = run(d, ["I am not sure.", "<answer>Lunne</answer>"], toy_retriever)
+    eos = backend.tokenizer.eos_token_id
+    first = traj.segments[1]
+    assert first.role == "model" and first.text == "I am not sure." and eos not in first.token_ids
+    assert first.token_ids == backend.tokenizer.encode("I am not sure.", add_special_tokens=False)
+    # research keeps its EOS (its loop never re-encodes): the item ends on it
+    kept, _ = run("research", ["<think>a</think><answer>\\boxed{Lunne}</answer>"], toy_retriever)
+    assert kept.segments[-1].token_ids[-1] == eos
+
+
 @pytest.mark.parametrize("first", ["I am not sure.", "<ANSWER>Lunne</ANSWER>", "</search"])
 def test_search_r1_eos_without_a_block_gets_the_corrective_message_and_goes_on(first, toy_retriever):
     traj, _ = run("search_r1", [first, "<answer>Lunne</answer>"], toy_retriever)
