@@ -66,6 +66,11 @@ class AgentConfig:
     # document that crosses it is cut there, later ones are dropped (None: no cap). RAG-R1 cuts
     # each query's "Doc i: ..." block at data.max_obs_length (generation_mq.py _process_documents).
     max_query_doc_tokens: int | None = None
+    # Cap on a search's whole observation, in tokens of the text as the dialect writes it (labels,
+    # titles, tags included): its first max_obs_tokens tokens, the closing tag cut off with the
+    # rest when it is long (None: no cap). Search-R1's generation.py _process_next_obs cuts each
+    # observation's token ids at data.max_obs_length so.
+    max_obs_tokens: int | None = None
     chat: bool = True  # use the tokenizer's chat template when it has one
     few_shot: bool = False  # put the dialect's one-shot demonstration in the prompt
     response_prefix: str = ""  # text the response starts with (e.g. "<think>"), fed as prompt (mask 0)
@@ -82,7 +87,7 @@ class AgentConfig:
     def __post_init__(self) -> None:
         require_at_least(self, 0, "max_turns", "temperature")
         require_at_least(self, 1, "max_new_tokens", "max_total_tokens", "min_room", "topk", "max_doc_tokens")
-        require_at_least(self, 1, "max_query_doc_tokens")
+        require_at_least(self, 1, "max_query_doc_tokens", "max_obs_tokens")
         require_at_least(self, 1, "max_concurrency", "max_context")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -333,6 +338,10 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
                     return
             search_turns += 1
             obs_ids = self.tokenizer.encode(obs, add_special_tokens=False)
+            if action.kind == "search" and c.max_obs_tokens is not None and len(obs_ids) > c.max_obs_tokens:
+                # the original keeps the observation's first ids (Search-R1: next_obs_ids[:, :max_obs_length])
+                obs_ids = obs_ids[: c.max_obs_tokens]
+                obs = self.tokenizer.decode(obs_ids, skip_special_tokens=True)
             if len(context) + len(obs_ids) > self.max_context - c.min_room:
                 # The observation does not fit: stop here rather than feed a truncated context.
                 traj.finish_reason = "context_overflow"

@@ -111,6 +111,7 @@ class RolloutAgentConfig:
     topk: int = 3
     max_doc_tokens: int | None = 128
     max_query_doc_tokens: int | None = None
+    max_obs_tokens: int | None = None
     chat: bool = True
     few_shot: bool = False
     response_prefix: str = ""
@@ -122,7 +123,9 @@ class RolloutAgentConfig:
 
     def __post_init__(self) -> None:
         require_at_least(self, 0, "max_turns")
-        require_at_least(self, 1, "max_total_tokens", "min_room", "topk", "max_doc_tokens", "max_query_doc_tokens")
+        require_at_least(
+            self, 1, "max_total_tokens", "min_room", "topk", "max_doc_tokens", "max_query_doc_tokens", "max_obs_tokens"
+        )
         require_at_least(self, 1, "max_concurrency", "max_context")
 
 

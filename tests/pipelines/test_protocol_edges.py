@@ -316,3 +316,21 @@ def test_documents_go_in_whole_without_a_per_document_cap(toy_retriever):
     assert all(d.text.endswith(" ...") for d in capped.searches[0].docs)
     got = [d.text for d in listed.searches[0].docs]
     assert got[0] == full[0] and got[1] == full[1][: 70 - len(full[0])] and sum(map(len, got)) == 70
+
+
+def test_search_r1_cuts_the_whole_observation_at_max_obs_tokens(toy_retriever):
+    """generation.py _process_next_obs: the observation's token ids (the '\\n\\n<information>' tag,
+    the 'Doc i(Title: t)' labels and the text) cut to their first max_obs_length; the closing tag
+    goes with the rest. Documents' text alone is what max_query_doc_tokens counts; this counts all."""
+    turns = ["<search>Eddavik river</search>", "<answer>Lunne</answer>"]
+    whole, backend = run("search_r1", turns, toy_retriever)
+    (obs,) = [s for s in whole.segments if s.role == "observation"]
+    assert len(obs.token_ids) > 12 and obs.text.endswith("</information>\n\n")
+    cut, _ = run("search_r1", turns, toy_retriever, max_obs_tokens=12)
+    (short,) = [s for s in cut.segments if s.role == "observation"]
+    assert short.token_ids == obs.token_ids[:12]
+    assert short.text == backend.tokenizer.decode(obs.token_ids[:12], skip_special_tokens=True)
+    assert "</information>" not in short.text and cut.prediction == "Lunne"
+    # a corrective message is not a search's observation: it is never cut
+    corr, _ = run("search_r1", ["no block here", "<answer>Lunne</answer>"], toy_retriever, max_obs_tokens=3)
+    assert texts(corr, "observation") == [get_dialect("search_r1").corrective]
