@@ -96,6 +96,7 @@ FLASHRAG_DIFFERENCES: dict[str, tuple[str, ...]] = {
         "rag_r1/llm_agent/generation_mq.py",
     ),
     "prorag": ("FlashRAG has no ProRAG port; this dialect follows ProRAG's inference.py",),
+    "harr": ("FlashRAG has no HARR port; this dialect follows HARR's generator.py search_r1_generate",),
 }
 
 # Search-R1's rollout has no stop strings (a turn runs to EOS or the token limit and is then
@@ -273,6 +274,24 @@ def _register_exact() -> None:
                 "response, stripped",
             ),
         },
+    )
+    # HARR's own rollouts of its Search-R1 generator (generator.py search_r1_generate): the
+    # frozen generator its retriever RL drives.
+    _register(
+        "harr",
+        parse=P.harr_parse,
+        observe=P.harr_observe,
+        extract=P.last_answer,
+        validate=P.no_format_check,
+        search_stops=("</search>", "</answer>"),
+        final_stops=("</search>", "</answer>"),
+        corrective=P.HARR_NO_SEARCH,
+        on_eos="parse",
+        on_length="parse",
+        final_turn=False,
+        drop_eos=True,  # the next prompt is text (prompt += output_text), re-encoded by the server
+        no_answer="None",  # str(response) of a rollout that never answered
+        answer_rule="the last non-empty <answer>...</answer> of the answering turn, unstripped; 'None' without one",
     )
     _register(
         "prorag",

@@ -186,6 +186,34 @@ def no_format_check(d: Dialect, response: str) -> tuple[bool, str]:
     return True, "no format check (eval_multiquery.py scores EM only)"
 
 
+# ---- HARR's generator (zyc140345/HARR generator.py search_r1_generate) -------------------------
+# After every turn that does not answer: the turn + '\n\n<information>{results}</information>\n\n'
+# (prompt.py SEARCH_R1_SEARCH_TEMPLATE), results '' when the turn searched nothing.
+HARR_NO_SEARCH = "\n\n<information></information>\n\n"
+_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_SEARCH_BLOCK_ANY = re.compile(r"<search>(.*?)</search>", re.DOTALL)
+
+
+def harr_parse(d: Dialect, text: str, end: TurnEnd) -> Action:
+    """``search_r1_generate``: the turn's LAST ``<answer>`` block, unstripped, answers when it is
+    not empty (``if response: break``); else its LAST ``<search>`` block, unstripped, searches when
+    not empty (``if sub_qa``); else nothing is searched and the empty ``<information>`` block
+    follows, EOS and token-limit turns included, until ``max_iterations`` turns."""
+    answers = _ANSWER_BLOCK.findall(text)
+    if answers and answers[-1]:
+        return Action("answer", answer=answers[-1])
+    queries = _SEARCH_BLOCK_ANY.findall(text)
+    if queries and queries[-1]:
+        return Action("search", queries=(queries[-1],))
+    return Action("invalid", reason="no search: the empty <information> block follows")
+
+
+def harr_observe(d: Dialect, queries: tuple[str, ...], results: list[list[Doc]]) -> str:
+    """``SEARCH_R1_SEARCH_TEMPLATE`` with ``_nodes2string``: ``Doc i(Title: t) text`` lines, each
+    ended, NOT stripped (Search-R1's own generation.py strips them)."""
+    return f"\n\n<information>{search_r1_docs(results[0] if results else [])}</information>\n\n"
+
+
 # ---- ReSearch (src/flashrag/pipeline/active_pipeline.py ReSearchPipeline, reward re_search.py) --
 def research_parse(d: Dialect, text: str, end: TurnEnd) -> Action:
     """``run_item``: a turn that stopped on ``</search>`` searches the text between the last
