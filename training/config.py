@@ -395,9 +395,16 @@ class SFTConfig:
     sources: list[dict[str, Any]] = field(default_factory=list)
     batch_size: int = 8  # trajectories per optimizer step
     shuffle: bool = True
+    # Trajectories held out for the logged val/loss (every trainer.eval_every steps) and for
+    # trainer.best_metric: loss (ProRAG: train_test_split(test_size=0.01), best by eval_loss).
+    val_fraction: float = 0.0
     # Cross-entropy weight of each tag's tokens (training.sft_weights), others 1; the loss is then
     # Σ w·nll / Σ w, as ProRAG's SFT ({"<answer>": 5, "<subquery>": 3, "</step>": 2, ...}). {}: plain mean.
     tag_weights: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.val_fraction < 1:
+            raise ValueError(f"sft.val_fraction must be in [0, 1), got {self.val_fraction}")
 
 
 @dataclass(frozen=True)
@@ -468,19 +475,35 @@ class TrainConfig:
         if self.algo.kind == "rl":
             check_rl_recipe(self)
         if self.trainer.best_metric is not None:
-            if self.algo.kind != "rl":
-                raise ValueError(f"trainer.best_metric applies to algo.kind=rl, not {self.algo.kind}")
-            if not (self.trainer.eval_every and self.data.val_split):
-                raise ValueError(
-                    f"trainer.best_metric={self.trainer.best_metric!r} chooses among validations: it needs "
-                    "data.val_split and trainer.eval_every > 0"
-                )
+            check_best_metric(self)
 
     @property
     def rollout_seed(self) -> int:
         """The seed RL rollouts derive theirs from: ``rollout.sampling.seed``, else ``trainer.seed``."""
         s = self.rollout.sampling.seed
         return self.trainer.seed if s is None else s
+
+
+# trainer.best_metric per trainer: the validation metric it can choose by, and what it needs.
+BEST_METRICS = {"sft": "loss", "prm": "pair_acc"}
+
+
+def check_best_metric(cfg: TrainConfig) -> None:
+    """``trainer.best_metric`` chooses among validations: RL's through the eval path (any metric it
+    reports; data.val_split), SFT's held-out loss (sft.val_fraction), the PRM's held-out pair
+    accuracy (prm.val_fraction); every one needs trainer.eval_every > 0."""
+    t, kind, metric = cfg.trainer, cfg.algo.kind, cfg.trainer.best_metric
+    if kind == "retriever":
+        raise ValueError("trainer.best_metric applies to algo.kind rl, sft or prm, not retriever")
+    if kind in BEST_METRICS and metric != BEST_METRICS[kind]:
+        raise ValueError(f"trainer.best_metric for algo.kind={kind} is {BEST_METRICS[kind]!r}, not {metric!r}")
+    held_out = {"rl": ("data.val_split", cfg.data.val_split), "sft": ("sft.val_fraction", cfg.sft.val_fraction),
+                "prm": ("prm.val_fraction", cfg.prm.val_fraction)}[kind]  # fmt: skip
+    if not (t.eval_every and held_out[1]):
+        raise ValueError(
+            f"trainer.best_metric={metric!r} chooses among validations: it needs {held_out[0]} "
+            "and trainer.eval_every > 0"
+        )
 
 
 # ---- the RL recipe's checks across sections ------------------------------------------------------

@@ -25,7 +25,6 @@ import dataclasses
 import json
 import logging
 import os
-import random
 import re
 import socket
 import tempfile
@@ -42,15 +41,17 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from harness.fsutil import atomic_dir
 from harness.models import load_tokenizer
 from harness.registry import Registry
 from harness.textfiles import read_jsonl
 from harness.tokenization import byte_tokenizer
+from training.best_val import BestSelection, BestValidation
 from training.checkpoint import restore_position, resume_checkpoint, save_position, write_safetensors
 from training.config import TrainConfig
 from training.divergence import NonFiniteGuard, check_finite, poisoned, update_applied
 from training.engine import ValueHead, build_model, initialize, optimizer_step, rank_and_world, unwrap
-from training.epochs import EpochSampler
+from training.epochs import EpochSampler, split_held_out
 from training.logging_utils import MetricsLog, ProgressBar, open_run_records
 from training.lora import lora_critic, merged_state_dict
 from training.prm_server import MAX_TOKENS, create_app
@@ -142,15 +143,6 @@ def fitting(items: list, max_len: int | None, too_long: str) -> list:
     return kept
 
 
-def split_held_out(items: list, fraction: float, seed: int) -> tuple[list, list]:
-    """(train, held-out): a seeded ``fraction`` held out, at least one item when there are two."""
-    idx = list(range(len(items)))
-    random.Random(seed).shuffle(idx)
-    n_val = min(len(items) - 1, max(1, round(fraction * len(items)))) if fraction > 0 and len(items) > 1 else 0
-    val = set(idx[:n_val])
-    return [x for i, x in enumerate(items) if i not in val], [x for i, x in enumerate(items) if i in val]
-
-
 # ---- the model --------------------------------------------------------------------------------
 def pad_batch(seqs: list[list[int]], pad_id: int, max_len: int | None, device: Any = None) -> tuple[torch.Tensor, ...]:
     """Right-padded ids, attention mask and last-token index; a sequence longer than ``max_len``
@@ -237,10 +229,10 @@ class PRMTrainer:
             fitting(x, p.max_len, p.too_long) for x in split_held_out(pairs, p.val_fraction, cfg.trainer.seed)
         )
         self.loss = PRM_LOSSES.get(p.loss)
-        loaded = self.loss.items(self, eos)
-        self.items = items = fitting(loaded, p.max_len, p.too_long)
+        self.items = items = fitting(self.loss.items(self, eos), p.max_len, p.too_long)
         if not items:
-            why = f" within prm.max_len={p.max_len} (prm.too_long=drop left out all {len(loaded)})" if loaded else ""
+            dropping = p.too_long == "drop" and p.max_len is not None and pairs
+            why = f" within prm.max_len={p.max_len} (prm.too_long=drop leaves longer ones out)" if dropping else ""
             raise ValueError(f"prm.data {list(p.data)}: no {self.loss.what}{why}")
         if p.batch_size % self.world:
             raise ValueError(f"prm.batch_size={p.batch_size} must divide by {self.world} ranks")
@@ -254,6 +246,8 @@ class PRMTrainer:
         self._resumed: int | None = None
         self.guard = NonFiniteGuard(cfg.trainer.max_nonfinite_steps)
         self.run_id = uuid.uuid4().hex  # this run's checkpoints carry it: pruning never touches another run's
+        metric = cfg.trainer.best_metric  # pair_acc: ProRAG's load_best_model_at_end, metric accuracy
+        self.best = BestSelection(BestValidation(metric), self.out, self.rank) if metric else None
         logger.info("PRM (%s) on %d %s; %d pairs held out", p.loss, len(items), self.loss.what, len(self.val_pairs))
 
     @property
@@ -272,6 +266,10 @@ class PRMTrainer:
             while self.step_no < c.max_steps:
                 bar.update(self.step_no + 1, self.step())
         final = self.out / "final"
+        if self.best is not None and self.best.chosen:  # trainer.best_metric: the best val/pair_acc
+            if self.log is not None:
+                self.log.close()
+            return self.best.finish(final)
         if self.rank == 0:
             metrics = {"prm/val_pair_acc": self.pair_accuracy(self.val_pairs)} if self.val_pairs else {}
             metrics["prm/train_pair_acc_all"] = self.pair_accuracy(self.train_pairs)
@@ -316,10 +314,16 @@ class PRMTrainer:
         if grad_norm is not None:
             metrics["grad_norm"] = grad_norm
         c = self.cfg.trainer
-        if self.val_pairs and c.eval_every and self.step_no % c.eval_every == 0:
-            metrics["prm/val_pair_acc"] = self.pair_accuracy(self.val_pairs)
+        validate = bool(self.val_pairs) and c.eval_every and self.step_no % c.eval_every == 0
+        if validate:
+            # every rank scores the held-out pairs (ZeRO-3's forward is collective); val/pair_acc is
+            # what trainer.best_metric reads back on a resume
+            metrics["prm/val_pair_acc"] = metrics["val/pair_acc"] = self.pair_accuracy(self.val_pairs)
         if self.log is not None:
             self.log.write(self.step_no, metrics)
+        if validate and self.best is not None:
+            acc = metrics["val/pair_acc"]
+            self.best.keep_if_best({"pair_acc": acc}, self.step_no, lambda d: self._export(d, acc), self.log)
         self.guard.stop_if_diverged()
         if c.save_every and self.step_no % c.save_every == 0 and self.guard.may_checkpoint():
             self.save()
@@ -327,7 +331,15 @@ class PRMTrainer:
 
     def save(self) -> Path:
         """A checkpoint of this step; keeps this run's newest ``trainer.keep_checkpoints`` (as RL)."""
-        return save_position(self, self.engine, "prm")
+        path = save_position(self, self.engine, "prm")
+        if self.best is not None:
+            self.best.prune()  # a resume starts here or later: earlier bests are beaten
+        return path
+
+    def _export(self, folder: Path, val_pair_acc: float) -> None:
+        """This step's PRM into ``folder`` (rank 0 writes; ZeRO-2 keeps every weight on each rank)."""
+        if self.rank == 0:
+            save_prm(self.engine, self.tokenizer, folder, self.cfg, {"prm/val_pair_acc": val_pair_acc})
 
     @torch.no_grad()
     def pair_accuracy(self, pairs: list[PairExample]) -> float:
@@ -345,6 +357,8 @@ class PRMTrainer:
         """Continue from the newest intact checkpoint; the log drops the steps that run again."""
         _, state = resume_checkpoint(run_dir, self.engine)
         restore_position(self, state)
+        if self.best is not None:
+            self.best.restore(self.step_no)
 
     def close(self) -> None:
         """Nothing runs in the background of this trainer: nothing to stop."""
@@ -360,13 +374,7 @@ def save_prm(model: Any, tokenizer: Any, out: Path, cfg: TrainConfig, metrics: d
     state = merged_state_dict(body) if lora else body.state_dict()
     head = m.head.state_dict()
     check_finite({**state, **{f"head.{k}": v for k, v in head.items()}}, f"not writing the PRM {out}")
-    out.mkdir(parents=True, exist_ok=True)
-    write_safetensors({k: v.detach().contiguous().cpu() for k, v in state.items()}, out / "model.safetensors")
-    body.config.save_pretrained(str(out))
-    write_safetensors({k: v.detach().contiguous().cpu() for k, v in head.items()}, out / "head.safetensors")
     byte = cfg.model.tiny is not None
-    if not byte and hasattr(tokenizer, "save_pretrained"):
-        tokenizer.save_pretrained(str(out))
     meta = {
         "kind": "prm",
         "base": cfg.model.path,
@@ -376,7 +384,14 @@ def save_prm(model: Any, tokenizer: Any, out: Path, cfg: TrainConfig, metrics: d
         "loss": cfg.prm.loss,
         "metrics": metrics,
     }
-    (out / "prm.json").write_text(json.dumps(meta, indent=2))
+    # written whole or not at all, with harness's marker (a best-step-N/ is pruned as a model folder)
+    with atomic_dir(out, kind="model") as tmp:
+        write_safetensors({k: v.detach().contiguous().cpu() for k, v in state.items()}, tmp / "model.safetensors")
+        body.config.save_pretrained(str(tmp))
+        write_safetensors({k: v.detach().contiguous().cpu() for k, v in head.items()}, tmp / "head.safetensors")
+        if not byte and hasattr(tokenizer, "save_pretrained"):
+            tokenizer.save_pretrained(str(tmp))
+        (tmp / "prm.json").write_text(json.dumps(meta, indent=2))
     return out
 
 

@@ -378,3 +378,36 @@ def test_scoring_window_and_too_long_pairs_by_hand():
     pairs = [PairExample([1] * 3, [2] * 4), PairExample([1] * 5, [2] * 2), PairExample([1] * 4, [2] * 4)]
     assert fitting(pairs, 4, "drop") == [pairs[0], pairs[2]]
     assert fitting(pairs, 4, "left") == pairs and fitting(pairs, None, "drop") == pairs
+
+
+def test_prm_final_holds_the_step_with_the_best_held_out_pair_accuracy(mcts_dir, tmp_path):
+    """ProRAG's PRM (HF load_best_model_at_end, metric_for_best_model accuracy): val/pair_acc .5,
+    .8, .6 at steps 1-3 -> final/ is step 2's PRM (its head's weights), the other bests removed."""
+    from safetensors.torch import load_file
+
+    from training.build import build_trainer
+    from training.engine import unwrap
+
+    (tmp_path / "prm.yaml").write_text(TINY_PRM)
+    over = [f"prm.data=[{mcts_dir}]", "prm.val_fraction=0.2", "trainer.max_steps=3", "trainer.eval_every=1"]
+    trainer = build_trainer(
+        compose(TrainConfig, [tmp_path / "prm.yaml"], [*over, "trainer.best_metric=pair_acc"]), tmp_path / "run"
+    )
+    assert trainer.val_pairs
+    accs, seen = {1: 0.5, 2: 0.8, 3: 0.6}, {}
+
+    def scripted(pairs):
+        seen[trainer.step_no] = {k: v.detach().clone() for k, v in unwrap(trainer.engine).head.state_dict().items()}
+        return accs[trainer.step_no]
+
+    trainer.pair_accuracy = scripted
+    final = trainer.train()
+    head = load_file(str(final / "head.safetensors"))
+    assert all(torch.equal(head[k], seen[2][k]) for k in seen[2]) and any(
+        not torch.equal(seen[2][k], seen[3][k]) for k in seen[2]
+    )
+    assert json.loads((final / "prm.json").read_text())["metrics"] == {"prm/val_pair_acc": 0.8}
+    assert sorted(p.name for p in (tmp_path / "run").glob("best-step-*")) == ["best-step-2"]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["val/pair_acc"] for r in rows if "val/pair_acc" in r] == [0.5, 0.8, 0.6]
+    assert load_prm(final).score([[65, 66]])  # a loadable PRM folder

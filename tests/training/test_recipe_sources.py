@@ -71,7 +71,7 @@ CRITIC = [
     "algo.critic_warmup",
     "optim.critic_lr", "optim.critic_warmup_steps",
 ]  # fmt: skip
-SFT = ["sft.sources", "sft.batch_size", "sft.shuffle", "sft.tag_weights", "algo.max_len"]
+SFT = ["sft.sources", "sft.batch_size", "sft.shuffle", "sft.tag_weights", "algo.max_len", "sft.val_fraction"]
 PRM = ["prm.data", "prm.loss", "prm.batch_size", "prm.val_fraction", "prm.append_eos", "prm.max_len", "prm.too_long"]
 # algo.step_scorer prm: what the PRM scores of each step at RL time
 STEP_PRM = ["algo.step_scorer_append_eos", "algo.step_scorer_max_len", "algo.step_scorer_keep"]
@@ -200,7 +200,8 @@ def relevant(cfg: TrainConfig, eff: dict[str, Any]) -> list[str]:
     keys += ["optim.min_lr_ratio", "optim.schedule_steps"] if decays else []
     keys += ["optim.schedule_unit"] if decays or eff["optim"]["warmup_steps"] else []
     if eff["trainer"]["best_metric"] is not None:  # validation chooses the final weights
-        keys += ["trainer.eval_every", "trainer.val_before_train", "data.val_split", "data.val_limit"]
+        keys += ["trainer.eval_every"]
+        keys += ["trainer.val_before_train", "data.val_split", "data.val_limit"] if kind == "rl" else []
     if kind == "rl":
         keys += RL
         keys += [f"trainer.async.{k}" for k in ASYNC] if eff["trainer"]["async"]["enabled"] else []
