@@ -62,9 +62,10 @@ class AgentConfig:
     min_room: int = 8  # fewer free context tokens than this ends the item (context_overflow)
     topk: int = 3
     max_doc_tokens: int | None = 128  # cap on each inserted document's text (None: whole, as R1-Searcher)
-    # Cap on each query's document list, in tokens of the documents' texts in rank order: the
-    # document that crosses it is cut there, later ones are dropped (None: no cap). RAG-R1 cuts
-    # each query's "Doc i: ..." block at data.max_obs_length (generation_mq.py _process_documents).
+    # Cap on each query's documents (None: no cap): a dialect whose original cuts each query's
+    # rendered block (RAG-R1's train mode, Dialect.observe_cut: the "Doc i: ..." block at
+    # data.max_obs_length, generation_mq.py _process_documents) cuts it so; elsewhere the
+    # documents' texts count, in rank order: the one that crosses it is cut, later ones dropped.
     max_query_doc_tokens: int | None = None
     # Cap on a search's whole observation, in tokens of the text as the dialect writes it (labels,
     # titles, tags included): its first max_obs_tokens tokens, the closing tag cut off with the
@@ -443,15 +444,23 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
         samples = getattr(results, "samples", None) or [None] * len(queries)  # stochastic retrievers' records
         latency = time.perf_counter() - t0
         traj.retrieval_time_s += latency
-        c = self.config
+        c, d = self.config, self.dialect
         capped = [list(docs) for docs in results]
         if c.max_doc_tokens is not None:
             capped = [[cap_doc(self.tokenizer, doc, c.max_doc_tokens) for doc in docs] for docs in capped]
-        if c.max_query_doc_tokens is not None:
+        blocks = c.max_query_doc_tokens is not None and d.observe_cut is not None  # the original cuts blocks
+        if c.max_query_doc_tokens is not None and not blocks:
             capped = [cap_doc_list(self.tokenizer, docs, c.max_query_doc_tokens) for docs in capped]
         for q, docs, sample in zip(queries, capped, samples, strict=True):
             traj.searches.append(SearchRecord.from_docs(turn, q, docs, latency / len(queries), sample))
-        return self.dialect.observation_text(queries, capped)
+        if blocks:
+            return d.observe_cut(d, queries, capped, lambda text: self._first_tokens(text, c.max_query_doc_tokens))
+        return d.observation_text(queries, capped)
+
+    def _first_tokens(self, text: str, n: int) -> str:
+        """``text``'s first ``n`` tokens, decoded without special tokens (RAG-R1's _process_documents)."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return text if len(ids) <= n else self.tokenizer.decode(ids[:n], skip_special_tokens=True)
 
 
 def _last(open_tag: str, close_tag: str, text: str) -> str | None:

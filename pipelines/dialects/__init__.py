@@ -189,6 +189,7 @@ def _register_exact() -> None:
                 question_mark=False,
                 cut=None,
                 drop_eos=True,  # eval_multiquery.py decodes each turn (skip_special_tokens) and re-encodes
+                observe_cut=None,  # eval_multiquery.py prints each document whole
                 final_turn=False,
                 corrective=None,
                 answer_rule="the last <answer>...</answer> of prompt + response, unstripped (the prompt's "
@@ -198,6 +199,7 @@ def _register_exact() -> None:
             "train": dict(
                 parse=P.rag_r1_parse,
                 observe=P.rag_r1_observe,
+                observe_cut=P.rag_r1_observe_cut,
                 extract=P.last_answer,
                 validate=P.search_r1_valid_sequence,
                 prompt_answers_count=False,

@@ -117,6 +117,10 @@ class Dialect:
     cut: Callable[[str], int | None] | None = None
     rewrite: Callable[[str, Action], str | None] | None = None
     drop_eos: bool = False
+    # The observation with each query's document block cut by the agent's max_query_doc_tokens as
+    # the original cuts it (``fn(d, queries, results, cut)``, ``cut`` a text → its first tokens);
+    # None: the agent caps the documents' texts before ``observe`` (RAG-R1 train mode cuts blocks).
+    observe_cut: Callable[..., str] | None = None
     on_eos: Literal["end", "parse"] = "end"
     on_length: Literal["end", "parse"] = "end"
     final_turn: bool = False

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 
 from harness.types import Doc
 from pipelines.dialects.base import Action, Dialect, TurnEnd, closing_brace, doc_contents, title_and_text
@@ -140,8 +141,18 @@ def rag_r1_observe(d: Dialect, queries: tuple[str, ...], results: list[list[Doc]
     """``generation_mq.execute_predictions``: ``{"query": [...], "documents": [...]}`` as
     ``json.dumps(..., indent=2)`` (ASCII-escaped) inside ``\\n<information>\\n ... \\n</information>\\n``;
     each query's documents are ``Doc i: contents`` lines, stripped."""
+    return rag_r1_observe_cut(d, queries, results, lambda block: block)
+
+
+def rag_r1_observe_cut(
+    d: Dialect, queries: tuple[str, ...], results: list[list[Doc]], cut: Callable[[str], str]
+) -> str:
+    """:func:`rag_r1_observe` with each query's block passed through ``cut`` (the agent's
+    ``max_query_doc_tokens``): ``_passages2string`` hands the stripped ``Doc i: contents`` block,
+    labels and titles included, to ``_process_documents``, which keeps its first max_obs_length
+    token ids and decodes them (generation_mq.py:488-520)."""
     documents = [
-        "".join(f"Doc {i}: {doc_contents(doc)}\n" for i, doc in enumerate(docs, 1)).strip() for docs in results
+        cut("".join(f"Doc {i}: {doc_contents(doc)}\n" for i, doc in enumerate(docs, 1)).strip()) for docs in results
     ]
     payload = json.dumps({"query": list(queries), "documents": documents}, indent=2)
     return f"\n<information>\n{payload.strip()}\n</information>\n"

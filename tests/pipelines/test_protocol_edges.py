@@ -334,3 +334,27 @@ def test_search_r1_cuts_the_whole_observation_at_max_obs_tokens(toy_retriever):
     # a corrective message is not a search's observation: it is never cut
     corr, _ = run("search_r1", ["no block here", "<answer>Lunne</answer>"], toy_retriever, max_obs_tokens=3)
     assert texts(corr, "observation") == [get_dialect("search_r1").corrective]
+
+
+def test_rag_r1_train_cuts_each_querys_whole_doc_block_at_max_query_doc_tokens():
+    """generation_mq.py _passages2string -> _process_documents: each query's stripped
+    'Doc i: <contents>' block, labels and titles counted, cut to its first max_obs_length token ids
+    and decoded. Byte tokens: the block 'Doc 1: T\\nxxxxxxxxxx\\nDoc 2: U\\nyy' cut at 12 is
+    'Doc 1: T\\nxxx' (the documents' texts alone, 10 + 2 tokens, would have fit whole)."""
+    import json
+
+    from harness.retrieval.memory import InMemoryRetriever
+    from harness.types import Doc
+
+    retriever = InMemoryRetriever([Doc("a", "T", "x" * 10), Doc("b", "U", "yy")])
+    d = resolve_dialect("rag_r1", mode="train")
+    turns = ["<search>T</search>", "<answer>Lunne</answer>"]
+    traj, _ = run(d, turns, retriever, max_doc_tokens=None, max_query_doc_tokens=12, topk=2)
+    (obs,) = texts(traj, "observation")
+    payload = json.loads(obs.removeprefix("\n<information>\n").removesuffix("\n</information>\n"))
+    assert payload == {"query": ["T"], "documents": ["Doc 1: T\nxxx"]}
+    # RAG-R1's evaluation prints the documents whole: there the cap is on the documents' texts
+    whole, _ = run(
+        resolve_dialect("rag_r1", mode="eval"), turns, retriever, max_doc_tokens=None, max_query_doc_tokens=12, topk=2
+    )
+    assert "Doc 1: T\\nxxxxxxxxxx\\nDoc 2: U\\nyy" in texts(whole, "observation")[0]
