@@ -347,6 +347,13 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
                 # The observation does not fit: stop here rather than feed a truncated context.
                 traj.finish_reason = "context_overflow"
                 return
+            pre = d.trained_obs_prefix if action.kind == "search" and obs.startswith(d.trained_obs_prefix) else ""
+            if pre:  # the original trains the observation's first characters (Dialect.trained_obs_prefix)
+                pre_ids, obs = self.tokenizer.encode(pre, add_special_tokens=False), obs[len(pre) :]
+                traj.segments.append(Segment("model", pre_ids, pre))
+                obs_ids = self.tokenizer.encode(obs, add_special_tokens=False)
+                context.extend(pre_ids)
+                used += len(pre_ids)
             traj.segments.append(Segment("observation", obs_ids, obs))
             context.extend(obs_ids)
             traj.observation_tokens += len(obs_ids)

@@ -244,6 +244,7 @@ def _register_exact() -> None:
         modes={
             # evaluation/eval_search_loacl.py
             "eval": dict(
+                trained_obs_prefix="",  # evaluation trains nothing
                 parse=P.r1_searcher_parse,
                 search_stops=("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>"),
                 final_stops=("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>"),
@@ -260,6 +261,8 @@ def _register_exact() -> None:
             ),
             # OpenRLHF-RAG experience_maker.py + prompts_dataset.py (--apply_chat_template)
             "train": dict(
+                # experience_maker.py:1264-1293 masks from '<|begin_of_documents|>\n' on
+                trained_obs_prefix="\n\n",
                 parse=P.r1_searcher_train_parse,
                 search_stops=("<|end_of_query|>",),
                 final_stops=("<|end_of_query|>",),

@@ -121,6 +121,10 @@ class Dialect:
     # the original cuts it (``fn(d, queries, results, cut)``, ``cut`` a text → its first tokens);
     # None: the agent caps the documents' texts before ``observe`` (RAG-R1 train mode cuts blocks).
     observe_cut: Callable[..., str] | None = None
+    # The start of a search's observation the original trains, its mask starting after it
+    # (R1-Searcher's experience_maker.py masks from '<|begin_of_documents|>': the '\n\n' it inserts
+    # after '<|end_of_query|>' is trained); kept as a model segment without log-probs.
+    trained_obs_prefix: str = ""
     on_eos: Literal["end", "parse"] = "end"
     on_length: Literal["end", "parse"] = "end"
     final_turn: bool = False

@@ -358,3 +358,22 @@ def test_rag_r1_train_cuts_each_querys_whole_doc_block_at_max_query_doc_tokens()
         resolve_dialect("rag_r1", mode="eval"), turns, retriever, max_doc_tokens=None, max_query_doc_tokens=12, topk=2
     )
     assert "Doc 1: T\\nxxxxxxxxxx\\nDoc 2: U\\nyy" in texts(whole, "observation")[0]
+
+
+def test_r1_searcher_train_trains_the_newlines_it_inserts_after_a_query(toy_retriever):
+    """experience_maker.py:1264-1293: the loss mask runs from '<|begin_of_documents|>\\n' to
+    'end_of_documents|>\\n\\n', so the '\\n\\n' inserted after '<|end_of_query|>' is trained as if the
+    model wrote it (a model segment without log-probs); evaluation trains nothing."""
+    turns = ["Look.<|begin_of_query|>Eddavik river<|end_of_query|>", "So.</think>\n\n<answer>Lunne</answer>"]
+    traj, _ = run(resolve_dialect("r1_searcher", mode="train"), turns, toy_retriever)
+    roles = [(s.role, s.text[:24]) for s in traj.segments[1:]]
+    assert roles[:3] == [
+        ("model", "Look.<|begin_of_query|>E"),
+        ("model", "\n\n"),
+        ("observation", "<|begin_of_documents|>\n("),
+    ]
+    assert traj.segments[2].logprobs is None and sum(traj.segments[2].loss_mask) == 2  # byte tokens
+    assert traj.response_text.count("<|end_of_query|>\n\n<|begin_of_documents|>") == 1
+    ev, _ = run(resolve_dialect("r1_searcher", mode="eval"), turns, toy_retriever)
+    assert [s.role for s in ev.segments[1:3]] == ["model", "observation"]
+    assert ev.segments[2].text.startswith("\n\n<|begin_of_documents|>")
