@@ -48,9 +48,9 @@ def acc(pred: str, golds: str | Sequence[str]) -> float:
     return float(any(normalize_answer(g) in p for g in _golds(golds)))
 
 
-def _token_prf(pred: str, gold: str) -> tuple[float, float, float]:
+def _token_prf(pred: str, gold: str, yes_no: bool = True) -> tuple[float, float, float]:
     p, g = normalize_answer(pred), normalize_answer(gold)
-    if (p in _SPECIAL or g in _SPECIAL) and p != g:
+    if yes_no and (p in _SPECIAL or g in _SPECIAL) and p != g:  # HotpotQA's rule, not SQuAD's
         return 0.0, 0.0, 0.0
     pt, gt = p.split(), g.split()
     common = Counter(pt) & Counter(gt)
@@ -63,6 +63,12 @@ def _token_prf(pred: str, gold: str) -> tuple[float, float, float]:
 
 def f1_score(pred: str, golds: str | Sequence[str]) -> float:
     return max((_token_prf(pred, g)[0] for g in _golds(golds)), default=0.0)
+
+
+def f1_squad(pred: str, golds: str | Sequence[str]) -> float:
+    """SQuAD v1.1's F1 (``evaluate.load("squad")``, HARR's reward.py ``f1_reward``): token F1, max
+    over golds, without HotpotQA's yes/no/noanswer rule (``f1`` has it)."""
+    return max((_token_prf(pred, g, yes_no=False)[0] for g in _golds(golds)), default=0.0)
 
 
 def precision(pred: str, golds: str | Sequence[str]) -> float:
@@ -189,6 +195,7 @@ METRICS: Registry[Metric] = Registry("metric")
 for _name, _fn in (
     ("em", exact_match),
     ("f1", f1_score),
+    ("f1_squad", f1_squad),
     ("acc", acc),
     ("cover_em", cover_em),
     ("precision", precision),

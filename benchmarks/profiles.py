@@ -70,7 +70,7 @@ for _p in (
     MetricProfile("rag_r1", ("em",), "inclusionAI/AWorld-RL RAG-R1: EM (the metric its paper reports)"),
     MetricProfile(
         "harr",
-        ("em", "f1"),
+        ("em", "f1_squad"),
         "zyc140345/HARR scripts/evaluate_rag.py (compute_metric: SQuAD EM and F1 from evaluate.load('squad'))",
     ),
     MetricProfile(

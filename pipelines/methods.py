@@ -19,7 +19,7 @@ __all__ = ["AGENT_METHODS", "METHODS", "Method", "build_method", "method_kind", 
 
 METHODS: Registry = Registry("method")
 
-AGENT_METHODS = ("research", "search_r1", "r1_searcher", "rag_r1", "prorag")
+AGENT_METHODS = ("research", "search_r1", "r1_searcher", "rag_r1", "prorag", "harr")
 
 
 def _agent_builder(dialect: str):

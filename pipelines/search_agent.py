@@ -62,10 +62,16 @@ class AgentConfig:
     min_room: int = 8  # fewer free context tokens than this ends the item (context_overflow)
     topk: int = 3
     max_doc_tokens: int | None = 128  # cap on each inserted document's text (None: whole, as R1-Searcher)
-    # Cap on each query's document list, in tokens of the documents' texts in rank order: the
-    # document that crosses it is cut there, later ones are dropped (None: no cap). RAG-R1 cuts
-    # each query's "Doc i: ..." block at data.max_obs_length (generation_mq.py _process_documents).
+    # Cap on each query's documents (None: no cap): a dialect whose original cuts each query's
+    # rendered block (RAG-R1's train mode, Dialect.observe_cut: the "Doc i: ..." block at
+    # data.max_obs_length, generation_mq.py _process_documents) cuts it so; elsewhere the
+    # documents' texts count, in rank order: the one that crosses it is cut, later ones dropped.
     max_query_doc_tokens: int | None = None
+    # Cap on a search's whole observation, in tokens of the text as the dialect writes it (labels,
+    # titles, tags included): its first max_obs_tokens tokens, the closing tag cut off with the
+    # rest when it is long (None: no cap). Search-R1's generation.py _process_next_obs cuts each
+    # observation's token ids at data.max_obs_length so.
+    max_obs_tokens: int | None = None
     chat: bool = True  # use the tokenizer's chat template when it has one
     few_shot: bool = False  # put the dialect's one-shot demonstration in the prompt
     response_prefix: str = ""  # text the response starts with (e.g. "<think>"), fed as prompt (mask 0)
@@ -82,7 +88,7 @@ class AgentConfig:
     def __post_init__(self) -> None:
         require_at_least(self, 0, "max_turns", "temperature")
         require_at_least(self, 1, "max_new_tokens", "max_total_tokens", "min_room", "topk", "max_doc_tokens")
-        require_at_least(self, 1, "max_query_doc_tokens")
+        require_at_least(self, 1, "max_query_doc_tokens", "max_obs_tokens")
         require_at_least(self, 1, "max_concurrency", "max_context")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -288,6 +294,9 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
                 raise BackendError(f"backend aborted the request: {comp.meta.get('message', '')}".strip())
             ids, text, logprobs = self._cut(list(comp.token_ids), comp.text, comp.logprobs)
             cut = len(ids) < len(comp.token_ids)  # the dialect cut the turn: it ends as a stop does
+            if d.drop_eos and comp.stopped_on_eos and not cut and ids and ids[-1] in self._eos_ids(comp):
+                # the original re-encodes the decoded turn: no EOS token (Dialect.drop_eos)
+                ids, logprobs = ids[:-1], None if logprobs is None else logprobs[:-1]
             eos, length = comp.stopped_on_eos and not cut, comp.finish_reason == "length" and not cut
             before = "".join(s.text for s in traj.segments)  # prompt + response so far (RAG-R1's eval reads it)
             action = d.parse_action(text, eos=eos, length=length, context=before)
@@ -330,10 +339,21 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
                     return
             search_turns += 1
             obs_ids = self.tokenizer.encode(obs, add_special_tokens=False)
+            if action.kind == "search" and c.max_obs_tokens is not None and len(obs_ids) > c.max_obs_tokens:
+                # the original keeps the observation's first ids (Search-R1: next_obs_ids[:, :max_obs_length])
+                obs_ids = obs_ids[: c.max_obs_tokens]
+                obs = self.tokenizer.decode(obs_ids, skip_special_tokens=True)
             if len(context) + len(obs_ids) > self.max_context - c.min_room:
                 # The observation does not fit: stop here rather than feed a truncated context.
                 traj.finish_reason = "context_overflow"
                 return
+            pre = d.trained_obs_prefix if action.kind == "search" and obs.startswith(d.trained_obs_prefix) else ""
+            if pre:  # the original trains the observation's first characters (Dialect.trained_obs_prefix)
+                pre_ids, obs = self.tokenizer.encode(pre, add_special_tokens=False), obs[len(pre) :]
+                traj.segments.append(Segment("model", pre_ids, pre))
+                obs_ids = self.tokenizer.encode(obs, add_special_tokens=False)
+                context.extend(pre_ids)
+                used += len(pre_ids)
             traj.segments.append(Segment("observation", obs_ids, obs))
             context.extend(obs_ids)
             traj.observation_tokens += len(obs_ids)
@@ -345,6 +365,11 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
         traj.finish_reason = reason
         if label:
             traj.metadata["original_finish"] = label
+
+    def _eos_ids(self, comp: Completion) -> set[int]:
+        """The ids a turn that stopped on EOS may end with: the matched stop id, the tokenizer's EOS."""
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return {i for i in (comp.matched_stop, eos) if isinstance(i, int)}
 
     def _cut(
         self, ids: list[int], text: str, logprobs: list[float] | None
@@ -426,15 +451,23 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
         samples = getattr(results, "samples", None) or [None] * len(queries)  # stochastic retrievers' records
         latency = time.perf_counter() - t0
         traj.retrieval_time_s += latency
-        c = self.config
+        c, d = self.config, self.dialect
         capped = [list(docs) for docs in results]
         if c.max_doc_tokens is not None:
             capped = [[cap_doc(self.tokenizer, doc, c.max_doc_tokens) for doc in docs] for docs in capped]
-        if c.max_query_doc_tokens is not None:
+        blocks = c.max_query_doc_tokens is not None and d.observe_cut is not None  # the original cuts blocks
+        if c.max_query_doc_tokens is not None and not blocks:
             capped = [cap_doc_list(self.tokenizer, docs, c.max_query_doc_tokens) for docs in capped]
         for q, docs, sample in zip(queries, capped, samples, strict=True):
             traj.searches.append(SearchRecord.from_docs(turn, q, docs, latency / len(queries), sample))
-        return self.dialect.observation_text(queries, capped)
+        if blocks:
+            return d.observe_cut(d, queries, capped, lambda text: self._first_tokens(text, c.max_query_doc_tokens))
+        return d.observation_text(queries, capped)
+
+    def _first_tokens(self, text: str, n: int) -> str:
+        """``text``'s first ``n`` tokens, decoded without special tokens (RAG-R1's _process_documents)."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return text if len(ids) <= n else self.tokenizer.decode(ids[:n], skip_special_tokens=True)
 
 
 def _last(open_tag: str, close_tag: str, text: str) -> str | None:

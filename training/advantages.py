@@ -184,6 +184,7 @@ def gae(
     gamma: float = 1.0,
     lam: float = 1.0,
     whiten: bool = False,
+    eps: float = 1e-8,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over model tokens only (PPO; Search-R1 uses γ = λ = 1).
 
@@ -207,7 +208,7 @@ def gae(
         next_adv = torch.where(valid, a, next_adv)
     returns = (adv + values) * mask  # [B, T]
     if whiten:
-        adv = whiten_rsqrt(adv, mask, unbiased=True)
+        adv = whiten_rsqrt(adv, mask, unbiased=True, eps=eps)
     return adv, returns
 
 
@@ -233,13 +234,14 @@ def dual_granularity(
     group_ids: torch.Tensor,
     mask: torch.Tensor,
     beta: float = 0.3,
-    eps: float = 1e-6,
+    eps: float = 1e-4,
+    step_eps: float = 1e-8,
 ) -> torch.Tensor:
-    """ProRAG: A_{i,t} = A^out_i + β · A^step_{i,t}.
+    """ProRAG: A_{i,t} = A^out_i + β · A^step_{i,t} (``prorag/rl/trainer.py`` 164-197).
 
-    ``outcome`` [B] is group-normalised as in GRPO; ``step_scores`` [B, T] holds each step's
-    score on that step's generated tokens and is normalised (mean, population std) over all
-    valid tokens of the group.  → [B, T]
+    ``outcome`` [B] is group-normalised as in GRPO, (R − mean_g) / (std_g + ``eps``);
+    ``step_scores`` [B, T] holds each step's score on that step's generated tokens and is
+    normalised over all valid tokens of the group: (s − mean) / sqrt(var_pop + ``step_eps``).  → [B, T]
     """
     a_out = grpo(outcome, group_ids, mask, eps)  # [B, T]
     a_step = torch.zeros(step_scores.shape, dtype=torch.float32, device=step_scores.device)  # [B, T]
@@ -247,8 +249,8 @@ def dual_granularity(
         sel = group_ids == g  # [B] bool
         vals = step_scores[sel][mask[sel].bool()].float()  # [N_valid in group]
         if vals.numel():
-            std = vals.std(unbiased=False) if vals.numel() > 1 else vals.new_zeros(())
-            a_step[sel] = (step_scores[sel].float() - vals.mean()) / (std + eps)
+            std = (vals.var(unbiased=False) + step_eps).sqrt()  # one token: var 0, and s − mean = 0
+            a_step[sel] = (step_scores[sel].float() - vals.mean()) / std
     return (a_out + beta * a_step) * mask
 
 
@@ -274,19 +276,28 @@ class AdvantageInputs:
 AdvantageFn = Callable[[AdvantageInputs, Any], tuple[torch.Tensor, torch.Tensor | None]]
 
 
+def adv_eps(algo: Any, name: str) -> float:
+    """``algo.adv_eps``, or (null) estimator ``name``'s own ε, registered with it (``ADVANTAGES`` info ``eps``)."""
+    return algo.adv_eps if algo.adv_eps is not None else ADVANTAGES.info(name)["eps"]
+
+
 def _grpo(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
     scores = x.rewards.float()  # [B]
     if x.kl_reward is not None:  # verl normalises token_level_rewards.sum(-1): R − β·Σ_t KL_t
         scores = scores + x.kl_reward.sum(-1)
-    return grpo(scores, x.group_ids, x.mask, norm_by_std=algo.norm_by_std), None
+    return grpo(scores, x.group_ids, x.mask, adv_eps(algo, "grpo"), norm_by_std=algo.norm_by_std), None
 
 
 def _group_norm(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
-    return group_norm(x.rewards, x.group_ids, x.mask, algo.gamma, token_penalty=x.kl_reward), None
+    return group_norm(
+        x.rewards, x.group_ids, x.mask, algo.gamma, adv_eps(algo, "group_norm"), token_penalty=x.kl_reward
+    ), None
 
 
 def _reinforce_pp(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
-    return reinforce_pp(x.rewards, x.group_ids, x.mask, algo.gamma, token_penalty=x.kl_reward), None
+    return reinforce_pp(
+        x.rewards, x.group_ids, x.mask, algo.gamma, adv_eps(algo, "reinforce_pp"), token_penalty=x.kl_reward
+    ), None
 
 
 def _gae(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -295,7 +306,7 @@ def _gae(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, torch.Tensor]:
     token_rewards = outcome_to_tokens(x.rewards, x.mask)  # [B, W] the outcome on the last model token
     if x.kl_reward is not None:  # PPO: r_t − β·KL_t on every token
         token_rewards = token_rewards + x.kl_reward
-    return gae(token_rewards, x.values, x.mask, algo.gamma, algo.lam, whiten=algo.whiten_advantages)
+    return gae(token_rewards, x.values, x.mask, algo.gamma, algo.lam, algo.whiten_advantages, adv_eps(algo, "gae"))
 
 
 def _dual_granularity(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
@@ -303,15 +314,21 @@ def _dual_granularity(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None
         raise ValueError("dual_granularity advantages need step scores (a step scorer)")
     if x.kl_reward is not None:
         raise ValueError("dual_granularity advantages take no KL in the reward")
-    return dual_granularity(x.rewards, x.step_scores, x.group_ids, x.mask, algo.dual_beta), None
+    return dual_granularity(
+        x.rewards, x.step_scores, x.group_ids, x.mask, algo.dual_beta, adv_eps(algo, "dual_granularity"), algo.step_eps
+    ), None
 
 
 # Every estimator is called as ``fn(inputs, algo_config) -> (advantages [B, W], returns [B, W] or None)``.
 # Registry info says what the trainer must provide: a critic (values), step scores; and whether the
 # estimator takes the KL in the reward (``kl_in_reward``; the trainer refuses the flag otherwise).
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage")
-ADVANTAGES.register("grpo", _grpo, kl_in_reward=True)
-ADVANTAGES.register("group_norm", _group_norm, kl_in_reward=True)
-ADVANTAGES.register("reinforce_pp", _reinforce_pp, kl_in_reward=True)
-ADVANTAGES.register("gae", _gae, needs_critic=True, kl_in_reward=True)
-ADVANTAGES.register("dual_granularity", _dual_granularity, needs_step_scores=True)
+# ``eps``: each estimator's own ε (``algo.adv_eps: null``), as its source writes it: verl's GRPO
+# std + 1e-6 (core_algos.py compute_grpo_outcome_advantage); OpenRLHF's group_norm std + 1e-9 and
+# its normalize rsqrt(max(var, 1e-8)) (reinforce_pp); verl's masked_whiten rsqrt(var + 1e-8) (gae);
+# ProRAG's std + 1e-4 (prorag/rl/trainer.py:173).
+ADVANTAGES.register("grpo", _grpo, kl_in_reward=True, eps=1e-6)
+ADVANTAGES.register("group_norm", _group_norm, kl_in_reward=True, eps=1e-9)
+ADVANTAGES.register("reinforce_pp", _reinforce_pp, kl_in_reward=True, eps=1e-8)
+ADVANTAGES.register("gae", _gae, needs_critic=True, kl_in_reward=True, eps=1e-8)
+ADVANTAGES.register("dual_granularity", _dual_granularity, needs_step_scores=True, eps=1e-4)

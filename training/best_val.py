@@ -19,12 +19,16 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from harness import safe_delete
 from harness.fsutil import atomic_dir
 from harness.textfiles import read_jsonl
+from training.weight_sync import barrier
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +40,15 @@ def best_dir(out: Path, step: int) -> Path:
     return Path(out) / f"best-step-{step}"
 
 
+# Validation metrics where lower is better (HF's greater_is_better=False): SFT's held-out loss.
+LOWER_IS_BETTER = frozenset({"loss"})
+
+
 @dataclass
 class BestValidation:
     """The best validation so far of one run: ``metric`` (a key of the validation's metrics, such
-    as ``em``; higher is better), its ``value`` and ``step`` (None before the first)."""
+    as ``em``; higher is better, lower for :data:`LOWER_IS_BETTER`), its ``value`` and ``step``
+    (None before the first)."""
 
     metric: str
     value: float | None = None
@@ -52,7 +61,8 @@ class BestValidation:
             have = sorted(k for k, v in metrics.items() if isinstance(v, int | float))
             raise ValueError(f"trainer.best_metric={self.metric!r} is not a validation metric (it reports {have})")
         value = float(metrics[self.metric])
-        if self.value is not None and value <= self.value:
+        lower = self.metric in LOWER_IS_BETTER
+        if self.value is not None and (value >= self.value if lower else value <= self.value):
             return False
         self.value, self.step = value, step
         return True
@@ -103,4 +113,75 @@ class BestValidation:
         self.prune(out, keep_later=False)
         what = f"val/{self.metric} {self.value:.4f}" if self.value is not None else "its record"
         logger.info("final model: step %d's weights, the best validation (%s) → %s", self.step, what, final)
+        return final
+
+
+def from_rank0(value: int) -> int:
+    """Rank 0's ``value`` on every rank (a broadcast; the value itself without distributed)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return value
+    nccl = torch.distributed.get_backend() == "nccl"  # NCCL broadcasts device tensors only
+    flag = torch.tensor([value], device=torch.cuda.current_device() if nccl else "cpu")
+    torch.distributed.broadcast(flag, src=0)
+    return int(flag.item())
+
+
+@dataclass
+class BestSelection:
+    """``trainer.best_metric`` for one trainer, composed into it (RL, SFT, PRM): each validation
+    that beats the earlier ones is exported by ``export(folder)`` (every rank calls it: an export
+    may be collective) into ``best-step-N/``; :meth:`finish` makes ``final/`` of the best one. Rank 0
+    decides and every rank learns the verdict."""
+
+    best: BestValidation
+    out: Path
+    rank: int = 0
+
+    def keep_if_best(self, val: dict, step: int, export: Callable[[Path], object], log: object = None) -> None:
+        """Export the weights of ``step`` when its validation ``val`` (rank 0's) is the best so far;
+        logs ``val/best_step``."""
+        better = from_rank0(int(self.best.consider(val, step)) if self.rank == 0 else 0)
+        if better:
+            self.best.step = step
+            export(best_dir(self.out, step))
+        if log is not None and self.best.step is not None:
+            log.write(step, {"val/best_step": float(self.best.step)})
+
+    def restore(self, step_no: int) -> None:
+        """On a resume: the best validation up to ``step_no`` from rank 0's metrics log (its records
+        after that step are dropped when the run starts: those steps run again); its
+        ``best-step-N/`` must still be there."""
+        step, missing = -1, 0  # -1: no validation yet
+        if self.rank == 0:
+            self.best = BestValidation.from_log(self.best.metric, self.out / "metrics.jsonl", step_no)
+            if self.best.step is not None:
+                step, missing = self.best.step, int(not best_dir(self.out, self.best.step).is_dir())
+        step, missing = from_rank0(step), from_rank0(missing)  # every rank stops, not rank 0 alone
+        if missing:
+            raise FileNotFoundError(
+                f"resuming with trainer.best_metric={self.best.metric!r}: the best validation so far "
+                f"(step {step}) has no weights in {best_dir(self.out, step)}"
+            )
+        self.best.step = None if step < 0 else step
+
+    @property
+    def step(self) -> int | None:
+        """The best validation's step (None before the first)."""
+        return self.best.step
+
+    @property
+    def chosen(self) -> bool:
+        """Whether a validation chose weights (else the last step's are the final ones)."""
+        return self.best.step is not None
+
+    def prune(self) -> None:
+        """Rank 0 removes the ``best-step-N/`` folders before the best (a checkpoint was written)."""
+        if self.rank == 0:
+            self.best.prune(self.out)
+
+    def finish(self, final: Path) -> Path:
+        """``final/`` made of the best validation's weights (rank 0), all ranks waiting for it."""
+        if self.rank == 0:
+            self.best.to_final(self.out, final)
+        barrier()
         return final

@@ -134,6 +134,7 @@ class RolloutAgentConfig:
     topk: int = 3
     max_doc_tokens: int | None = 128
     max_query_doc_tokens: int | None = None
+    max_obs_tokens: int | None = None
     chat: bool = True
     few_shot: bool = False
     response_prefix: str = ""
@@ -145,7 +146,9 @@ class RolloutAgentConfig:
 
     def __post_init__(self) -> None:
         require_at_least(self, 0, "max_turns")
-        require_at_least(self, 1, "max_total_tokens", "min_room", "topk", "max_doc_tokens", "max_query_doc_tokens")
+        require_at_least(
+            self, 1, "max_total_tokens", "min_room", "topk", "max_doc_tokens", "max_query_doc_tokens", "max_obs_tokens"
+        )
         require_at_least(self, 1, "max_concurrency", "max_context")
 
 
@@ -171,20 +174,29 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class RolloutCorrectionConfig:
-    """``algo.rollout_correction``: the importance ratio ρ = π_old / π_behav of every model token
-    (``level: token``) or of its whole row (``level: sequence``: exp Σ over the row's model tokens),
+    """``algo.rollout_correction``: the importance ratio ρ = π_old / π_behav of every model token,
     from the trainer's pre-update log-probs and the backend's, and what the policy loss does with
-    it (see :mod:`training.losses`). ``none``: nothing (the mismatch is still logged); ``tis``: each
-    token's loss term × min(ρ, ``cap``) (``cap: null``: × ρ); ``mask``: × ρ inside [``lo``, ``hi``],
-    0 outside (``hi: null``: no upper bound). A dropped token still counts in the loss's denominator,
-    as in TRL's ``*_mask`` modes and AReaL. TRL 0.26's ``vllm_importance_sampling_mode`` maps as
-    token_truncate → {tis, token}, sequence_mask → {mask, sequence, hi: cap}, and so on."""
+    it (see :mod:`training.losses`; docs/training.md has the table of which kind each framework
+    uses). ``none``: nothing (the mismatch is still logged); ``tis``: each token's loss term ×
+    min(ρ, ``cap``) (``cap: null``: × ρ); ``mask``: × ρ inside [``lo``, ``hi``], 0 outside (``hi:
+    null``: no upper bound; IcePop and OpenRLHF's ``icepop`` at ``level: token``). ``tis`` and
+    ``mask`` take ρ per token (``level: token``) or per row (``level: sequence``: exp Σ over the
+    row's model tokens). The rejections weigh a kept token 1 and a rejected one 0: ``geo_mask``
+    rejects a row whose geometric mean exp(mean log ρ) is outside [``lo``, ``hi``] (SkyRL's
+    ``sequence_mask_metric: geometric``, recommended [0.99, 1.01]); ``token_mask`` a token outside
+    the band (SkyRL's ``token_mask_is_threshold_*``); ``outlier_mask`` a row with any token outside
+    the band (SkyRL's ``outlier_token_is_threshold_*``). ``masked_in_denominator``: a token
+    weighted 0 still counts in the loss's denominators (TRL, AReaL, SkyRL, OpenRLHF); false: it
+    leaves them, as verl's rejection sampling rewrites ``response_mask``. TRL 0.26's
+    ``vllm_importance_sampling_mode`` maps as token_truncate → {tis, token}, sequence_mask → {mask,
+    sequence, hi: cap}, and so on."""
 
-    kind: Literal["none", "tis", "mask"] = "none"
-    level: Literal["token", "sequence"] = "token"
+    kind: Literal["none", "tis", "mask", "geo_mask", "token_mask", "outlier_mask"] = "none"
+    level: Literal["token", "sequence"] = "token"  # tis and mask; the rejections fix their own
     cap: float | None = 2.0  # tis (verl's rollout_is_threshold default 2.0; TRL's cap is 3.0)
-    lo: float = 0.0  # mask: the band [lo, hi] of kept ratios
+    lo: float = 0.0  # mask and the rejections: the band [lo, hi] of kept ratios
     hi: float | None = 2.0
+    masked_in_denominator: bool = True
 
     def __post_init__(self) -> None:
         if self.cap is not None and not self.cap > 0:
@@ -242,7 +254,20 @@ class AlgoConfig:
     step_scorer_path: str | None = None  # step_scorer prm: a trained PRM folder, scored in process
     step_scorer_url: str | None = None  # step_scorer prm: a `harness serve prm` server instead
     step_scorer_format: bool = False  # step_scorer prm: add ProRAG's step format term (training.prm)
+    # step_scorer prm: what the PRM scores of each prefix + step (training.prm_window.ScoringWindow),
+    # as ProRAG's RL scores it (prorag/rl/trainer.py get_prm_score: the tokenizer's truncation=True,
+    # max_length=4096 keeps the FIRST 4096 tokens, and no EOS is appended, though the PRM was trained
+    # with one, prorag/prm/train.py:32-33).
+    step_scorer_append_eos: bool = False
+    step_scorer_max_len: int | None = 4096
+    step_scorer_keep: Literal["first", "last"] = "first"
     norm_by_std: bool = True
+    # ε of the advantage's normalisation; null: the estimator's own, registered with it
+    # (training.advantages.ADVANTAGES: grpo 1e-6 as verl, group_norm 1e-9 and reinforce_pp 1e-8 as
+    # OpenRLHF, gae 1e-8 as verl's masked_whiten, dual_granularity 1e-4 as ProRAG).
+    adv_eps: float | None = None
+    # dual_granularity: the step scores' σ is sqrt(var + step_eps) (ProRAG, prorag/rl/trainer.py:187)
+    step_eps: float = 1e-8
     # DAPO's dynamic-sampling filter without the refill: groups whose rollouts all got the same
     # reward (no group-relative signal) are left out of the step's update (logged groups/kept_frac).
     filter_groups: bool = False
@@ -266,6 +291,13 @@ class AlgoConfig:
             raise ValueError(f"algo.critic_warmup must be >= 0, got {self.critic_warmup}")
         if self.gae_over == "response" and self.advantage != "gae":
             raise ValueError(f"algo.gae_over=response applies to algo.advantage=gae, not {self.advantage!r}")
+        if self.loss_agg == "dapo" and not self.rollout_correction.masked_in_denominator:
+            # dapo's denominator is the optimizer step's token count, taken before the micro-batches'
+            # old log-probs (and so the rejections) are known.
+            raise ValueError(
+                "algo.rollout_correction.masked_in_denominator=false does not apply to algo.loss_agg=dapo "
+                "(its step-wide token count is fixed before the rejections); use token_mean or seq_mean_token_mean"
+            )
 
 
 @dataclass(frozen=True)
@@ -396,9 +428,16 @@ class SFTConfig:
     sources: list[dict[str, Any]] = field(default_factory=list)
     batch_size: int = 8  # trajectories per optimizer step
     shuffle: bool = True
+    # Trajectories held out for the logged val/loss (every trainer.eval_every steps) and for
+    # trainer.best_metric: loss (ProRAG: train_test_split(test_size=0.01), best by eval_loss).
+    val_fraction: float = 0.0
     # Cross-entropy weight of each tag's tokens (training.sft_weights), others 1; the loss is then
     # Σ w·nll / Σ w, as ProRAG's SFT ({"<answer>": 5, "<subquery>": 3, "</step>": 2, ...}). {}: plain mean.
     tag_weights: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.val_fraction < 1:
+            raise ValueError(f"sft.val_fraction must be in [0, 1), got {self.val_fraction}")
 
 
 @dataclass(frozen=True)
@@ -409,8 +448,11 @@ class PRMConfig:
     loss: Literal["pairwise", "pointwise"] = "pairwise"  # ProRAG: pairwise (TRL RewardTrainer)
     batch_size: int = 32  # pairs (or step records) per optimizer step; ProRAG 4 x 8 accumulation
     val_fraction: float = 0.02  # pairs held out for the logged pair accuracy (ProRAG: 2 %)
-    append_eos: bool = True  # ProRAG scores prefix + step + EOS
-    max_len: int | None = 4096  # keep the last max_len tokens (ProRAG: max_seq_length 4096)
+    append_eos: bool = True  # ProRAG trains on prefix + step + EOS (prorag/prm/train.py:32-33)
+    max_len: int | None = 4096  # ProRAG: --max_seq_length 4096 (scripts/prm.sh)
+    # An item longer than max_len: "drop" it, as TRL's RewardTrainer filters its dataset by
+    # max_length (ProRAG's TRL 0.26), or "left": keep its last max_len tokens (the head reads the end).
+    too_long: Literal["drop", "left"] = "drop"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -470,19 +512,35 @@ class TrainConfig:
         if self.algo.kind == "rl":
             check_rl_recipe(self)
         if self.trainer.best_metric is not None:
-            if self.algo.kind != "rl":
-                raise ValueError(f"trainer.best_metric applies to algo.kind=rl, not {self.algo.kind}")
-            if not (self.trainer.eval_every and self.data.val_split):
-                raise ValueError(
-                    f"trainer.best_metric={self.trainer.best_metric!r} chooses among validations: it needs "
-                    "data.val_split and trainer.eval_every > 0"
-                )
+            check_best_metric(self)
 
     @property
     def rollout_seed(self) -> int:
         """The seed RL rollouts derive theirs from: ``rollout.sampling.seed``, else ``trainer.seed``."""
         s = self.rollout.sampling.seed
         return self.trainer.seed if s is None else s
+
+
+# trainer.best_metric per trainer: the validation metric it can choose by, and what it needs.
+BEST_METRICS = {"sft": "loss", "prm": "pair_acc"}
+
+
+def check_best_metric(cfg: TrainConfig) -> None:
+    """``trainer.best_metric`` chooses among validations: RL's through the eval path (any metric it
+    reports; data.val_split), SFT's held-out loss (sft.val_fraction), the PRM's held-out pair
+    accuracy (prm.val_fraction); every one needs trainer.eval_every > 0."""
+    t, kind, metric = cfg.trainer, cfg.algo.kind, cfg.trainer.best_metric
+    if kind == "retriever":
+        raise ValueError("trainer.best_metric applies to algo.kind rl, sft or prm, not retriever")
+    if kind in BEST_METRICS and metric != BEST_METRICS[kind]:
+        raise ValueError(f"trainer.best_metric for algo.kind={kind} is {BEST_METRICS[kind]!r}, not {metric!r}")
+    held_out = {"rl": ("data.val_split", cfg.data.val_split), "sft": ("sft.val_fraction", cfg.sft.val_fraction),
+                "prm": ("prm.val_fraction", cfg.prm.val_fraction)}[kind]  # fmt: skip
+    if not (t.eval_every and held_out[1]):
+        raise ValueError(
+            f"trainer.best_metric={metric!r} chooses among validations: it needs {held_out[0]} "
+            "and trainer.eval_every > 0"
+        )
 
 
 # ---- the RL recipe's checks across sections ------------------------------------------------------

@@ -41,3 +41,12 @@ class EpochSampler:
     def load(self, s: dict[str, int]) -> None:
         self.epoch, self.pos = s["epoch"], s["pos"]
         self.order = self._order()
+
+
+def split_held_out(items: list, fraction: float, seed: int) -> tuple[list, list]:
+    """(train, held-out): a seeded ``fraction`` held out, at least one item when there are two."""
+    idx = list(range(len(items)))
+    random.Random(seed).shuffle(idx)
+    n_val = min(len(items) - 1, max(1, round(fraction * len(items)))) if fraction > 0 and len(items) > 1 else 0
+    val = set(idx[:n_val])
+    return [x for i, x in enumerate(items) if i not in val], [x for i, x in enumerate(items) if i in val]

@@ -27,9 +27,13 @@ policy before the update (the OLD log-probs, recomputed) disagree a little even 
 weights (other kernels, dtypes; in an asynchronous run, older weights). Each model token gets the
 importance ratio ρ = exp(old − behaviour), or each row one ratio exp Σ(old − behaviour) at
 ``level: sequence``, and the policy loss's term is multiplied by a weight made from it:
-``none`` 1, ``tis`` min(ρ, cap), ``mask`` ρ inside [lo, hi] and 0 outside. As in verl's
-``rollout_corr_helper.py`` and TRL's ``vllm_importance_sampling_correction``; AReaL's decoupled
-PPO is the token-level ``mask`` with its cap. :func:`mismatch_stats` measures the gap.
+``none`` 1, ``tis`` min(ρ, cap), ``mask`` ρ inside [lo, hi] and 0 outside; the rejections weigh
+1 or 0: ``geo_mask`` by the row's geometric mean ratio, ``token_mask`` by each token's,
+``outlier_mask`` by the row's worst token. As in verl's ``rollout_corr_helper.py``, TRL's
+``vllm_importance_sampling_correction``, SkyRL's ``off_policy_correction_utils.py`` and OpenRLHF's
+``PolicyLoss``; AReaL's decoupled PPO is the token-level ``mask`` with its cap. A token weighted 0
+counts in the denominators unless ``masked_in_denominator`` is false (verl's rejection sampling).
+:func:`mismatch_stats` measures the gap.
 
 :class:`RLLoss` composes them into the trainer's one configured objective; every term of it (policy,
 KL, entropy) is aggregated the same way, as verl's actor does.
@@ -112,7 +116,8 @@ def policy_loss(
 
     ``is_weight`` [B, T] (from :func:`rollout_weights`): each token's clipped term is multiplied
     by it, a constant (no gradient); a token with weight 0 gives 0 yet still counts in the
-    aggregation's denominators (the valid-token ``mask``), as in TRL's ``*_mask`` modes and in
+    aggregation's denominators (the valid-token ``mask``; :class:`RLLoss` takes it out of ``mask``
+    when ``masked_in_denominator`` is false), as in TRL's ``*_mask`` modes and in
     AReaL's ``ppo_actor_loss_fn`` (inclusionAI/AReaL ``areal/utils/functional.py``, whose
     denominator is ``loss_mask.count_nonzero()``, not the kept-token count).
 
@@ -141,64 +146,119 @@ def policy_loss(
 
 
 # ---- rollout corrections -----------------------------------------------------------------------
-# Every correction is ``fn(ratio [B, T] or [B, 1], rc) -> (weight, corrected)``, both shaped as
-# ``ratio`` (corrected: bool, the ratios capped or masked), ``rc`` the ``algo.rollout_correction``
-# config (``cap``, ``lo``, ``hi``).
-CorrectionFn = Callable[[torch.Tensor, Any], "tuple[torch.Tensor, torch.Tensor]"]
+# Every correction is ``fn(log_ratio [B, T], mask [B, T] bool, rc) -> (weight, corrected)``:
+# ``log_ratio`` = old − behaviour on valid tokens (0 elsewhere), ``rc`` the
+# ``algo.rollout_correction`` config (``level``, ``cap``, ``lo``, ``hi``); the weight and which
+# units were corrected (bool: capped or masked) are per token [B, T] or per row [B, 1].
+CorrectionFn = Callable[[torch.Tensor, torch.Tensor, Any], "tuple[torch.Tensor, torch.Tensor]"]
 ROLLOUT_CORRECTIONS: Registry[CorrectionFn] = Registry("rollout correction")
 # verl's SAFETY_BOUND: log-ratios are clamped to ±20 before exp, so a sequence's summed ratio stays
 # finite (e^20 ≈ 4.9e8, past any cap); inside the bound the ratio is exact.
 LOG_RATIO_BOUND = 20.0
 
 
+def _exp(log_ratio: torch.Tensor) -> torch.Tensor:
+    """exp within verl's safety bound (SkyRL's ``safe_exp_delta(clip=20)``)."""
+    return torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+
+
+def level_ratio(log_ratio: torch.Tensor, level: str) -> torch.Tensor:
+    """ρ per token [B, T], or per row [B, 1] at ``level: sequence``: exp Σ over the row
+    (``log_ratio`` is 0 off the mask; TRL: ``per_token_logps_diff.sum(-1)``)."""
+    if level == "sequence":
+        return _exp(log_ratio.sum(1, keepdim=True))  # [B, 1]
+    if level != "token":
+        raise ValueError(f"rollout correction level must be token or sequence, got {level!r}")
+    return _exp(log_ratio)  # [B, T]
+
+
+def _outside(ratio: torch.Tensor, rc: Any) -> torch.Tensor:
+    """Which ratios fall outside the band [``lo``, ``hi``] (``hi`` None: no upper bound)."""
+    out = ratio < rc.lo
+    return out | (ratio > rc.hi) if rc.hi is not None else out
+
+
 @ROLLOUT_CORRECTIONS.register("none")
-def no_correction(ratio: torch.Tensor, rc: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def no_correction(log_ratio: torch.Tensor, mask: torch.Tensor, rc: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Weight 1: the loss ignores the mismatch (which is still measured and logged)."""
-    return torch.ones_like(ratio), torch.zeros_like(ratio, dtype=torch.bool)
+    return torch.ones_like(log_ratio), torch.zeros_like(mask)
 
 
 @ROLLOUT_CORRECTIONS.register("tis")
-def truncated_is(ratio: torch.Tensor, rc: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Truncated importance sampling: min(ρ, ``cap``) (TRL's ``*_truncate``, verl's ``rollout_is``);
-    ``cap`` None: ρ itself (AReaL's decoupled loss without ``behav_imp_weight_cap``)."""
+def truncated_is(log_ratio: torch.Tensor, mask: torch.Tensor, rc: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Truncated importance sampling: min(ρ, ``cap``) at ``rc.level`` (TRL's ``*_truncate``, verl's
+    ``rollout_is``, SkyRL's ``tis_ratio_type``); ``cap`` None: ρ itself (AReaL's decoupled loss
+    without ``behav_imp_weight_cap``)."""
+    ratio = level_ratio(log_ratio, rc.level)  # [B, T] or [B, 1]
     if rc.cap is None:
         return ratio, torch.zeros_like(ratio, dtype=torch.bool)
     return ratio.clamp(max=rc.cap), ratio > rc.cap
 
 
 @ROLLOUT_CORRECTIONS.register("mask")
-def masked_is(ratio: torch.Tensor, rc: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masked importance sampling: ρ inside [``lo``, ``hi``], 0 outside (TRL's ``*_mask``:
-    ``masked_fill(ρ > cap, 0)``; AReaL keeps ``behav_imp_weight <= cap``)."""
-    out = ratio < rc.lo
-    if rc.hi is not None:
-        out = out | (ratio > rc.hi)
+def masked_is(log_ratio: torch.Tensor, mask: torch.Tensor, rc: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked importance sampling: ρ inside [``lo``, ``hi``], 0 outside, at ``rc.level`` (TRL's
+    ``*_mask``: ``masked_fill(ρ > cap, 0)``; AReaL keeps ``behav_imp_weight <= cap``; at token level
+    IcePop's M(ρ; α, β), OpenRLHF's ``icepop``: ``vllm_is * ((vllm_is >= low) & (vllm_is <= high))``)."""
+    ratio = level_ratio(log_ratio, rc.level)  # [B, T] or [B, 1]
+    out = _outside(ratio, rc)
     return torch.where(out, torch.zeros_like(ratio), ratio), out
+
+
+@ROLLOUT_CORRECTIONS.register("geo_mask")
+def geometric_mask(log_ratio: torch.Tensor, mask: torch.Tensor, rc: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reject a row whose geometric mean ratio exp(Σ log ρ / n), n its valid tokens, is outside
+    [``lo``, ``hi``]; keep the others with weight 1 (SkyRL's ``compute_sequence_mask`` geometric,
+    recommended band [0.99, 1.01]; verl's ``seq_mean_k1`` bounds the same mean of −log ρ).  [B, T] → [B, 1]"""
+    n = mask.sum(1, keepdim=True).clamp(min=1)  # [B, 1]
+    geo = _exp(log_ratio.sum(1, keepdim=True) / n)  # [B, 1]
+    out = _outside(geo, rc)
+    return (~out).to(log_ratio.dtype), out
+
+
+@ROLLOUT_CORRECTIONS.register("token_mask")
+def token_mask(log_ratio: torch.Tensor, mask: torch.Tensor, rc: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reject each token whose ρ is outside [``lo``, ``hi``], weight 1 for the rest (SkyRL's
+    ``compute_token_mask``, its IcePop; verl's ``token_k1`` rejection).  [B, T] → [B, T]"""
+    out = _outside(_exp(log_ratio), rc) & mask
+    return (~out).to(log_ratio.dtype), out
+
+
+@ROLLOUT_CORRECTIONS.register("outlier_mask")
+def outlier_mask(log_ratio: torch.Tensor, mask: torch.Tensor, rc: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reject a row in which any valid token's ρ is outside [``lo``, ``hi``], weight 1 for the rest
+    (SkyRL's ``compute_outlier_token_mask``, suggested band [1e-4, 100]).  [B, T] → [B, 1]"""
+    out = (_outside(_exp(log_ratio), rc) & mask).any(1, keepdim=True)  # [B, 1]
+    return (~out).to(log_ratio.dtype), out
+
+
+def _log_ratio(old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """old − behaviour on valid tokens, 0 elsewhere.  [B, T] ×3 → [B, T]"""
+    return torch.where(mask.bool(), old_logp - behav_logp, torch.zeros_like(old_logp))
 
 
 @torch.no_grad()
 def correction_ratio(old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
     """ρ = π_old / π_behav per valid token (1 elsewhere), or per row at ``level: sequence``:
-    exp Σ over the row's valid tokens (TRL: ``per_token_logps_diff.sum(-1)``).
-    [B, T] ×3 → [B, T] (token) or [B, 1] (sequence)"""
-    log_ratio = torch.where(mask.bool(), old_logp - behav_logp, torch.zeros_like(old_logp))  # [B, T]
-    if level == "sequence":
-        log_ratio = log_ratio.sum(1, keepdim=True)  # [B, 1]
-    elif level != "token":
-        raise ValueError(f"rollout correction level must be token or sequence, got {level!r}")
-    return torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+    exp Σ over the row's valid tokens.  [B, T] ×3 → [B, T] (token) or [B, 1] (sequence)"""
+    return level_ratio(_log_ratio(old_logp, behav_logp, mask), level)
+
+
+@torch.no_grad()
+def _correct(old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, rc: Any):
+    """The registered correction ``rc.kind``: its weight and corrected units, [B, T] or [B, 1]."""
+    return ROLLOUT_CORRECTIONS.get(rc.kind)(_log_ratio(old_logp, behav_logp, mask), mask.bool(), rc)
 
 
 @torch.no_grad()
 def rollout_weights(
     old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, rc: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The correction ``rc.kind`` at ``rc.level`` as per-token weights for :func:`policy_loss`: the
-    weight [B, T] (0 off the mask; a row's ratio spread over its tokens at sequence level) and
-    which valid tokens were corrected [B, T] bool. No gradient: both log-probs are data."""
+    """The correction ``rc.kind`` as per-token weights for :func:`policy_loss`: the weight [B, T]
+    (0 off the mask; a row's weight spread over its tokens) and which valid tokens were corrected
+    [B, T] bool. No gradient: both log-probs are data."""
     m = mask.bool()  # [B, T]
-    ratio = correction_ratio(old_logp, behav_logp, mask, rc.level)  # [B, T] or [B, 1]
-    w, corrected = ROLLOUT_CORRECTIONS.get(rc.kind)(ratio, rc)
+    w, corrected = _correct(old_logp, behav_logp, mask, rc)  # [B, T] or [B, 1]
     w = torch.where(m, w.expand_as(old_logp), torch.zeros_like(old_logp))  # [B, T]
     return w, corrected.expand_as(m) & m
 
@@ -212,7 +272,8 @@ def mismatch_stats(old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch
       (the registered ``k3``: verl's low_var_kl, clamped at 10 a token), in float64;
     - ``mismatch/ratio_p5``, ``_p50``, ``_p95``: quantiles of ρ at ``rc.level`` (over valid tokens,
       or over the rows that have any), linearly interpolated;
-    - ``mismatch/corrected_frac``: the share of those tokens or rows capped (tis) or masked (mask);
+    - ``mismatch/corrected_frac``: the share of the kind's units (tokens, or rows that have valid
+      tokens: ``level: sequence``, ``geo_mask``, ``outlier_mask``) capped or masked;
     - ``mismatch/weight_mean``: the mean weight of the valid tokens left in the loss (weight > 0).
 
     [B, T] ×3 → scalars; empty when no token is valid."""
@@ -223,10 +284,12 @@ def mismatch_stats(old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch
     # float64: for the tiny gaps of a synced engine, e^d − d − 1 cancels to noise (even < 0) in float32
     kl = kl_penalty(behav_logp.double(), old_logp.double(), "k3")[m]  # [N]
     ratio = correction_ratio(old_logp, behav_logp, mask, rc.level)  # [B, T] or [B, 1]
-    units = m if rc.level == "token" else m.any(1, keepdim=True)  # [B, T] or [B, 1]
-    _, corrected = ROLLOUT_CORRECTIONS.get(rc.kind)(ratio, rc)
+    _, corrected = _correct(old_logp, behav_logp, mask, rc)  # [B, T] or [B, 1]: the kind's own units
     w, _ = rollout_weights(old_logp, behav_logp, mask, rc)  # [B, T]
-    q = torch.quantile(ratio[units].double(), torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64, device=d.device))
+    rows = m.any(1, keepdim=True)  # [B, 1]
+    q_units = m if rc.level == "token" else rows
+    q = torch.quantile(ratio[q_units].double(), torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64, device=d.device))
+    units = m if corrected.shape[1] == m.shape[1] else rows
     kept = m & (w > 0)  # [B, T]
     return {
         "mismatch/abs_log_ratio": float(d.abs().mean()),
@@ -409,6 +472,9 @@ class RLLoss:
         if not self.corrects and behav_logp is not None:
             raise ValueError("behav_logp given with algo.rollout_correction.kind=none; set a kind to use it")
         w = rollout_weights(old_logp, behav_logp, mask, self.correction)[0] if self.corrects else None  # [b, W]
+        if w is not None and not self.correction.masked_in_denominator:
+            # verl's rejection sampling: a token weighted 0 leaves every term's mask, so its denominators too
+            mask = mask * (w > 0).to(mask.dtype)  # [b, W]
         # One denominator for every term: the step's tokens (dapo), the window W (dr_grpo's default).
         agg_kw = {
             "global_tokens": global_tokens,

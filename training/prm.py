@@ -21,10 +21,10 @@ rebuild the tokenizer), and the tokenizer files when it has them. :func:`load_pr
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import logging
 import os
-import random
 import re
 import socket
 import tempfile
@@ -41,18 +41,21 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from harness.fsutil import atomic_dir
 from harness.models import load_tokenizer
 from harness.registry import Registry
 from harness.textfiles import read_jsonl
 from harness.tokenization import byte_tokenizer
+from training.best_val import BestSelection, BestValidation
 from training.checkpoint import restore_position, resume_checkpoint, save_position, write_safetensors
 from training.config import TrainConfig
 from training.divergence import NonFiniteGuard, check_finite, poisoned, update_applied
 from training.engine import ValueHead, build_model, initialize, optimizer_step, rank_and_world, unwrap
-from training.epochs import EpochSampler
+from training.epochs import EpochSampler, split_held_out
 from training.logging_utils import MetricsLog, ProgressBar, open_run_records
 from training.lora import lora_critic, merged_state_dict
 from training.prm_server import MAX_TOKENS, create_app
+from training.prm_window import ScoringWindow
 from training.sft import sft_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -119,13 +122,25 @@ def load_points(paths: list[str], eos: int | None) -> list[PointExample]:
     return out
 
 
-def split_held_out(items: list, fraction: float, seed: int) -> tuple[list, list]:
-    """(train, held-out): a seeded ``fraction`` held out, at least one item when there are two."""
-    idx = list(range(len(items)))
-    random.Random(seed).shuffle(idx)
-    n_val = min(len(items) - 1, max(1, round(fraction * len(items)))) if fraction > 0 and len(items) > 1 else 0
-    val = set(idx[:n_val])
-    return [x for i, x in enumerate(items) if i not in val], [x for i, x in enumerate(items) if i in val]
+def _lengths(item: Any) -> list[int]:
+    return [len(item.chosen), len(item.rejected)] if isinstance(item, PairExample) else [len(item.ids)]
+
+
+def fitting(items: list, max_len: int | None, too_long: str) -> list:
+    """The items whose every sequence fits ``max_len`` when ``too_long`` is ``drop`` (TRL's
+    RewardTrainer keeps a pair only if chosen and rejected both do); all of them for ``left`` (they
+    are cut to their last ``max_len`` tokens when scored)."""
+    if too_long == "left" or max_len is None:
+        return items
+    kept = [x for x in items if max(_lengths(x)) <= max_len]
+    if len(kept) < len(items):
+        logger.info(
+            "prm.too_long=drop: %d of %d items longer than prm.max_len=%d left out",
+            len(items) - len(kept),
+            len(items),
+            max_len,
+        )
+    return kept
 
 
 # ---- the model --------------------------------------------------------------------------------
@@ -209,11 +224,16 @@ class PRMTrainer:
         self.tokenizer = prm_tokenizer(cfg)
         eos = self.tokenizer.eos_token_id if p.append_eos else None
         pairs = load_pairs(list(p.data), eos)
-        self.train_pairs, self.val_pairs = split_held_out(pairs, p.val_fraction, cfg.trainer.seed)
+        # ProRAG splits, then TRL's RewardTrainer filters each split by max_length (prm.too_long: drop).
+        self.train_pairs, self.val_pairs = (
+            fitting(x, p.max_len, p.too_long) for x in split_held_out(pairs, p.val_fraction, cfg.trainer.seed)
+        )
         self.loss = PRM_LOSSES.get(p.loss)
-        self.items = items = self.loss.items(self, eos)
+        self.items = items = fitting(self.loss.items(self, eos), p.max_len, p.too_long)
         if not items:
-            raise ValueError(f"prm.data {list(p.data)}: no {self.loss.what}")
+            dropping = p.too_long == "drop" and p.max_len is not None and pairs
+            why = f" within prm.max_len={p.max_len} (prm.too_long=drop leaves longer ones out)" if dropping else ""
+            raise ValueError(f"prm.data {list(p.data)}: no {self.loss.what}{why}")
         if p.batch_size % self.world:
             raise ValueError(f"prm.batch_size={p.batch_size} must divide by {self.world} ranks")
         model = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))
@@ -226,6 +246,8 @@ class PRMTrainer:
         self._resumed: int | None = None
         self.guard = NonFiniteGuard(cfg.trainer.max_nonfinite_steps)
         self.run_id = uuid.uuid4().hex  # this run's checkpoints carry it: pruning never touches another run's
+        metric = cfg.trainer.best_metric  # pair_acc: ProRAG's load_best_model_at_end, metric accuracy
+        self.best = BestSelection(BestValidation(metric), self.out, self.rank) if metric else None
         logger.info("PRM (%s) on %d %s; %d pairs held out", p.loss, len(items), self.loss.what, len(self.val_pairs))
 
     @property
@@ -244,6 +266,10 @@ class PRMTrainer:
             while self.step_no < c.max_steps:
                 bar.update(self.step_no + 1, self.step())
         final = self.out / "final"
+        if self.best is not None and self.best.chosen:  # trainer.best_metric: the best val/pair_acc
+            if self.log is not None:
+                self.log.close()
+            return self.best.finish(final)
         if self.rank == 0:
             metrics = {"prm/val_pair_acc": self.pair_accuracy(self.val_pairs)} if self.val_pairs else {}
             metrics["prm/train_pair_acc_all"] = self.pair_accuracy(self.train_pairs)
@@ -288,10 +314,16 @@ class PRMTrainer:
         if grad_norm is not None:
             metrics["grad_norm"] = grad_norm
         c = self.cfg.trainer
-        if self.val_pairs and c.eval_every and self.step_no % c.eval_every == 0:
-            metrics["prm/val_pair_acc"] = self.pair_accuracy(self.val_pairs)
+        validate = bool(self.val_pairs) and c.eval_every and self.step_no % c.eval_every == 0
+        if validate:
+            # every rank scores the held-out pairs (ZeRO-3's forward is collective); val/pair_acc is
+            # what trainer.best_metric reads back on a resume
+            metrics["prm/val_pair_acc"] = metrics["val/pair_acc"] = self.pair_accuracy(self.val_pairs)
         if self.log is not None:
             self.log.write(self.step_no, metrics)
+        if validate and self.best is not None:
+            acc = metrics["val/pair_acc"]
+            self.best.keep_if_best({"pair_acc": acc}, self.step_no, lambda d: self._export(d, acc), self.log)
         self.guard.stop_if_diverged()
         if c.save_every and self.step_no % c.save_every == 0 and self.guard.may_checkpoint():
             self.save()
@@ -299,7 +331,15 @@ class PRMTrainer:
 
     def save(self) -> Path:
         """A checkpoint of this step; keeps this run's newest ``trainer.keep_checkpoints`` (as RL)."""
-        return save_position(self, self.engine, "prm")
+        path = save_position(self, self.engine, "prm")
+        if self.best is not None:
+            self.best.prune()  # a resume starts here or later: earlier bests are beaten
+        return path
+
+    def _export(self, folder: Path, val_pair_acc: float) -> None:
+        """This step's PRM into ``folder`` (rank 0 writes; ZeRO-2 keeps every weight on each rank)."""
+        if self.rank == 0:
+            save_prm(self.engine, self.tokenizer, folder, self.cfg, {"prm/val_pair_acc": val_pair_acc})
 
     @torch.no_grad()
     def pair_accuracy(self, pairs: list[PairExample]) -> float:
@@ -317,6 +357,8 @@ class PRMTrainer:
         """Continue from the newest intact checkpoint; the log drops the steps that run again."""
         _, state = resume_checkpoint(run_dir, self.engine)
         restore_position(self, state)
+        if self.best is not None:
+            self.best.restore(self.step_no)
 
     def close(self) -> None:
         """Nothing runs in the background of this trainer: nothing to stop."""
@@ -332,13 +374,7 @@ def save_prm(model: Any, tokenizer: Any, out: Path, cfg: TrainConfig, metrics: d
     state = merged_state_dict(body) if lora else body.state_dict()
     head = m.head.state_dict()
     check_finite({**state, **{f"head.{k}": v for k, v in head.items()}}, f"not writing the PRM {out}")
-    out.mkdir(parents=True, exist_ok=True)
-    write_safetensors({k: v.detach().contiguous().cpu() for k, v in state.items()}, out / "model.safetensors")
-    body.config.save_pretrained(str(out))
-    write_safetensors({k: v.detach().contiguous().cpu() for k, v in head.items()}, out / "head.safetensors")
     byte = cfg.model.tiny is not None
-    if not byte and hasattr(tokenizer, "save_pretrained"):
-        tokenizer.save_pretrained(str(out))
     meta = {
         "kind": "prm",
         "base": cfg.model.path,
@@ -348,16 +384,23 @@ def save_prm(model: Any, tokenizer: Any, out: Path, cfg: TrainConfig, metrics: d
         "loss": cfg.prm.loss,
         "metrics": metrics,
     }
-    (out / "prm.json").write_text(json.dumps(meta, indent=2))
+    # written whole or not at all, with harness's marker (a best-step-N/ is pruned as a model folder)
+    with atomic_dir(out, kind="model") as tmp:
+        write_safetensors({k: v.detach().contiguous().cpu() for k, v in state.items()}, tmp / "model.safetensors")
+        body.config.save_pretrained(str(tmp))
+        write_safetensors({k: v.detach().contiguous().cpu() for k, v in head.items()}, tmp / "head.safetensors")
+        if not byte and hasattr(tokenizer, "save_pretrained"):
+            tokenizer.save_pretrained(str(tmp))
+        (tmp / "prm.json").write_text(json.dumps(meta, indent=2))
     return out
 
 
 class PRM:
     """A trained PRM in process: ``score(seqs)`` → raw head scores (logits), no gradients."""
 
-    def __init__(self, model: Any, tokenizer: Any, append_eos: bool = True, max_len: int | None = None) -> None:
+    def __init__(self, model: Any, tokenizer: Any, window: ScoringWindow | None = None) -> None:
         self.model, self.tokenizer = model.eval(), tokenizer
-        self.append_eos, self.max_len = append_eos, max_len
+        self.window = window or ScoringWindow()  # as it was trained: EOS (prm.append_eos), the end kept
         # Local rank 0 scores in process while its server thread scores for the node's other ranks.
         self.lock = threading.Lock()
 
@@ -377,22 +420,21 @@ class PRM:
         return int(getattr(cfg, "vocab_size", None) or len(self.tokenizer))
 
     @torch.no_grad()
-    def score(self, seqs: list[list[int]], batch_size: int = 8) -> list[float]:
-        """Scores of token-id sequences (prefix + step; EOS appended here when the PRM was trained so),
-        on the model's device, in batches of similar length (less padding); returned in input order."""
+    def score(self, seqs: list[list[int]], batch_size: int = 8, window: ScoringWindow | None = None) -> list[float]:
+        """Scores of token-id sequences (prefix + step) seen through ``window`` (default: as the
+        PRM was trained, :attr:`window`), on the model's device, in batches of similar length (less
+        padding); returned in input order."""
         with self.lock:
-            return self._score(seqs, batch_size)
+            return self._score(seqs, batch_size, window or self.window)
 
-    def _score(self, seqs: list[list[int]], batch_size: int) -> list[float]:
-        tail = [self.tokenizer.eos_token_id] if self.append_eos else []
+    def _score(self, seqs: list[list[int]], batch_size: int, window: ScoringWindow) -> list[float]:
+        seqs = [window.apply(s, self.tokenizer.eos_token_id) for s in seqs]
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
         out = [0.0] * len(seqs)
         for i in range(0, len(order), batch_size):
             idx = order[i : i + batch_size]
-            part = [list(seqs[j]) + tail for j in idx]
-            for j, v in zip(
-                idx, scores_of(self.model, part, self.pad_id, self.max_len, self.device).tolist(), strict=True
-            ):
+            part = [seqs[j] for j in idx]
+            for j, v in zip(idx, scores_of(self.model, part, self.pad_id, None, self.device).tolist(), strict=True):
                 out[j] = v
         return out
 
@@ -427,7 +469,7 @@ def load_prm(path: str | Path, threads: int | None = None, device: str | torch.d
         tok = load_tokenizer(str(path))
     device = torch.device(device or "cpu")
     model = model.to(device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
-    return PRM(model, tok, bool(meta.get("append_eos", True)), meta.get("max_len"))
+    return PRM(model, tok, ScoringWindow(bool(meta.get("append_eos", True)), meta.get("max_len"), "last"))
 
 
 # ---- the step scorer --------------------------------------------------------------------------
@@ -487,10 +529,11 @@ class PRMStepScorer:
         format_term: bool = False,
         batch_size: int = 8,
         device: str | torch.device | None = None,
+        window: ScoringWindow | None = None,
     ) -> None:
         if (path is None) == (url is None):
             raise ValueError("the prm step scorer needs exactly one of algo.step_scorer_path or algo.step_scorer_url")
-        self.format_term, self.batch_size = format_term, batch_size
+        self.format_term, self.batch_size, self.window = format_term, batch_size, window
         self.prm, self.url = node_local_prm(path, device) if path else (None, None)
         if url:
             self.url = url.rstrip("/")
@@ -499,9 +542,11 @@ class PRMStepScorer:
         if not seqs:
             return []
         if self.prm is not None:
-            return self.prm.score(seqs, self.batch_size)
-
-        r = httpx.post(f"{self.url}/score", json={"sequences": seqs}, timeout=600.0)
+            return self.prm.score(seqs, self.batch_size, self.window)
+        body: dict[str, Any] = {"sequences": seqs}
+        if self.window is not None:
+            body["window"] = dataclasses.asdict(self.window)
+        r = httpx.post(f"{self.url}/score", json=body, timeout=600.0)
         if r.status_code != 200:
             raise RuntimeError(f"PRM server {self.url}: HTTP {r.status_code}: {r.text[:300]}")
         return [float(x) for x in r.json()["scores"]]

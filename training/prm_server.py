@@ -1,8 +1,9 @@
 """The app of ``harness serve prm`` (started by :func:`training.prm.serve`, and by local rank 0 for its
 node, :func:`training.prm.node_local_prm`): a trained PRM over loopback HTTP, for ``algo.step_scorer_url``.
 
-``POST /score`` ``{"sequences": [[token ids], ...]}`` → ``{"scores": [raw head score, ...]}``
-(EOS appended as the PRM was trained; the client takes σ). A token id outside the model's
+``POST /score`` ``{"sequences": [[token ids], ...], "window": {"append_eos", "max_len", "keep"}}`` →
+``{"scores": [raw head score, ...]}`` (without ``window``: EOS appended and the end kept as the
+PRM was trained; the client takes σ). A token id outside the model's
 vocabulary (negative, too large, beyond int64) is a 422 naming the sequence and position; a
 sequence longer than ``max_tokens`` (``harness serve prm --max-tokens``) is a 413. ``GET /health`` →
 ``{"status": "healthy", "kind": "prm", "path": ...}``. A plain ASGI app in the style of
@@ -15,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any
+from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from training.prm_window import ScoringWindow
 
 logger = logging.getLogger(__name__)
 
@@ -27,10 +30,21 @@ MAX_SEQUENCES = 1024
 MAX_TOKENS = 8192  # per sequence, by default: a 60k-token sequence would take the server's memory
 
 
+class WindowRequest(BaseModel):
+    """:class:`training.prm.ScoringWindow`: what of each sequence the PRM scores."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    append_eos: bool
+    max_len: int | None = Field(default=None, ge=1)
+    keep: Literal["first", "last"] = "last"
+
+
 class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     sequences: list[list[int]]
+    window: WindowRequest | None = None  # none: as the PRM was trained
 
     @field_validator("sequences")
     @classmethod
@@ -99,7 +113,7 @@ class PRMApp:
             return problem
         self.requests += 1
         try:
-            scores = await asyncio.to_thread(self._score, req.sequences)
+            scores = await asyncio.to_thread(self._score, req.sequences, req.window)
         except Exception as e:  # say why, keep serving
             logger.exception("PRM scoring failed")
             return _answer(500, {"detail": f"scoring failed: {type(e).__name__}: {e}"})
@@ -125,9 +139,10 @@ class PRMApp:
                     )
         return None
 
-    def _score(self, seqs: list[list[int]]) -> list[float]:
+    def _score(self, seqs: list[list[int]], window: WindowRequest | None = None) -> list[float]:
+        w = ScoringWindow(window.append_eos, window.max_len, window.keep) if window is not None else None
         with self.lock:
-            return self.prm.score(seqs, self.batch_size)
+            return self.prm.score(seqs, self.batch_size, w)
 
 
 def create_app(prm: Any, path: str = "", batch_size: int = 8, max_tokens: int = MAX_TOKENS) -> PRMApp:

@@ -59,6 +59,12 @@ class RetrieverRLConfig:
     steps: int = 20
     epochs: int = 1  # optimiser passes over each rollout batch (>1 makes the clipping matter)
     lr: float = 1e-5
+    # The LR schedule (a training.engine.LR_SCHEDULES name, no warmup), set once per step over
+    # ``schedule_steps`` (null: the run's ``steps``): HARR's GRPO scripts pass --lr_scheduler_type
+    # constant; its PPO script leaves TrainingArguments' linear, stepped once per batch over
+    # num_total_batches = ceil(total_episodes / batch) = 313 (trl_hacked/trainer/ppo_trainer.py:244,263,930).
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    schedule_steps: int | None = None
     weight_decay: float = 0.0
     clip_eps: float = 0.2
     kl_coef: float = 0.01
@@ -66,8 +72,13 @@ class RetrieverRLConfig:
     # call's reward before GAE, as HARR's PPO trainer (TRL 0.18.1 PPOTrainer, kl_estimator k1);
     # false: a k3 KL loss term, as the GRPO path always has it.
     kl_in_reward: bool = False
-    reward: Literal["f1", "em"] = "f1"
+    # The answer's metric (benchmarks.metrics): HARR's f1_reward is SQuAD's F1 (f1_squad, no yes/no rule).
+    reward: Literal["f1", "f1_squad", "em"] = "f1_squad"
     norm_by_std: bool = True
+    # A rollout that searched nothing is trained on a pseudo-call: the question, its greedy top-k
+    # (HARR's generator.py: ``if not source_node`` retrieves the question itself).
+    pseudo_call: bool = True
+    adv_eps: float = 1e-4  # GRPO: (R − mean) / (std + adv_eps), HARR's trl_hacked/trainer/grpo_trainer.py:1163
     # How the per-call policy loss is averaged (a training.losses.AGGREGATIONS name): token_mean
     # is TRL 0.18.1's default ``bnpo`` (the sum over every call of the batch / the number of
     # calls), what HARR's GRPO scripts run; seq_mean_token_mean is its ``grpo`` (per trajectory).

@@ -61,7 +61,7 @@ from training.advantages import gae, grpo, outcome_to_tokens
 from training.checkpoint import write_safetensors
 from training.config import TrainConfig, TrainerConfig
 from training.divergence import NonFiniteGuard, check_finite, is_finite
-from training.engine import ValueHead
+from training.engine import ValueHead, lr_factor
 from training.examples import first_dataset, train_examples
 from training.losses import aggregate, kl_loss, kl_penalty, policy_loss, value_loss
 from training.retriever_config import RetrieverRLConfig
@@ -257,7 +257,8 @@ def ppo_loss(
     new = layout.grid(lp)  # [B, T]
     m = layout.mask.float()  # [B, T]
     loss, stats = policy_loss(new, layout.old_logp, adv, m, cfg.clip_eps, cfg.clip_eps, cfg.loss_agg)
-    vloss, vstats = value_loss(layout.grid(head(q)), old_values, returns, m, cfg.vf_clip)
+    # the value loss is averaged as the policy loss (HARR's PPO: both masked_mean over one trajectory's calls)
+    vloss, vstats = value_loss(layout.grid(head(q)), old_values, returns, m, cfg.vf_clip, cfg.loss_agg)
     out = {**{k: float(v) for k, v in stats.items()}, **vstats, "value_loss": float(vloss.detach())}
     loss = loss + cfg.vf_coef * vloss
     if cfg.kl_coef > 0 and not cfg.kl_in_reward:
@@ -285,8 +286,10 @@ class RetrieverRL:
         cfg: RetrieverRLConfig,
         out: Path,
         max_nonfinite_steps: int = TrainerConfig.max_nonfinite_steps,
+        topk: int = 3,
     ) -> None:
         self.retriever, self.runner, self.cfg, self.out = retriever, runner, cfg, Path(out)
+        self.topk = topk  # documents a call retrieves (retriever_rl.sampling.topk): the pseudo-call's too
         self.guard = NonFiniteGuard(max_nonfinite_steps)  # see training.divergence
         self.tower = retriever.tower
         self.tower.freeze_reference()  # the KL anchor: the weights before any update
@@ -299,6 +302,8 @@ class RetrieverRL:
                 self.value_head = ValueHead(dim=self.tower.dim, hidden=cfg.value_hidden)
             groups.append({"params": list(self.value_head.parameters()), "lr": cfg.value_lr})
         self.opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        for group in self.opt.param_groups:
+            group["initial_lr"] = group["lr"]  # the schedule's base (rl.schedule)
         self._params = params
         self.rng = random.Random(cfg.seed)
         self.step_no = 0
@@ -312,6 +317,8 @@ class RetrieverRL:
         self.retriever.greedy = False
         self.retriever.salt = self.step_no  # fresh samples each step, reproducible whatever the concurrency
         trajs = self.runner.run(examples, c.group_size)  # [len(examples) * G], example-major
+        if c.pseudo_call:
+            self._add_pseudo_calls(trajs)
         rewards = torch.tensor([reward_of(t, c.reward) for t in trajs])  # [B]
         rollout_s = time.perf_counter() - t0
         loss_fn = (
@@ -319,6 +326,10 @@ class RetrieverRL:
         )
         stats: dict[str, float] = {}
         skipped = 0
+        # rl.schedule: this step's LR, on every group (the value head's too, as HF's scheduler does)
+        factor = lr_factor(c.schedule, self.step_no, 0, c.schedule_steps or c.steps)
+        for group in self.opt.param_groups:
+            group["lr"] = group["initial_lr"] * factor
         for _ in range(c.epochs):
             self.opt.zero_grad(set_to_none=True)
             loss, stats = loss_fn()
@@ -352,15 +363,33 @@ class RetrieverRL:
             "grad_norm": float(gnorm.detach()),
             "rollout_s": rollout_s,
             "step_s": time.perf_counter() - t0,
+            "lr": self.opt.param_groups[0]["lr"],
             **{f"loss/{k}": v for k, v in stats.items()},
             **self.guard.record(self.step_no, skipped),
         }
         return StepResult(self.step_no, metrics)
 
+    def _add_pseudo_calls(self, trajs: list[Trajectory]) -> None:
+        """HARR's generator (generator.py, after its loop): a rollout that searched nothing still
+        gets one call, the question itself in the empty-history state, its greedy top-k recorded
+        (not sampled: ``_sample`` is not applied), so the rollout's reward trains the tower on it.
+        Recorded as a search of turn -1 (the agent never saw its documents)."""
+        need = [t for t in trajs if t.finish_reason != "error" and not any(s.sample for s in t.searches)]
+        if not need:
+            return
+        greedy, self.retriever.greedy = self.retriever.greedy, True
+        try:
+            states = [state_for(t.question, [], f"{t.example_id}#{t.sample_index}", []) for t in need]
+            res = self.retriever.search([t.question for t in need], self.topk, state=states)
+        finally:
+            self.retriever.greedy = greedy
+        for t, docs, sample in zip(need, res, res.samples, strict=True):
+            t.searches.append(SearchRecord.from_docs(-1, t.question, docs, 0.0, sample))
+
     def _grpo_loss_fn(self, trajs: list[Trajectory], rewards: torch.Tensor) -> Callable[[], tuple]:
         """GRPO: group-normalised advantages per question (example-major batches of G)."""
         groups = torch.arange(len(trajs) // self.cfg.group_size).repeat_interleave(self.cfg.group_size)  # [B]
-        adv = grpo(rewards, groups, norm_by_std=self.cfg.norm_by_std)  # [B]
+        adv = grpo(rewards, groups, eps=self.cfg.adv_eps, norm_by_std=self.cfg.norm_by_std)  # [B]
         return lambda: retrieval_loss(self.retriever, trajs, adv, self.cfg)
 
     def _ppo_loss_fn(self, trajs: list[Trajectory], rewards: torch.Tensor) -> Callable[[], tuple]:
@@ -524,7 +553,8 @@ class RetrieverTrainer:
         self.retriever, self.runner = build_from_config(cfg, backend)
         self.examples = train_examples(cfg)
         t = cfg.trainer
-        self.rl = RetrieverRL(self.retriever, self.runner, cfg.retriever_rl.rl, self.out, t.max_nonfinite_steps)
+        r = cfg.retriever_rl
+        self.rl = RetrieverRL(self.retriever, self.runner, r.rl, self.out, t.max_nonfinite_steps, r.sampling.topk)
         self._log: Any = None  # metrics.jsonl, opened by the first step
 
     @property

@@ -44,7 +44,13 @@ from benchmarks.metrics import cover_em, exact_match, f1_r1_searcher, f1_score, 
 from harness.registry import Registry
 from harness.types import Trajectory
 from pipelines.dialects import get_dialect
-from pipelines.dialects.protocols import qa_em_answer, r1_searcher_validate_llama
+from pipelines.dialects.protocols import (
+    qa_em_answer,
+    r1_searcher_solution,
+    r1_searcher_validate_llama,
+    research_scored_turn,
+)
+from training.prm_window import ScoringWindow
 
 RewardOut = tuple[float, dict[str, float]]
 RewardFn = Callable[[Trajectory], RewardOut]
@@ -59,20 +65,22 @@ def _dialect(traj: Trajectory, validator: Any) -> Any:
     return get_dialect(traj.metadata.get("dialect", "search_r1"))
 
 
-def format_ok(traj: Trajectory, validator: Any = None) -> bool:
-    """Is the response well formed for its dialect? ``validator`` may be a dialect-like object
-    (with ``validate_format``) or a plain callable ``text -> (ok, reason)``."""
+def format_ok(traj: Trajectory, validator: Any = None, text: str | None = None) -> bool:
+    """Is the response (or ``text``, the part of it a reward scores) well formed for its dialect?
+    ``validator`` may be a dialect-like object (with ``validate_format``) or a plain callable
+    ``text -> (ok, reason)``."""
     v = _dialect(traj, validator)
     check = v.validate_format if hasattr(v, "validate_format") else v
-    return bool(check(traj.response_text)[0])
+    return bool(check(traj.response_text if text is None else text)[0])
 
 
-def extract_answer(traj: Trajectory, validator: Any = None) -> str | None:
-    """The last answer of the RESPONSE; falls back to ``traj.prediction`` when there is no
-    response text (e.g. baselines) or the validator cannot extract."""
+def extract_answer(traj: Trajectory, validator: Any = None, text: str | None = None) -> str | None:
+    """The last answer of the RESPONSE (or of ``text``); falls back to ``traj.prediction`` when
+    there is no response text (e.g. baselines) or the validator cannot extract."""
     v = _dialect(traj, validator)
-    if traj.response_text and hasattr(v, "extract_answer"):
-        return v.extract_answer(traj.response_text)
+    text = traj.response_text if text is None else text
+    if text and hasattr(v, "extract_answer"):
+        return v.extract_answer(text)
     return traj.prediction or None
 
 
@@ -125,8 +133,13 @@ class ResearchF1Format:
     validator: Any = None
 
     def __call__(self, traj: Trajectory) -> RewardOut:
-        ok = traj.finish_reason == "answer" and format_ok(traj, self.validator)
-        answer = extract_answer(traj, self.validator)
+        # compute_score reads the decoded prompt + response between the prompt's assistant marker
+        # and the next one: a response that writes a next turn is validated up to it, and then
+        # fails the EOS check (research_scored_turn). Without a marker: the response.
+        turn = research_scored_turn("".join(s.text for s in traj.segments)) if traj.segments else None
+        text, to_end = turn if turn is not None else (traj.response_text, True)
+        ok = traj.finish_reason == "answer" and to_end and format_ok(traj, self.validator, text)
+        answer = extract_answer(traj, self.validator, text)
         f1 = f1_score(answer, traj.answers) if answer else 0.0
         # ReSearch's compute_score returns 0 when the \boxed{} cannot be extracted, even with a
         # valid format (validate_format only checks that "\boxed{" and a "}" are present).
@@ -146,8 +159,9 @@ class R1SearcherStage1:
     validator: Any = None
 
     def __call__(self, traj: Trajectory) -> RewardOut:
-        text = traj.response_text
         stage1 = getattr(_dialect(traj, self.validator), "options", {}).get("stage1_checks")
+        # R1-Searcher's own dialect: the server's solution (after the last turn marker, EOS appended)
+        text = r1_searcher_solution(traj.response_text, "llama") if stage1 is not None else None
         if stage1 is not None:
             # R1-Searcher's own dialect: its stage-1 server's two checks (well-formed retrieval
             # blocks, think/answer tag counts), not the stricter stage-2 format check.
@@ -157,7 +171,7 @@ class R1SearcherStage1:
             searched = float(len(traj.searches) > 0)
             ok = float(format_ok(traj, self.validator))
         # The server scores −1 without answer tags; the dialect's extraction is None then.
-        answer = extract_answer(traj, self.validator)
+        answer = extract_answer(traj, self.validator, text)
         covered = float(bool(answer is not None and cover_em(answer, traj.answers)))
         answer_r = self.answer_term if covered else -self.answer_term
         r = answer_r + self.retrieval_bonus * searched + self.format_bonus * ok
@@ -181,11 +195,14 @@ class R1SearcherStage2:
             raise ValueError(f"r1_searcher_stage2: server must be 'llama' or 'qwen', not {self.server!r}")
 
     def __call__(self, traj: Trajectory) -> RewardOut:
-        validator = self.validator
+        validator, text = self.validator, None
+        if validator is None and _dialect(traj, None).name == "r1_searcher":
+            # the server's solution: after the last turn marker, one EOS appended (r1_searcher_solution)
+            text = r1_searcher_solution(traj.response_text, self.server)
         if validator is None and self.server == "llama":
             validator = r1_searcher_validate_llama
-        ok = format_ok(traj, validator)
-        answer = extract_answer(traj, self.validator)  # None without answer tags: F1 0, as the servers
+        ok = format_ok(traj, validator, text)
+        answer = extract_answer(traj, self.validator, text)  # None without answer tags: F1 0, as the servers
         f1 = f1_r1_searcher(answer, traj.answers) if answer else 0.0
         penalty = self.format_penalty if self.format_penalty is not None else (1.0 if self.server == "llama" else 2.0)
         return (f1 if ok else f1 - abs(penalty)), {"f1": f1, "format_valid": float(ok)}
@@ -403,10 +420,17 @@ def build_step_scorer(name: str, options: dict[str, Any] | None = None) -> StepS
 def algo_step_scorer(algo: Any, device: Any = None) -> StepScorer:
     """The step scorer of a training recipe: ``algo.step_scorer``, and for ``prm`` its
     ``algo.step_scorer_path`` (a PRM folder, loaded on ``device``, the policy's, once per node)
-    or ``algo.step_scorer_url`` (``harness serve prm``) and ``algo.step_scorer_format``."""
+    or ``algo.step_scorer_url`` (``harness serve prm``), ``algo.step_scorer_format`` and what the
+    PRM scores of each prefix + step (``algo.step_scorer_append_eos``, ``_max_len``, ``_keep``)."""
     name = algo.step_scorer
     if name == "prm":
-        options = {"path": algo.step_scorer_path, "url": algo.step_scorer_url, "format_term": algo.step_scorer_format}
+        window = ScoringWindow(algo.step_scorer_append_eos, algo.step_scorer_max_len, algo.step_scorer_keep)
+        options = {
+            "path": algo.step_scorer_path,
+            "url": algo.step_scorer_url,
+            "format_term": algo.step_scorer_format,
+            "window": window,
+        }
         if algo.step_scorer_path:
             options["device"] = device
         return build_step_scorer(name, options)

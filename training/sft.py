@@ -22,11 +22,12 @@ from harness.models import load_tokenizer
 from harness.tokenization import byte_tokenizer
 from harness.types import Trajectory
 from training.batch import Batch, collate
+from training.best_val import BestSelection, BestValidation
 from training.checkpoint import export_hf, restore_position, resume_checkpoint, save_position
 from training.config import TrainConfig
 from training.divergence import NonFiniteGuard, poisoned, update_applied
 from training.engine import build_model, initialize, optimizer_step, rank_and_world
-from training.epochs import EpochSampler
+from training.epochs import EpochSampler, split_held_out
 from training.logging_utils import MetricsLog, ProgressBar, open_run_records
 from training.logprobs import window_token_stats
 from training.sft_data import load_sources
@@ -54,7 +55,11 @@ class SFTTrainer:
             torch.set_num_threads(cfg.optim.threads)
         self.tokenizer = sft_tokenizer(cfg)
         chat = cfg.rollout.agent.chat
-        self.data = trajectories if trajectories is not None else load_sources(cfg.sft.sources, self.tokenizer, chat)
+        data = trajectories if trajectories is not None else load_sources(cfg.sft.sources, self.tokenizer, chat)
+        # sft.val_fraction held out (ProRAG's 1 %): val/loss every trainer.eval_every steps
+        self.data, self.val = split_held_out(data, cfg.sft.val_fraction, cfg.trainer.seed)
+        metric = cfg.trainer.best_metric
+        self.best = BestSelection(BestValidation(metric), self.out, self.rank) if metric else None
         bs = cfg.sft.batch_size
         if bs % self.world:
             raise ValueError(f"sft.batch_size={bs} must divide by {self.world} ranks")
@@ -83,7 +88,10 @@ class SFTTrainer:
                 bar.update(self.step_no + 1, self.step())
         if not c.save_every or self.step_no % c.save_every:
             self.save()
-        final = export_hf(self.policy, self.tokenizer, self.out / "final")
+        if self.best is not None and self.best.chosen:  # trainer.best_metric: the lowest val/loss
+            final = self.best.finish(self.out / "final")
+        else:
+            final = export_hf(self.policy, self.tokenizer, self.out / "final")
         if self.log is not None:
             self.log.close()
         return final
@@ -109,10 +117,16 @@ class SFTTrainer:
             "time/step_s": time.perf_counter() - t0,
             "lr": float(self.policy.get_lr()[0]),
         }
+        c = self.cfg.trainer
+        validate = bool(self.val) and c.eval_every and self.step_no % c.eval_every == 0
+        if validate:
+            metrics["val/loss"] = self.evaluate_loss(self.val)
         if self.log is not None:
             self.log.write(self.step_no, metrics)
+        if validate and self.best is not None:
+            export = lambda d: export_hf(self.policy, self.tokenizer, d)  # noqa: E731
+            self.best.keep_if_best({"loss": metrics["val/loss"]}, self.step_no, export, self.log)
         self.guard.stop_if_diverged()
-        c = self.cfg.trainer
         if c.save_every and self.step_no % c.save_every == 0 and self.guard.may_checkpoint():
             self.save()
         return metrics
@@ -158,7 +172,9 @@ class SFTTrainer:
 
     @torch.no_grad()
     def evaluate_loss(self, trajs: list[Trajectory] | None = None) -> float:
-        """Token-mean NLL of ``trajs`` (default: all the data) under the current weights."""
+        """The training loss of ``trajs`` (default: all the training data) under the current
+        weights: the token mean of the NLL, weighted by ``sft.tag_weights`` as the training loss
+        is (ProRAG's eval_loss comes from the same weighted compute_loss, prorag/sft/trainer.py)."""
         trajs = trajs or self.data
         tot, n = 0.0, 0.0
         for i in range(0, len(trajs), self.cfg.optim.micro_batch_size):
@@ -166,18 +182,24 @@ class SFTTrainer:
                 trajs[i : i + self.cfg.optim.micro_batch_size], pad_id=self.pad_id, max_len=self.cfg.algo.max_len
             )
             nll, m = self.nll(batch, slice(0, batch.input_ids.shape[0]))
-            tot += float((nll * m).sum())
-            n += float(m.sum())
+            w = token_weights(batch.targets, self.tags)[:, : m.shape[1]] * m  # [b, T'] 1 without tag weights
+            tot += float((nll * w).sum())
+            n += float(w.sum())
         return tot / max(1.0, n)
 
     def save(self) -> Path:
         """A checkpoint of this step; keeps this run's newest ``trainer.keep_checkpoints`` (as RL)."""
-        return save_position(self, self.policy, "sft", tokenizer=self.tokenizer)
+        path = save_position(self, self.policy, "sft", tokenizer=self.tokenizer)
+        if self.best is not None:
+            self.best.prune()  # a resume starts here or later: earlier bests are beaten
+        return path
 
     def resume(self, run_dir: Path) -> None:
         """Continue from the newest intact checkpoint; the log drops the steps that run again."""
         ckpt, state = resume_checkpoint(run_dir, self.policy)
         restore_position(self, state)
+        if self.best is not None:
+            self.best.restore(self.step_no)
         logger.info("resumed SFT from %s at step %d", ckpt, self.step_no)
 
     def close(self) -> None:

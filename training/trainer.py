@@ -40,7 +40,7 @@ from training import losses
 from training.advantages import ADVANTAGES
 from training.async_rollout import AsyncRollouts
 from training.batch import collate
-from training.best_val import BestValidation, best_dir
+from training.best_val import BestSelection, BestValidation, from_rank0
 from training.checkpoint import export_hf, restore_position, resume_checkpoint, save_and_prune
 from training.config import TrainConfig, check_ranks, mini_batch_rows, updates_per_training_step
 from training.dist_sync import DistributedWeightSync
@@ -67,7 +67,7 @@ from training.lora import apply_lora, base_model, lora_critic, merged_state_dict
 from training.rewards import algo_step_scorer, build_reward
 from training.rl_update import RLUpdate
 from training.rollout import PromptSampler, RolloutBatch, collect, sample_seed
-from training.weight_sync import barrier, rank_safe_sync, sync_weights
+from training.weight_sync import rank_safe_sync, sync_weights
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class RLTrainer(RLUpdate):
     # once trainer.async's producer runs (:meth:`_start_async`).
     _sampler_lock: Any = contextlib.nullcontext()
     # trainer.best_metric: the best validation so far (every rank knows its step; rank 0 its value)
-    best: BestValidation | None = None
+    best: BestSelection | None = None
 
     def __init__(
         self, cfg: TrainConfig, agent: Any, examples: list, out: Path, validate: Callable[[int], Any] | None = None
@@ -175,7 +175,8 @@ class RLTrainer(RLUpdate):
         self.log: MetricsLog | None = None
         self._resumed: int | None = None  # the step a resume restored
         self._synced: int | None = None  # the policy version the backend serves
-        self.best = BestValidation(cfg.trainer.best_metric) if cfg.trainer.best_metric else None
+        metric = cfg.trainer.best_metric
+        self.best = BestSelection(BestValidation(metric), self.out, self.rank) if metric else None
 
     # ---- the loop --------------------------------------------------------------------------
     def train(self) -> Path:
@@ -193,11 +194,8 @@ class RLTrainer(RLUpdate):
             self.close()
         if self._saved_step != self.step_no:
             self.save()  # the last step is always resumable
-        if self.best is not None and self.best.step is not None:  # trainer.best_metric: validation chose
-            if self.rank == 0:
-                self.best.to_final(self.out, self.out / "final")
-            barrier()
-            final = self.out / "final"
+        if self.best is not None and self.best.chosen:  # trainer.best_metric: validation chose
+            final = self.best.finish(self.out / "final")
         else:
             final = export_hf(self.policy, self.tokenizer, self.out / "final")
         if self.log is not None:
@@ -442,7 +440,7 @@ class RLTrainer(RLUpdate):
             due = True
         if due:  # the same on every rank: the gradients the guard counted were all-reduced
             due = self.guard.may_checkpoint()
-        return bool(_from_rank0(int(due)))  # saving is collective: every rank must agree
+        return bool(from_rank0(int(due)))  # saving is collective: every rank must agree
 
     def save(self) -> Path:
         """A checkpoint of this step (atomic); keeps this run's newest ``trainer.keep_checkpoints``
@@ -471,8 +469,8 @@ class RLTrainer(RLUpdate):
             interim=interim,
         )
         self._saved_step, self._saved_at = self.step_no, time.monotonic()
-        if self.best is not None and self.rank == 0:
-            self.best.prune(self.out)  # a resume starts here or later: earlier bests are beaten
+        if self.best is not None:
+            self.best.prune()  # a resume starts here or later: earlier bests are beaten
         return path
 
     def resume(self, run_dir: Path) -> None:
@@ -482,7 +480,7 @@ class RLTrainer(RLUpdate):
         restore_position(self, state)
         self._saved_step, self._saved_at = self.step_no, time.monotonic()
         if self.best is not None:
-            self._restore_best()
+            self.best.restore(self.step_no)
         self.sync()  # the backend serves the restored policy (the checkpoint loaded: the run has started)
         logger.info("resumed from %s at step %d", ckpt, self.step_no)
 
@@ -492,45 +490,8 @@ class RLTrainer(RLUpdate):
         if self.log is not None:
             self.log.write(self.step_no, {f"val/{k}": float(v) for k, v in val.items() if isinstance(v, int | float)})
         if self.best is not None:
-            self._keep_if_best(val)
+            self.best.keep_if_best(val, self.step_no, lambda d: export_hf(self.policy, self.tokenizer, d), self.log)
         return val
-
-    def _keep_if_best(self, val: dict) -> None:
-        """trainer.best_metric: export the policy into ``best-step-N/`` when this validation (rank
-        0's) beats every earlier one; the export is collective, so every rank learns the verdict."""
-        better = _from_rank0(int(self.best.consider(val, self.step_no)) if self.rank == 0 else 0)
-        if better:
-            self.best.step = self.step_no
-            export_hf(self.policy, self.tokenizer, best_dir(self.out, self.step_no))
-        if self.log is not None:
-            self.log.write(self.step_no, {"val/best_step": float(self.best.step)})
-
-    def _restore_best(self) -> None:
-        """On a resume: the best validation up to the resumed step, from rank 0's metrics log (its
-        records after that step are dropped when the run starts: those steps run again); its
-        ``best-step-N/`` must still be there."""
-        step, missing = -1, 0  # -1: no validation yet
-        if self.rank == 0:
-            self.best = BestValidation.from_log(self.best.metric, self.out / "metrics.jsonl", self.step_no)
-            if self.best.step is not None:
-                step, missing = self.best.step, int(not best_dir(self.out, self.best.step).is_dir())
-        step, missing = _from_rank0(step), _from_rank0(missing)  # every rank stops, not rank 0 alone
-        if missing:
-            raise FileNotFoundError(
-                f"resuming with trainer.best_metric={self.best.metric!r}: the best validation so far "
-                f"(step {step}) has no weights in {best_dir(self.out, step)}"
-            )
-        self.best.step = None if step < 0 else step
-
-
-def _from_rank0(value: int) -> int:
-    """Rank 0's ``value`` on every rank (a broadcast; the value itself without distributed)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return value
-    nccl = torch.distributed.get_backend() == "nccl"  # NCCL broadcasts device tensors only
-    flag = torch.tensor([value], device=torch.cuda.current_device() if nccl else "cpu")
-    torch.distributed.broadcast(flag, src=0)
-    return int(flag.item())
 
 
 def informative_rows(group_ids: list[int], rewards: list[float]) -> list[int]:

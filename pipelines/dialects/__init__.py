@@ -96,6 +96,7 @@ FLASHRAG_DIFFERENCES: dict[str, tuple[str, ...]] = {
         "rag_r1/llm_agent/generation_mq.py",
     ),
     "prorag": ("FlashRAG has no ProRAG port; this dialect follows ProRAG's inference.py",),
+    "harr": ("FlashRAG has no HARR port; this dialect follows HARR's generator.py search_r1_generate",),
 }
 
 # Search-R1's rollout has no stop strings (a turn runs to EOS or the token limit and is then
@@ -107,6 +108,7 @@ _SEARCH_R1_STOPS = ("</search>",)
 # <answer> of the sequence (qa_em).
 _SEARCH_R1_LOOP: dict[str, Any] = dict(
     cut=P.search_r1_cut,
+    drop_eos=True,  # generation.py decodes each turn with skip_special_tokens=True and re-encodes it
     on_eos="parse",
     on_length="parse",
     final_turn=True,
@@ -186,6 +188,8 @@ def _register_exact() -> None:
                 prompt_answers_count=True,
                 question_mark=False,
                 cut=None,
+                drop_eos=True,  # eval_multiquery.py decodes each turn (skip_special_tokens) and re-encodes
+                observe_cut=None,  # eval_multiquery.py prints each document whole
                 final_turn=False,
                 corrective=None,
                 answer_rule="the last <answer>...</answer> of prompt + response, unstripped (the prompt's "
@@ -195,6 +199,7 @@ def _register_exact() -> None:
             "train": dict(
                 parse=P.rag_r1_parse,
                 observe=P.rag_r1_observe,
+                observe_cut=P.rag_r1_observe_cut,
                 extract=P.last_answer,
                 validate=P.search_r1_valid_sequence,
                 prompt_answers_count=False,
@@ -239,6 +244,7 @@ def _register_exact() -> None:
         modes={
             # evaluation/eval_search_loacl.py
             "eval": dict(
+                trained_obs_prefix="",  # evaluation trains nothing
                 parse=P.r1_searcher_parse,
                 search_stops=("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>"),
                 final_stops=("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>"),
@@ -255,6 +261,8 @@ def _register_exact() -> None:
             ),
             # OpenRLHF-RAG experience_maker.py + prompts_dataset.py (--apply_chat_template)
             "train": dict(
+                # experience_maker.py:1264-1293 masks from '<|begin_of_documents|>\n' on
+                trained_obs_prefix="\n\n",
                 parse=P.r1_searcher_train_parse,
                 search_stops=("<|end_of_query|>",),
                 final_stops=("<|end_of_query|>",),
@@ -271,6 +279,24 @@ def _register_exact() -> None:
                 "response, stripped",
             ),
         },
+    )
+    # HARR's own rollouts of its Search-R1 generator (generator.py search_r1_generate): the
+    # frozen generator its retriever RL drives.
+    _register(
+        "harr",
+        parse=P.harr_parse,
+        observe=P.harr_observe,
+        extract=P.last_answer,
+        validate=P.no_format_check,
+        search_stops=("</search>", "</answer>"),
+        final_stops=("</search>", "</answer>"),
+        corrective=P.HARR_NO_SEARCH,
+        on_eos="parse",
+        on_length="parse",
+        final_turn=False,
+        drop_eos=True,  # the next prompt is text (prompt += output_text), re-encoded by the server
+        no_answer="None",  # str(response) of a rollout that never answered
+        answer_rule="the last non-empty <answer>...</answer> of the answering turn, unstripped; 'None' without one",
     )
     _register(
         "prorag",

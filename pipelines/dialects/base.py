@@ -79,6 +79,9 @@ class Dialect:
       ``_postprocess_responses``); ``None`` keeps it whole. The tokens after the cut are dropped.
     - ``rewrite(text, action)``: the text the original continues from instead of the turn's own
       (R1-Searcher strips it before ``<|end_of_query|>``); the turn is then re-encoded.
+    - ``drop_eos``: a turn that ended on EOS keeps its text but not the EOS token: the original
+      decodes each turn without special tokens and re-encodes it (Search-R1's and RAG-R1's
+      ``generation.py``), so the EOS is neither trained nor in the next turn's context.
     - ``on_eos`` / ``on_length``: ``"end"`` ends the item on a turn that ended on EOS / was cut by
       the token limit without answering; ``"parse"`` lets the parsed action decide (corrective
       message, continuation, or a search).
@@ -113,6 +116,15 @@ class Dialect:
     continue_text: str | None = None
     cut: Callable[[str], int | None] | None = None
     rewrite: Callable[[str, Action], str | None] | None = None
+    drop_eos: bool = False
+    # The observation with each query's document block cut by the agent's max_query_doc_tokens as
+    # the original cuts it (``fn(d, queries, results, cut)``, ``cut`` a text → its first tokens);
+    # None: the agent caps the documents' texts before ``observe`` (RAG-R1 train mode cuts blocks).
+    observe_cut: Callable[..., str] | None = None
+    # The start of a search's observation the original trains, its mask starting after it
+    # (R1-Searcher's experience_maker.py masks from '<|begin_of_documents|>': the '\n\n' it inserts
+    # after '<|end_of_query|>' is trained); kept as a model segment without log-probs.
+    trained_obs_prefix: str = ""
     on_eos: Literal["end", "parse"] = "end"
     on_length: Literal["end", "parse"] = "end"
     final_turn: bool = False

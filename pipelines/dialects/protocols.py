@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 
 from harness.types import Doc
 from pipelines.dialects.base import Action, Dialect, TurnEnd, closing_brace, doc_contents, title_and_text
@@ -140,8 +141,18 @@ def rag_r1_observe(d: Dialect, queries: tuple[str, ...], results: list[list[Doc]
     """``generation_mq.execute_predictions``: ``{"query": [...], "documents": [...]}`` as
     ``json.dumps(..., indent=2)`` (ASCII-escaped) inside ``\\n<information>\\n ... \\n</information>\\n``;
     each query's documents are ``Doc i: contents`` lines, stripped."""
+    return rag_r1_observe_cut(d, queries, results, lambda block: block)
+
+
+def rag_r1_observe_cut(
+    d: Dialect, queries: tuple[str, ...], results: list[list[Doc]], cut: Callable[[str], str]
+) -> str:
+    """:func:`rag_r1_observe` with each query's block passed through ``cut`` (the agent's
+    ``max_query_doc_tokens``): ``_passages2string`` hands the stripped ``Doc i: contents`` block,
+    labels and titles included, to ``_process_documents``, which keeps its first max_obs_length
+    token ids and decodes them (generation_mq.py:488-520)."""
     documents = [
-        "".join(f"Doc {i}: {doc_contents(doc)}\n" for i, doc in enumerate(docs, 1)).strip() for docs in results
+        cut("".join(f"Doc {i}: {doc_contents(doc)}\n" for i, doc in enumerate(docs, 1)).strip()) for docs in results
     ]
     payload = json.dumps({"query": list(queries), "documents": documents}, indent=2)
     return f"\n<information>\n{payload.strip()}\n</information>\n"
@@ -184,6 +195,34 @@ def rag_r1_eval_answer(d: Dialect, text: str) -> str | None:
 def no_format_check(d: Dialect, response: str) -> tuple[bool, str]:
     """RAG-R1's evaluation script scores EM only: every response passes."""
     return True, "no format check (eval_multiquery.py scores EM only)"
+
+
+# ---- HARR's generator (zyc140345/HARR generator.py search_r1_generate) -------------------------
+# After every turn that does not answer: the turn + '\n\n<information>{results}</information>\n\n'
+# (prompt.py SEARCH_R1_SEARCH_TEMPLATE), results '' when the turn searched nothing.
+HARR_NO_SEARCH = "\n\n<information></information>\n\n"
+_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_SEARCH_BLOCK_ANY = re.compile(r"<search>(.*?)</search>", re.DOTALL)
+
+
+def harr_parse(d: Dialect, text: str, end: TurnEnd) -> Action:
+    """``search_r1_generate``: the turn's LAST ``<answer>`` block, unstripped, answers when it is
+    not empty (``if response: break``); else its LAST ``<search>`` block, unstripped, searches when
+    not empty (``if sub_qa``); else nothing is searched and the empty ``<information>`` block
+    follows, EOS and token-limit turns included, until ``max_iterations`` turns."""
+    answers = _ANSWER_BLOCK.findall(text)
+    if answers and answers[-1]:
+        return Action("answer", answer=answers[-1])
+    queries = _SEARCH_BLOCK_ANY.findall(text)
+    if queries and queries[-1]:
+        return Action("search", queries=(queries[-1],))
+    return Action("invalid", reason="no search: the empty <information> block follows")
+
+
+def harr_observe(d: Dialect, queries: tuple[str, ...], results: list[list[Doc]]) -> str:
+    """``SEARCH_R1_SEARCH_TEMPLATE`` with ``_nodes2string``: ``Doc i(Title: t) text`` lines, each
+    ended, NOT stripped (Search-R1's own generation.py strips them)."""
+    return f"\n\n<information>{search_r1_docs(results[0] if results else [])}</information>\n\n"
 
 
 # ---- ReSearch (src/flashrag/pipeline/active_pipeline.py ReSearchPipeline, reward re_search.py) --
@@ -270,6 +309,25 @@ def research_validate(d: Dialect, response: str) -> tuple[bool, str]:
     return True, "format is correct"
 
 
+# ReSearch's compute_score (re_search.py:151-156) splits the decoded prompt + response on the
+# chat model's assistant header when the text holds one, else on the base prompt's "Assistant:".
+RESEARCH_TURN_MARKERS = ("<|im_start|>assistant\n", "Assistant:")
+
+
+def research_scored_turn(text: str) -> tuple[str, bool] | None:
+    """What ReSearch's reward validates and scores (``re_search.compute_score``): ``text`` (the
+    decoded prompt + response) split on ``<|im_start|>assistant\\n`` when it holds one, else on
+    ``Assistant:``; piece [1], the text between the first marker (the prompt's) and the next. So a
+    response that writes the next dialogue turn itself is validated only up to that turn, and then
+    fails the EOS check (the piece does not end with the EOS token): returns (the piece, whether
+    it runs to the end of the text). None without any marker (the original's index error)."""
+    marker = RESEARCH_TURN_MARKERS[0] if RESEARCH_TURN_MARKERS[0] in text else RESEARCH_TURN_MARKERS[1]
+    parts = text.split(marker)
+    if len(parts) < 2:
+        return None
+    return parts[1], len(parts) == 2
+
+
 # ---- R1-Searcher (evaluation/eval_search_loacl.py; train/reward_server_qwen_zero.py) ---------
 def r1_searcher_parse(d: Dialect, text: str, end: TurnEnd) -> Action:
     """``eval_search_loacl.py``: a turn stopped on ``</answer>`` with an ``<answer>`` answers with
@@ -330,6 +388,31 @@ def r1_searcher_observe(d: Dialect, queries: tuple[str, ...], results: list[list
     return f"\n\n<|begin_of_documents|>\n{body}<|end_of_documents|>\n\n"
 
 
+# The reward servers' get_qa split the query (prompt + response) on the generation prompt's end
+# and keep the LAST piece: the Qwen server (reward_server_qwen_zero.py:150-154) on the base
+# prompt's, the Llama servers (reward_server_llama_stage1.py:122-125, _stage2.py:149-152) on
+# Llama 3's chat header. Before that they strip EOS/pad runs from both ends and append one EOS
+# (strip_sequence(...) + eos_token, qwen :170-173, llama stage 1 :143-146, stage 2 :170-173),
+# the eos of the policy's tokenizer (--reward_pretrain): Qwen2.5's <|endoftext|>, Llama 3.1
+# Instruct's <|eot_id|>.
+R1S_SERVER_TURNS = {
+    "qwen": ("\nAssistant: <think>", "<|endoftext|>"),
+    "llama": ("<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n<think>", "<|eot_id|>"),
+}
+
+
+def r1_searcher_solution(response: str, server: str) -> str:
+    """The text an R1-Searcher reward server scores (``get_qa``'s ``solution``): the response with
+    EOS runs stripped from both ends and one EOS appended, then the text after the LAST
+    occurrence of the server's turn marker, stripped. A response that writes a next turn itself
+    (``\\nAssistant: <think>``) is scored on what follows it; an unclosed last ``<answer>`` reads
+    to the EOS text."""
+    marker, eos = R1S_SERVER_TURNS[server]
+    core = re.sub(f"^({re.escape(eos)})+", "", response)
+    core = re.sub(f"({re.escape(eos)})+$", "", core)
+    return (core + eos).split(marker)[-1].strip()
+
+
 def r1_searcher_answer(d: Dialect, response: str) -> str | None:
     """The reward servers' extraction: the text between the last ``<answer>`` and the
     ``</answer>`` after it, stripped (the evaluation's prediction is the answering turn's own,
@@ -372,8 +455,9 @@ def r1_searcher_validate(d: Dialect, response: str) -> tuple[bool, str]:
     on the response after ``Assistant: <think>``: document/query tag counts all equal, no
     "Assistant"/"assistant", no ``<think>`` and one ``</think>``, one answer block without query
     or document tags, at most 10 words, and no CJK outside the documents. The Llama server's
-    checks: :func:`r1_searcher_validate_llama`."""
-    s = response.strip()
+    checks: :func:`r1_searcher_validate_llama`. Only the text after the last ``\\nAssistant: <think>``
+    is checked, as the server's ``get_qa`` reads it (a response that writes a next turn itself)."""
+    s = response.split(R1S_SERVER_TURNS["qwen"][0])[-1].strip()
     counts = [s.count(t) for t in _R1S_TAGS]
     if len(set(counts)) != 1:
         return False, f"query/document tag counts differ: {counts}"

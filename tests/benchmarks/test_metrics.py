@@ -100,3 +100,13 @@ def test_identical_to_flashrag_evaluator():
         assert exact_match(pred, golds) == fem.calculate_em(pred, golds), (pred, golds)
         assert f1_score(pred, golds) == pytest.approx(ff1.token_level_scores(pred, golds)["f1"]), (pred, golds)
         assert acc(pred, golds) == facc.calculate_sub_em(pred, golds), (pred, golds)
+
+
+def test_f1_squad_has_no_yes_no_rule():
+    """SQuAD v1.1's F1 (HARR's reward): "yes it is" against "yes": 1 common token, precision 1/3,
+    recall 1 -> 2·(1/3)/(4/3) = .5; HotpotQA's rule (f1) gives 0 when a yes/no gold differs."""
+    from benchmarks.metrics import METRICS
+
+    assert METRICS.get("f1_squad")("yes it is", ["yes"]) == pytest.approx(0.5)
+    assert METRICS.get("f1")("yes it is", ["yes"]) == 0.0
+    assert METRICS.get("f1_squad")("The Paris", ["paris", "lyon"]) == 1.0

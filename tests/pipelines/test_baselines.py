@@ -34,6 +34,7 @@ def test_registry_lists_agents_and_baselines():
     assert set(METHODS.names()) == {
         "research",
         "search_r1",
+        "harr",
         "r1_searcher",
         "rag_r1",
         "prorag",

@@ -19,11 +19,11 @@ from pipelines.dialects import (
     split_parallel_queries,
 )
 
-SYSTEMS = {"research", "search_r1", "r1_searcher", "rag_r1", "prorag"}
+SYSTEMS = {"research", "search_r1", "r1_searcher", "rag_r1", "prorag", "harr"}
 
 
 def test_registry_has_every_system_and_small_variants_and_suggests_names():
-    small = {f"{s}_small" for s in SYSTEMS - {"prorag"}}
+    small = {f"{s}_small" for s in SYSTEMS - {"prorag", "harr"}}
     assert set(DIALECTS.names()) == SYSTEMS | small
     with pytest.raises(RegistryError, match="did you mean 'search_r1'"):
         get_dialect("search_r")

@@ -64,6 +64,22 @@ def test_search_r1_two_answers_cut_after_the_first_and_eos_dropped(toy_retriever
     assert traj.prediction == "Lunne"
 
 
+@pytest.mark.parametrize("dialect", ["search_r1", "rag_r1"])
+def test_search_r1_and_rag_r1_drop_the_eos_of_a_turn_that_is_not_cut(dialect, toy_retriever):
+    """generation.py (and RAG-R1's generation_mq.py) decode each turn with skip_special_tokens=True
+    and re-encode it: a turn that ends on EOS without a cut (no </search>, no </answer>) is kept
+    without its EOS, so the EOS is neither trained nor in the next turn's context."""
+    d = resolve_dialect(dialect, mode="train")
+    traj, backend = run(d, ["I am not sure.", "<answer>Lunne</answer>"], toy_retriever)
+    eos = backend.tokenizer.eos_token_id
+    first = traj.segments[1]
+    assert first.role == "model" and first.text == "I am not sure." and eos not in first.token_ids
+    assert first.token_ids == backend.tokenizer.encode("I am not sure.", add_special_tokens=False)
+    # research keeps its EOS (its loop never re-encodes): the item ends on it
+    kept, _ = run("research", ["<think>a</think><answer>\\boxed{Lunne}</answer>"], toy_retriever)
+    assert kept.segments[-1].token_ids[-1] == eos
+
+
 @pytest.mark.parametrize("first", ["I am not sure.", "<ANSWER>Lunne</ANSWER>", "</search"])
 def test_search_r1_eos_without_a_block_gets_the_corrective_message_and_goes_on(first, toy_retriever):
     traj, _ = run("search_r1", [first, "<answer>Lunne</answer>"], toy_retriever)
@@ -300,3 +316,64 @@ def test_documents_go_in_whole_without_a_per_document_cap(toy_retriever):
     assert all(d.text.endswith(" ...") for d in capped.searches[0].docs)
     got = [d.text for d in listed.searches[0].docs]
     assert got[0] == full[0] and got[1] == full[1][: 70 - len(full[0])] and sum(map(len, got)) == 70
+
+
+def test_search_r1_cuts_the_whole_observation_at_max_obs_tokens(toy_retriever):
+    """generation.py _process_next_obs: the observation's token ids (the '\\n\\n<information>' tag,
+    the 'Doc i(Title: t)' labels and the text) cut to their first max_obs_length; the closing tag
+    goes with the rest. Documents' text alone is what max_query_doc_tokens counts; this counts all."""
+    turns = ["<search>Eddavik river</search>", "<answer>Lunne</answer>"]
+    whole, backend = run("search_r1", turns, toy_retriever)
+    (obs,) = [s for s in whole.segments if s.role == "observation"]
+    assert len(obs.token_ids) > 12 and obs.text.endswith("</information>\n\n")
+    cut, _ = run("search_r1", turns, toy_retriever, max_obs_tokens=12)
+    (short,) = [s for s in cut.segments if s.role == "observation"]
+    assert short.token_ids == obs.token_ids[:12]
+    assert short.text == backend.tokenizer.decode(obs.token_ids[:12], skip_special_tokens=True)
+    assert "</information>" not in short.text and cut.prediction == "Lunne"
+    # a corrective message is not a search's observation: it is never cut
+    corr, _ = run("search_r1", ["no block here", "<answer>Lunne</answer>"], toy_retriever, max_obs_tokens=3)
+    assert texts(corr, "observation") == [get_dialect("search_r1").corrective]
+
+
+def test_rag_r1_train_cuts_each_querys_whole_doc_block_at_max_query_doc_tokens():
+    """generation_mq.py _passages2string -> _process_documents: each query's stripped
+    'Doc i: <contents>' block, labels and titles counted, cut to its first max_obs_length token ids
+    and decoded. Byte tokens: the block 'Doc 1: T\\nxxxxxxxxxx\\nDoc 2: U\\nyy' cut at 12 is
+    'Doc 1: T\\nxxx' (the documents' texts alone, 10 + 2 tokens, would have fit whole)."""
+    import json
+
+    from harness.retrieval.memory import InMemoryRetriever
+    from harness.types import Doc
+
+    retriever = InMemoryRetriever([Doc("a", "T", "x" * 10), Doc("b", "U", "yy")])
+    d = resolve_dialect("rag_r1", mode="train")
+    turns = ["<search>T</search>", "<answer>Lunne</answer>"]
+    traj, _ = run(d, turns, retriever, max_doc_tokens=None, max_query_doc_tokens=12, topk=2)
+    (obs,) = texts(traj, "observation")
+    payload = json.loads(obs.removeprefix("\n<information>\n").removesuffix("\n</information>\n"))
+    assert payload == {"query": ["T"], "documents": ["Doc 1: T\nxxx"]}
+    # RAG-R1's evaluation prints the documents whole: there the cap is on the documents' texts
+    whole, _ = run(
+        resolve_dialect("rag_r1", mode="eval"), turns, retriever, max_doc_tokens=None, max_query_doc_tokens=12, topk=2
+    )
+    assert "Doc 1: T\\nxxxxxxxxxx\\nDoc 2: U\\nyy" in texts(whole, "observation")[0]
+
+
+def test_r1_searcher_train_trains_the_newlines_it_inserts_after_a_query(toy_retriever):
+    """experience_maker.py:1264-1293: the loss mask runs from '<|begin_of_documents|>\\n' to
+    'end_of_documents|>\\n\\n', so the '\\n\\n' inserted after '<|end_of_query|>' is trained as if the
+    model wrote it (a model segment without log-probs); evaluation trains nothing."""
+    turns = ["Look.<|begin_of_query|>Eddavik river<|end_of_query|>", "So.</think>\n\n<answer>Lunne</answer>"]
+    traj, _ = run(resolve_dialect("r1_searcher", mode="train"), turns, toy_retriever)
+    roles = [(s.role, s.text[:24]) for s in traj.segments[1:]]
+    assert roles[:3] == [
+        ("model", "Look.<|begin_of_query|>E"),
+        ("model", "\n\n"),
+        ("observation", "<|begin_of_documents|>\n("),
+    ]
+    assert traj.segments[2].logprobs is None and sum(traj.segments[2].loss_mask) == 2  # byte tokens
+    assert traj.response_text.count("<|end_of_query|>\n\n<|begin_of_documents|>") == 1
+    ev, _ = run(resolve_dialect("r1_searcher", mode="eval"), turns, toy_retriever)
+    assert [s.role for s in ev.segments[1:3]] == ["model", "observation"]
+    assert ev.segments[2].text.startswith("\n\n<|begin_of_documents|>")

@@ -18,7 +18,7 @@ from pipelines.dialects import get_dialect, resolve_dialect
 from pipelines.dialects.inspect import describe
 
 GOLDEN = Path(__file__).parent / "golden"
-SYSTEMS = ("search_r1", "research", "r1_searcher", "rag_r1", "prorag")
+SYSTEMS = ("search_r1", "research", "r1_searcher", "rag_r1", "prorag", "harr")
 runner = CliRunner()
 
 

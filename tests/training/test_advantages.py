@@ -29,7 +29,9 @@ def test_registry_one_signature_matches_the_estimators():
 
     assert ADVANTAGES.names() == ["dual_granularity", "gae", "group_norm", "grpo", "reinforce_pp"]
     assert ADVANTAGES.info("gae")["needs_critic"] and ADVANTAGES.info("dual_granularity")["needs_step_scores"]
-    algo = SimpleNamespace(norm_by_std=True, gamma=1.0, lam=1.0, dual_beta=0.3, whiten_advantages=False)
+    algo = SimpleNamespace(
+        norm_by_std=True, gamma=1.0, lam=1.0, dual_beta=0.3, whiten_advantages=False, adv_eps=None, step_eps=1e-8
+    )
     r, g, m = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0, 0, 1]), torch.ones(3, 2)
     x = AdvantageInputs(r, g, m, values=torch.zeros(3, 2), step_scores=torch.ones(3, 2))
     adv, ret = ADVANTAGES.get("grpo")(x, algo)
@@ -135,6 +137,37 @@ def test_dual_granularity_by_hand():
     assert a[1].tolist() == pytest.approx([-0.952056, -0.952056, -0.339683], abs=1e-5)
 
 
+def test_dual_granularity_epsilons_are_prorags():
+    """prorag/rl/trainer.py:169-190: A_out = (R − mean) / (std_unbiased + 1e-4); the step scores'
+    σ = sqrt(var_pop + 1e-8) (not std + ε).
+    Outcome 1, 0: .5 / (.707107 + 1e-4) = ±.707007 (verl's 1e-6 would give ±.707106).
+    Steps .5 and .5001 (float32: .5001000166), one token each: mean .50005, var_pop 2.5008e-9,
+    σ = sqrt(1.25008e-8) = 1.118069e-4, A_step = ±5.0008e-5 / σ = ±.447274 (std + 1e-6 would give ±.980546).
+    β = 1: row 0 = −.447274 + .707007 = .259733; row 1 = .447274 − .707007 = −.259733."""
+    out, g, mask = torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), torch.ones(2, 1)
+    steps = torch.tensor([[0.5], [0.5001]])
+    a = dual_granularity(out, steps, g, mask, beta=1.0)
+    assert a[:, 0].tolist() == pytest.approx([0.259733, -0.259733], abs=2e-4)
+    assert dual_granularity(out, torch.zeros(2, 1), g, mask)[:, 0].tolist() == pytest.approx(
+        [0.707007, -0.707007], abs=1e-6
+    )
+    # algo.adv_eps overrides the estimator's own; null takes it from the registry.
+    from types import SimpleNamespace
+
+    algo = SimpleNamespace(dual_beta=1.0, adv_eps=None, step_eps=1e-8)
+    from training.advantages import AdvantageInputs
+
+    x = AdvantageInputs(out, g, mask, step_scores=torch.zeros(2, 1))
+    assert ADVANTAGES.info("dual_granularity")["eps"] == 1e-4 and ADVANTAGES.info("grpo")["eps"] == 1e-6
+    assert ADVANTAGES.get("dual_granularity")(x, algo)[0][:, 0].tolist() == pytest.approx(
+        [0.707007, -0.707007], abs=1e-6
+    )
+    algo.adv_eps = 1e-6
+    assert ADVANTAGES.get("dual_granularity")(x, algo)[0][:, 0].tolist() == pytest.approx(
+        [0.707106, -0.707106], abs=1e-6
+    )
+
+
 def test_rule_step_scorer_and_its_tensor():
     t = trajectory(
         ["Paris"],
@@ -211,7 +244,7 @@ def test_gae_whitening_is_on_by_default_for_ppo():
     # Rewards 1, 0, 1 on one token each, values 0: raw advantages 1, 0, 1; verl's whitening:
     # mean 2/3, unbiased var = ((1/3)² + (2/3)² + (1/3)²) / 2 = 1/3 → (x − 2/3)·√3 = 0.57735, −1.1547, 0.57735.
     r, g, m = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0, 0, 1]), torch.ones(3, 1)
-    algo = SimpleNamespace(gamma=1.0, lam=1.0, whiten_advantages=True)
+    algo = SimpleNamespace(gamma=1.0, lam=1.0, whiten_advantages=True, adv_eps=None)
     adv, ret = ADVANTAGES.get("gae")(AdvantageInputs(r, g, m, values=torch.zeros(3, 1)), algo)
     assert adv[:, 0].tolist() == pytest.approx([0.57735, -1.154701, 0.57735], abs=1e-5)
     assert ret[:, 0].tolist() == pytest.approx([1.0, 0.0, 1.0])  # returns are not whitened
@@ -252,7 +285,9 @@ def test_kl_in_the_reward_reaches_every_estimator_that_takes_it():
 
     from training.advantages import AdvantageInputs
 
-    algo = SimpleNamespace(norm_by_std=True, gamma=1.0, lam=1.0, whiten_advantages=False, dual_beta=0.3)
+    algo = SimpleNamespace(
+        norm_by_std=True, gamma=1.0, lam=1.0, whiten_advantages=False, dual_beta=0.3, adv_eps=None, step_eps=1e-8
+    )
     r, g, m = torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0, 0, 0]), torch.ones(3, 2)
     kl = torch.tensor([[-0.1, -0.1], [0.0, 0.0], [-0.3, -0.1]])
     adv, _ = ADVANTAGES.get("grpo")(AdvantageInputs(r, g, m, kl_reward=kl), algo)

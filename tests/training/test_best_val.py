@@ -51,7 +51,8 @@ def test_a_best_metric_the_validation_does_not_report_is_refused_when_the_traine
     [
         (["trainer.eval_every=0", "data.val_split=test"], "needs data.val_split and trainer.eval_every"),
         (["trainer.eval_every=1", "data.val_split=null"], "needs data.val_split and trainer.eval_every"),
-        (["algo.kind=sft", "trainer.eval_every=1", "data.val_split=test"], "applies to algo.kind=rl"),
+        (["algo.kind=sft", "trainer.eval_every=1", "data.val_split=test"], "for algo.kind=sft is 'loss', not 'em'"),
+        (["algo.kind=retriever", "trainer.eval_every=1"], "applies to algo.kind rl, sft or prm"),
     ],
 )
 def test_a_best_metric_without_validations_to_choose_from_is_refused(tmp_path, overrides, message):
@@ -118,3 +119,66 @@ def test_a_resume_whose_best_weights_are_gone_says_so(tmp_path):
     resumed = make(tmp_path, *VAL, "trainer.max_steps=2")
     with pytest.raises(FileNotFoundError, match=r"so far \(step 1\) has no weights in .*best-step-1"):
         resumed.resume(tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    "kind, overrides, message",
+    [
+        ("sft", ["trainer.eval_every=1"], "needs sft.val_fraction and trainer.eval_every"),
+        ("sft", ["sft.val_fraction=0.1"], "needs sft.val_fraction and trainer.eval_every"),
+        ("prm", ["trainer.eval_every=1", "prm.val_fraction=0"], "needs prm.val_fraction and trainer.eval_every"),
+    ],
+)
+def test_sft_and_prm_best_metrics_need_their_held_out_share(tmp_path, kind, overrides, message):
+    metric = {"sft": "loss", "prm": "pair_acc"}[kind]
+    with pytest.raises(ValueError, match=message):
+        compose(TrainConfig, [], [f"algo.kind={kind}", f"trainer.best_metric={metric}", *overrides])
+    with pytest.raises(ValueError, match=f"for algo.kind={kind} is '{metric}', not 'em'"):
+        compose(TrainConfig, [], [f"algo.kind={kind}", "trainer.best_metric=em", "trainer.eval_every=1"])
+
+
+def test_a_lower_loss_is_the_better_one():
+    best = BestValidation("loss")
+    assert best.consider({"loss": 2.0}, 1) and best.consider({"loss": 1.0}, 2)
+    assert not best.consider({"loss": 1.0}, 3) and not best.consider({"loss": 1.5}, 4)
+    assert (best.step, best.value) == (2, 1.0)
+
+
+SFT_TINY = """
+name: sft-best
+model:
+  tiny: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
+algo: {kind: sft}
+sft: {batch_size: 2, val_fraction: 0.2}
+optim: {lr: 3.0e-3, micro_batch_size: 2}
+trainer: {max_steps: 3, save_every: 0, eval_every: 1, best_metric: loss, tensorboard: false, progress: false}
+"""
+
+
+def test_sft_final_holds_the_step_with_the_lowest_held_out_loss(tmp_path):
+    """ProRAG's SFT (HF load_best_model_at_end, metric_for_best_model eval_loss, greater_is_better
+    False over a 1 % split): val/loss 2.0, 1.0, 1.5 at steps 1-3 -> final/ is step 2's weights."""
+    from training.build import build_trainer
+
+    msgs = [[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"answer {i}"}] for i in range(10)]
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps({"messages": m}) + "\n" for m in msgs))
+    (tmp_path / "r.yaml").write_text(SFT_TINY)
+    cfg = compose(TrainConfig, [tmp_path / "r.yaml"], [f"sft.sources=[{{kind: chat, path: {data}}}]"])
+    run = tmp_path / "run"
+    trainer = build_trainer(cfg, run)
+    assert (len(trainer.data), len(trainer.val)) == (8, 2)
+    losses, seen = {1: 2.0, 2: 1.0, 3: 1.5}, {}
+
+    def scripted(trajs=None):
+        assert trajs is trainer.val  # the held-out share, not the training data
+        seen[trainer.step_no] = {k: v.detach().clone() for k, v in trainer.policy.module.state_dict().items()}
+        return losses[trainer.step_no]
+
+    trainer.evaluate_loss = scripted
+    trainer.train()
+    assert any(not torch.equal(seen[2][k], seen[3][k]) for k in seen[2])
+    assert_final_holds(run, seen[2])
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["val/loss"] for r in rows if "val/loss" in r] == [2.0, 1.0, 1.5]
+    assert [r["val/best_step"] for r in rows if "val/best_step" in r] == [1, 2, 2]

@@ -427,6 +427,106 @@ def test_a_correction_under_every_aggregation_by_hand():
     assert f(logp, old, adv, mask, global_tokens=10, grad_accum=2, behav_logp=behav)[0].item() == pytest.approx(-1.2)
 
 
+# ---- the rejections: geo_mask, token_mask, outlier_mask; masked_in_denominator ------------------
+
+
+def test_geo_mask_rejects_a_row_by_its_geometric_mean_ratio():
+    """SkyRL's recommended band [0.99, 1.01] (``sequence_mask_metric: geometric``).
+    row 0: log ρ .004, .012 (t2 masked, 9 there counts nowhere) -> mean .008, e^.008 = 1.008032: kept.
+    row 1: log ρ .03, −.01, .01 -> mean .01, e^.01 = 1.010050 > 1.01: rejected (its t1 alone is inside).
+    (Their products e^.016 and e^.03 would both be outside a [0.99, 1.01] band: the mean is per token.)
+    logp = old (PPO ratio 1), A = 1 on row 0, 2 on row 1: each term −A·w, w = 1 kept, 0 rejected.
+      token_mean, masked counted (SkyRL, 5 valid):  (−1 − 1 + 0) / 5 = −.4
+      token_mean, masked_in_denominator false (2 kept): −2 / 2 = −1.0
+      seq_mean_token_mean: counted (−2/2 + 0/3) / 2 = −.5; dropped: row 1 has no token left, −1.0
+    Mismatch: 1 of 2 rows rejected; kept weight mean 1."""
+    old = torch.zeros(2, 3)
+    behav = -torch.tensor([[0.004, 0.012, 9.0], [0.03, -0.01, 0.01]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    adv = torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]])
+    rc = RC("geo_mask", lo=0.99, hi=1.01)
+    w, corrected = rollout_weights(old, behav, mask, rc)
+    assert w.tolist() == [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+    assert corrected.tolist() == [[False, False, False], [True, True, True]]
+    drop = RC("geo_mask", lo=0.99, hi=1.01, masked_in_denominator=False)
+    for agg, counted, dropped in (("token_mean", -0.4, -1.0), ("seq_mean_token_mean", -0.5, -1.0)):
+        assert RLLoss(agg=agg, correction=rc)(old, old, adv, mask, behav_logp=behav)[0].item() == pytest.approx(counted)
+        assert RLLoss(agg=agg, correction=drop)(old, old, adv, mask, behav_logp=behav)[0].item() == pytest.approx(
+            dropped
+        )
+    m = mismatch_stats(old, behav, mask, rc)
+    assert m["mismatch/corrected_frac"] == 0.5 and m["mismatch/weight_mean"] == 1.0
+
+
+def test_token_mask_rejects_tokens_outside_the_band_with_weight_one_inside():
+    """SkyRL's token mask (IcePop's band without its ρ factor), band [0.5, 2] on the heavy tokens:
+    ρ 1, 1.648721 kept with weight 1 (not ρ: the `mask` kind, IcePop's M(ρ), gives −1.074361 above);
+    3 and e^20 rejected.  terms −1 × 1, −2 × 1, 0, 0:
+      counted: −3 / 4 = −.75;   masked_in_denominator false: −3 / 2 = −1.5.
+    Gradient counted: −A/4 = −.25, −.5, 0, 0, 0.  2 of 4 tokens rejected.
+    A lower bound: ρ = 1/e = .367879 < .5 is rejected too."""
+    logp = torch.zeros(1, 5, requires_grad=True)
+    old = torch.zeros(1, 5)
+    rc = RC("token_mask", lo=0.5, hi=2.0)
+    w, corrected = rollout_weights(old, HEAVY_BEHAV, HEAVY_MASK, rc)
+    assert w.tolist() == [[1.0, 1.0, 0.0, 0.0, 0.0]]
+    assert corrected.tolist() == [[False, False, True, True, False]]
+    loss, _ = RLLoss(correction=rc)(logp, old, HEAVY_ADV, HEAVY_MASK, behav_logp=HEAVY_BEHAV)
+    assert loss.item() == pytest.approx(-0.75)
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-0.25, -0.5, 0.0, 0.0, 0.0])
+    drop = RC("token_mask", lo=0.5, hi=2.0, masked_in_denominator=False)
+    assert RLLoss(correction=drop)(old, old, HEAVY_ADV, HEAVY_MASK, behav_logp=HEAVY_BEHAV)[0].item() == -1.5
+    m = mismatch_stats(old, HEAVY_BEHAV, HEAVY_MASK, rc)
+    assert m["mismatch/corrected_frac"] == 0.5 and m["mismatch/weight_mean"] == 1.0
+    w, _ = rollout_weights(torch.zeros(1, 2), torch.tensor([[1.0, 0.0]]), torch.ones(1, 2), rc)
+    assert w.tolist() == [[0.0, 1.0]]
+
+
+def test_outlier_mask_rejects_a_row_with_any_token_outside_the_band():
+    """SkyRL's outlier mask, band [0.5, 2.5]; A = 1, 2, 3 by row; logp = old.
+    row 0: ρ 1, 1.5 (t2 masked: e^50 there counts nowhere)  -> kept, terms −1, −1
+    row 1: ρ 1, 3, 1                                          -> rejected (t1), terms 0, 0, 0
+    row 2: ρ .4, 1 (t2 masked)                                -> rejected (t0 under .5), 0, 0
+      token_mean over 7 valid: −2/7 = −.285714; masked_in_denominator false: −2/2 = −1.0
+    token_mask on the same band keeps row 1's t0, t2 and row 2's t1:
+      (−1 − 1 − 2 − 2 − 3) / 7 = −9/7 = −1.285714.  2 of 3 rows rejected."""
+    old = torch.zeros(3, 3)
+    behav = -torch.log(torch.tensor([[1.0, 1.5, 1.0], [1.0, 3.0, 1.0], [0.4, 1.0, 1.0]]))
+    behav[0, 2] = -50.0
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv = torch.tensor([[1.0] * 3, [2.0] * 3, [3.0] * 3])
+    rc = RC("outlier_mask", lo=0.5, hi=2.5)
+    w, corrected = rollout_weights(old, behav, mask, rc)
+    assert w.tolist() == [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    assert corrected.tolist() == [[False, False, False], [True, True, True], [True, True, False]]
+    assert RLLoss(correction=rc)(old, old, adv, mask, behav_logp=behav)[0].item() == pytest.approx(-2 / 7)
+    drop = RC("outlier_mask", lo=0.5, hi=2.5, masked_in_denominator=False)
+    assert RLLoss(correction=drop)(old, old, adv, mask, behav_logp=behav)[0].item() == pytest.approx(-1.0)
+    tok = RC("token_mask", lo=0.5, hi=2.5)
+    assert RLLoss(correction=tok)(old, old, adv, mask, behav_logp=behav)[0].item() == pytest.approx(-9 / 7)
+    m = mismatch_stats(old, behav, mask, rc)
+    assert m["mismatch/corrected_frac"] == pytest.approx(2 / 3)
+
+
+def test_masked_in_denominator_false_drops_a_masked_token_from_every_term():
+    """verl's rejection sampling rewrites response_mask, so the KL and entropy terms lose the token
+    too. `mask` band [0, 2] on ρ 1, 4 (t1 masked), A = 1; logp = old = 0; ref = −1 on every token,
+    k3 per token e^(−1) + 1 − 1 = .367879; entropy .5 on t0, 1.5 on t1; kl_coef .1, entropy .01.
+      counted:  −1/2 + .1 × .367879 − .01 × (.5 + 1.5)/2 = −.5 + .036788 − .01 = −.473212
+      dropped:  −1/1 + .1 × .367879 − .01 × .5           = −1 + .036788 − .005 = −.968212"""
+    z = torch.zeros(1, 2)
+    behav, ref, ent, mask = (
+        torch.tensor([[0.0, -math.log(4)]]),
+        torch.full((1, 2), -1.0),
+        torch.tensor([[0.5, 1.5]]),
+        torch.ones(1, 2),
+    )
+    for counted, want in ((True, -0.473212), (False, -0.968212)):
+        f = RLLoss(kl_coef=0.1, entropy_coef=0.01, correction=RC("mask", hi=2.0, masked_in_denominator=counted))
+        assert f(z, z, torch.ones(1, 2), mask, ent, ref, behav_logp=behav)[0].item() == pytest.approx(want, abs=1e-6)
+
+
 def test_rl_loss_with_a_correction_needs_the_behaviour_logprobs_and_without_refuses_them():
     from training.config import AlgoConfig
 
@@ -449,6 +549,8 @@ def test_rollout_correction_config_is_validated():
     for bad in ({"cap": 0.0}, {"cap": float("nan")}, {"hi": 0.9}, {"lo": 1.5, "hi": None}, {"lo": 2.0, "hi": 2.0}):
         with pytest.raises(ValueError, match="rollout_correction"):
             RC("mask", **bad)
+    with pytest.raises(ValueError, match="masked_in_denominator=false does not apply to algo.loss_agg=dapo"):
+        compose(TrainConfig, [], ["algo.loss_agg=dapo", "algo.rollout_correction.masked_in_denominator=false"])
     cfg = compose(TrainConfig, [], ["algo.rollout_correction.kind=mask", "algo.rollout_correction.level=sequence"])
     assert cfg.algo.rollout_correction == RC("mask", "sequence")
     with pytest.raises(ConfigError, match="level"):

@@ -20,7 +20,9 @@ from training.batch import collate
 from training.config import TrainConfig
 from training.mcts import MCTSConfig, run_mcts
 from training.prm import (
+    PairExample,
     PRMStepScorer,
+    fitting,
     load_pairs,
     load_points,
     load_prm,
@@ -30,6 +32,7 @@ from training.prm import (
     split_held_out,
     step_sequences,
 )
+from training.prm_window import ScoringWindow
 from training.rewards import RuleStepScorer, algo_step_scorer
 
 TINY_PRM = """
@@ -37,7 +40,7 @@ name: prm
 model:
   tiny: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
 algo: {kind: prm}
-prm: {batch_size: 4, val_fraction: 0.0, max_len: 512}
+prm: {batch_size: 4, val_fraction: 0.0, max_len: 512, too_long: left}
 optim: {lr: 1.0e-3, micro_batch_size: 4}
 trainer: {max_steps: 12, save_every: 0, tensorboard: false, progress: false}
 """
@@ -149,14 +152,18 @@ def test_dual_granularity_step_advantages_come_from_the_prm(trained, tmp_path):
     batch = collate(trajs, rewards=[1.0, 0.0, 0.5], group_ids=[0, 0, 0])
     T = batch.mask.shape[1]
     got = step_score_tensor(trajs, scorer, T)  # [B, T]
-    # By hand: σ(PRM(prefix + step + EOS)) of each model turn, on that turn's target positions.
+    # By hand: σ(PRM(prefix + step)) of each model turn, on that turn's target positions, seen as
+    # ProRAG's RL sees it (algo.step_scorer_*: no EOS, the first 4096 tokens), not as it was
+    # trained (EOS appended, the end kept).
     prm = load_prm(final)
-    want = torch.zeros(len(trajs), T)
+    want, trained = torch.zeros(len(trajs), T), torch.zeros(len(trajs), T)
     for i, t in enumerate(trajs):
         spans, seqs, _ = step_sequences(t)
-        for (a, b), r in zip(spans, prm.score(seqs), strict=True):
+        rl = prm.score(seqs, window=ScoringWindow(append_eos=False, max_len=4096, keep="first"))
+        for (a, b), r, r_trained in zip(spans, rl, prm.score(seqs), strict=True):
             want[i, a - 1 : b - 1] = torch.sigmoid(torch.tensor(r))
-    assert torch.allclose(got, want, atol=1e-5)
+            trained[i, a - 1 : b - 1] = torch.sigmoid(torch.tensor(r_trained))
+    assert torch.allclose(got, want, atol=1e-5) and not torch.allclose(got, trained, atol=1e-5)
     assert len({round(float(x), 4) for x in got[batch.mask.bool()]}) > 1  # the PRM tells steps apart
     adv = dual_granularity(batch.rewards, got, batch.group_ids, batch.mask, beta=0.3)
     rule = dual_granularity(batch.rewards, step_score_tensor(trajs, RuleStepScorer(), T), batch.group_ids, batch.mask)
@@ -352,3 +359,55 @@ def test_the_prm_server_answers_bad_token_ids_with_422_and_caps_the_length():
         assert r.status_code == 422 and where in r.json()["detail"] and "outside the vocabulary" in r.json()["detail"]
     long = answer({"sequences": [[65], [66] * 65]})
     assert long.status_code == 413 and "sequences.1: 65 tokens" in long.json()["detail"] and "--max-tokens" in long.text
+    # A window: the server scores what the client's algo.step_scorer_* ask for, the same as in process.
+    seqs = [[65, 66, 67], [68]]
+    w = {"append_eos": False, "max_len": 2, "keep": "first"}
+    got = answer({"sequences": seqs, "window": w}).json()["scores"]
+    assert got == pytest.approx(PRM(model, tok).score(seqs, window=ScoringWindow(False, 2, "first")), abs=1e-6)
+    assert got != pytest.approx(ok_scores := answer({"sequences": seqs}).json()["scores"], abs=1e-6), ok_scores
+    bad = answer({"sequences": seqs, "window": {"append_eos": False, "keep": "middle"}})
+    assert bad.status_code == 422 and "window.keep" in bad.json()["detail"]
+
+
+def test_scoring_window_and_too_long_pairs_by_hand():
+    eos = 9
+    assert ScoringWindow(append_eos=False, max_len=3, keep="first").apply([1, 2, 3, 4], eos) == [1, 2, 3]
+    assert ScoringWindow(append_eos=True, max_len=3, keep="last").apply([1, 2, 3, 4], eos) == [3, 4, 9]
+    assert ScoringWindow(append_eos=True, max_len=None).apply([1, 2], eos) == [1, 2, 9]
+    # TRL's RewardTrainer keeps a pair only when chosen AND rejected fit max_length (prm.too_long: drop).
+    pairs = [PairExample([1] * 3, [2] * 4), PairExample([1] * 5, [2] * 2), PairExample([1] * 4, [2] * 4)]
+    assert fitting(pairs, 4, "drop") == [pairs[0], pairs[2]]
+    assert fitting(pairs, 4, "left") == pairs and fitting(pairs, None, "drop") == pairs
+
+
+def test_prm_final_holds_the_step_with_the_best_held_out_pair_accuracy(mcts_dir, tmp_path):
+    """ProRAG's PRM (HF load_best_model_at_end, metric_for_best_model accuracy): val/pair_acc .5,
+    .8, .6 at steps 1-3 -> final/ is step 2's PRM (its head's weights), the other bests removed."""
+    from safetensors.torch import load_file
+
+    from training.build import build_trainer
+    from training.engine import unwrap
+
+    (tmp_path / "prm.yaml").write_text(TINY_PRM)
+    over = [f"prm.data=[{mcts_dir}]", "prm.val_fraction=0.2", "trainer.max_steps=3", "trainer.eval_every=1"]
+    trainer = build_trainer(
+        compose(TrainConfig, [tmp_path / "prm.yaml"], [*over, "trainer.best_metric=pair_acc"]), tmp_path / "run"
+    )
+    assert trainer.val_pairs
+    accs, seen = {1: 0.5, 2: 0.8, 3: 0.6}, {}
+
+    def scripted(pairs):
+        seen[trainer.step_no] = {k: v.detach().clone() for k, v in unwrap(trainer.engine).head.state_dict().items()}
+        return accs[trainer.step_no]
+
+    trainer.pair_accuracy = scripted
+    final = trainer.train()
+    head = load_file(str(final / "head.safetensors"))
+    assert all(torch.equal(head[k], seen[2][k]) for k in seen[2]) and any(
+        not torch.equal(seen[2][k], seen[3][k]) for k in seen[2]
+    )
+    assert json.loads((final / "prm.json").read_text())["metrics"] == {"prm/val_pair_acc": 0.8}
+    assert sorted(p.name for p in (tmp_path / "run").glob("best-step-*")) == ["best-step-2"]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["val/pair_acc"] for r in rows if "val/pair_acc" in r] == [0.5, 0.8, 0.6]
+    assert load_prm(final).score([[65, 66]])  # a loadable PRM folder

@@ -50,7 +50,7 @@ PRM = """
 name: prorag_prm_tiny
 model: {path: PLACEHOLDER}
 algo: {kind: prm}
-prm: {batch_size: 4, val_fraction: 0.0, max_len: 512}
+prm: {batch_size: 4, val_fraction: 0.0, max_len: 512, too_long: left}
 optim: {lr: 1.0e-3, micro_batch_size: 4}
 trainer: {max_steps: 12, save_every: 0, tensorboard: false, progress: false}
 """

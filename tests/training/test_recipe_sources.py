@@ -15,7 +15,7 @@ import pytest
 from cli.demo.systems import SYSTEMS as DEMO_SYSTEMS
 from harness.config import ConfigError, compose, to_dict
 from pipelines.methods import validate_options
-from training.advantages import ADVANTAGES
+from training.advantages import ADVANTAGES, adv_eps
 from training.build import rollout_agent_options, train_config
 from training.config import AlgoConfig, TrainConfig
 from training.retriever_rl import rollout_options
@@ -43,12 +43,19 @@ SEEDS = [
 COMMON = [
     "optim.lr", "optim.warmup_steps", "optim.weight_decay", "optim.betas", "optim.grad_clip",
     "optim.micro_batch_size", "trainer.max_steps", "model.gradient_checkpointing", "model.lora", "optim.schedule",
+    "model.dtype", "model.attn_implementation", "optim.bf16", "trainer.seed", "trainer.best_metric",
 ]  # fmt: skip
 # The rollout correction's parameters that act, per kind (algo.rollout_correction).
-CORRECTION = {"none": [], "tis": ["level", "cap"], "mask": ["level", "lo", "hi"]}
+# A kind that weighs a token 0 (masks and rejections) also makes masked_in_denominator act.
+BAND = ["lo", "hi", "masked_in_denominator"]
+CORRECTION = {
+    "none": [], "tis": ["level", "cap"], "mask": ["level", *BAND],
+    "geo_mask": BAND, "token_mask": BAND, "outlier_mask": BAND,
+}  # fmt: skip
 AGENT = [
     "max_turns", "max_total_tokens", "max_context", "topk", "max_doc_tokens",
-    "max_query_doc_tokens", "chat", "few_shot", "response_prefix", "final_turn", "mode", "variant", "template",
+    "max_query_doc_tokens", "max_obs_tokens", "chat", "few_shot", "response_prefix", "final_turn", "mode", "variant",
+    "template",
 ]  # fmt: skip
 RL = [
     "data.dataset", "data.split", "data.file", "rollout.prompts_per_step", "rollout.n_samples",
@@ -56,6 +63,8 @@ RL = [
     "retriever.topk", "algo.advantage", "algo.reward", "algo.loss_agg",
     "algo.clip_low", "algo.clip_high", "algo.kl_coef", "algo.kl_in_reward", "algo.entropy_coef", "algo.ppo_epochs",
     "algo.ppo_mini_batch_size", "algo.filter_groups", "algo.shuffle_rows", "algo.max_len",
+    "data.shuffle", "data.limit", "retriever.api", "algo.adv_eps", "rollout.agent.min_room", "rollout.method",
+    "rollout.sampling.seed", "trainer.async.enabled",
     *(f"rollout.agent.{k}" for k in AGENT),
 ]  # fmt: skip
 CRITIC = [
@@ -63,22 +72,84 @@ CRITIC = [
     "algo.critic_warmup",
     "optim.critic_lr", "optim.critic_warmup_steps",
 ]  # fmt: skip
-SFT = ["sft.sources", "sft.batch_size", "sft.shuffle", "sft.tag_weights", "algo.max_len"]
-PRM = ["prm.data", "prm.loss", "prm.batch_size", "prm.val_fraction", "prm.append_eos", "prm.max_len"]
+SFT = ["sft.sources", "sft.batch_size", "sft.shuffle", "sft.tag_weights", "algo.max_len", "sft.val_fraction"]
+PRM = ["prm.data", "prm.loss", "prm.batch_size", "prm.val_fraction", "prm.append_eos", "prm.max_len", "prm.too_long"]
+# algo.step_scorer prm: what the PRM scores of each step at RL time
+STEP_PRM = ["algo.step_scorer_append_eos", "algo.step_scorer_max_len", "algo.step_scorer_keep"]
 RETRIEVER = [
-    "data.dataset", "data.split", "data.file", "retriever_rl.method", "retriever_rl.backend.model",
+    "data.dataset", "data.split", "data.file", "data.limit", "retriever_rl.method", "retriever_rl.backend.model",
     "retriever_rl.encoder.name", "retriever_rl.encoder.lora_r", "retriever_rl.encoder.max_length",
     *(f"retriever_rl.sampling.{k}" for k in
       ("n_candidates", "tau", "topk", "stateful", "template", "max_history", "max_titles", "max_chars")),
     *(f"retriever_rl.rl.{k}" for k in
       ("algo", "group_size", "questions_per_step", "steps", "epochs", "lr", "weight_decay", "clip_eps", "kl_coef",
-       "kl_in_reward", "reward", "loss_agg", "grad_clip")),
-    *(f"retriever_rl.agent.{k}" for k in (*AGENT, "max_new_tokens", "temperature", "top_p")),
+       "kl_in_reward", "reward", "loss_agg", "grad_clip", "schedule", "seed", "pseudo_call")),
+    *(f"retriever_rl.agent.{k}" for k in (*AGENT, "max_new_tokens", "temperature", "top_p", "min_room", "seed")),
 ]  # fmt: skip
-PPO_KEYS = ("gamma", "lam", "whiten_advantages", "vf_coef", "vf_clip", "value_lr")
+PPO_KEYS = ("gamma", "lam", "whiten_advantages", "vf_coef", "vf_clip", "value_lr", "value_hidden")
 RETRIEVER_PPO = [f"retriever_rl.rl.{k}" for k in PPO_KEYS]
-RETRIEVER_GRPO = ["retriever_rl.rl.norm_by_std"]
+RETRIEVER_GRPO = ["retriever_rl.rl.norm_by_std", "retriever_rl.rl.adv_eps"]
 LORA = [f"retriever_rl.encoder.{k}" for k in ("lora_alpha", "lora_dropout", "lora_targets")]
+
+
+ASYNC = ["max_staleness", "interrupt", "max_running_groups"]
+
+# Config keys that are not result-relevant, or are so only through another key, and why: the
+# classification test holds every key of the configuration in a list above or here, so a new
+# key must be placed (and a seed recipe then gives its original's value, or a deviation).
+NOT_RELEVANT = {
+    "name": "a label", "papers": "a label", "source": "this block", "deviations": "this block",
+    "algo.kind": "picks the trainer, and so which of the lists above apply",
+    "model.path": "which weights: the recipe's header and papers name them; stage recipes start from the previous "
+                  "stage's output folder, a local path no original shares",
+    "model.tiny": "a random test model, never a seed recipe's",
+    "model.logits_chunk_tokens": "memory: the vocabulary projection in chunks, the same numbers",
+    "optim.zero_stage": "memory: how DeepSpeed shards the same update",
+    "optim.threads": "CPU threads",
+    "data.data_dir": "where the data lie",
+    "data.val_split": "validation only (relevant with trainer.best_metric, listed then)",
+    "data.val_limit": "validation only (relevant with trainer.best_metric, listed then)",
+    "trainer.eval_every": "validation only (relevant with trainer.best_metric, listed then)",
+    "trainer.val_before_train": "validation only (relevant with trainer.best_metric, listed then)",
+    "trainer.async": "relevant when trainer.async.enabled (listed then)",
+    "trainer.out": "bookkeeping", "trainer.save_every": "bookkeeping", "trainer.save_every_minutes": "bookkeeping",
+    "trainer.keep_checkpoints": "bookkeeping", "trainer.tensorboard": "bookkeeping",
+    "trainer.wandb_project": "bookkeeping", "trainer.save_rollouts": "bookkeeping", "trainer.progress": "bookkeeping",
+    "trainer.entropy_every": "logging: the entropy metric's period (algo.entropy_coef is the loss term)",
+    "trainer.max_nonfinite_steps": "a guard: stops a diverged run",
+    "rollout.backend": "which engine serves the policy; what it samples is rollout.sampling's and model.*'s",
+    "rollout.weight_sync": "how weights reach the engine, the same weights",
+    "rollout.agent.max_concurrency": "scheduling",
+    "rollout.agent.max_new_tokens": "set from rollout.sampling.max_new_tokens for rollouts",
+    "rollout.agent.temperature": "set from rollout.sampling for rollouts",
+    "rollout.agent.top_p": "set from rollout.sampling for rollouts",
+    "rollout.agent.seed": "set from rollout.sampling.seed for rollouts",
+    "retriever": "where the retriever runs (kind, url, index, model, timeouts); the index it serves is named in "
+                 "the recipe's header (retriever.topk and retriever.api are listed)",
+    "algo.step_scorer_path": "where the PRM lies", "algo.step_scorer_url": "where the PRM is served",
+    "algo.rollout_correction": "its keys act per kind (CORRECTION)",
+    "retriever_rl.backend": "which engine serves the frozen generator (retriever_rl.backend.model is listed)",
+    "retriever_rl.agent.max_concurrency": "scheduling",
+    "retriever_rl.baseline": "an evaluation baseline, not training",
+    "retriever_rl.corpus": "where the corpus lies", "retriever_rl.index": "where the index lies",
+    "retriever_rl.doc_encoder": "the frozen document tower that built the index",
+    "retriever_rl.encoder": "its keys are listed (lora_* when lora_r > 0)",
+    "retriever_rl.rl.sync_url": "pushes the tower to a served retriever", "retriever_rl.rl.sync_every": "see sync_url",
+    "retriever_rl.rl.sync_timeout": "see sync_url",
+}  # fmt: skip
+
+
+def unclassified(keys: list[str], relevant_keys: set[str]) -> list[str]:
+    """The keys neither relevant (``relevant_keys``, a section covering its leaves) nor in ``NOT_RELEVANT``."""
+
+    def covered(k: str, names: Any) -> bool:
+        parts = k.split(".")
+        # a key under a named section, or a section (empty by default) whose keys are named
+        return any(".".join(parts[:i]) in names for i in range(1, len(parts) + 1)) or any(
+            n.startswith(k + ".") for n in names
+        )
+
+    return sorted(k for k in keys if not covered(k, relevant_keys) and not covered(k, NOT_RELEVANT))
 
 
 def leaves(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -115,6 +186,7 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
     eff = to_dict(cfg)
     if cfg.algo.kind == "rl":
         eff["rollout"]["agent"] = to_dict(validate_options(cfg.rollout.method, rollout_agent_options(cfg)))
+        eff["algo"]["adv_eps"] = adv_eps(cfg.algo, cfg.algo.advantage)  # null: the estimator's own ε
     if cfg.algo.kind == "retriever":
         eff["retriever_rl"]["agent"] = to_dict(validate_options(cfg.retriever_rl.method, rollout_options(cfg)))
     return eff
@@ -128,14 +200,19 @@ def relevant(cfg: TrainConfig, eff: dict[str, Any]) -> list[str]:
     decays = eff["optim"]["schedule"] != "constant"
     keys += ["optim.min_lr_ratio", "optim.schedule_steps"] if decays else []
     keys += ["optim.schedule_unit"] if decays or eff["optim"]["warmup_steps"] else []
+    if eff["trainer"]["best_metric"] is not None:  # validation chooses the final weights
+        keys += ["trainer.eval_every"]
+        keys += ["trainer.val_before_train", "data.val_split", "data.val_limit"] if kind == "rl" else []
     if kind == "rl":
         keys += RL
+        keys += [f"trainer.async.{k}" for k in ASYNC] if eff["trainer"]["async"]["enabled"] else []
         info = ADVANTAGES.info(a.advantage)
         keys += CRITIC if info.get("needs_critic") else []
         keys += ["algo.gamma"] if a.advantage in ("group_norm", "reinforce_pp") else []
         keys += ["algo.norm_by_std"] if a.advantage == "grpo" else []
         if info.get("needs_step_scores"):
-            keys += ["algo.dual_beta", "algo.step_scorer", "algo.step_scorer_format"]
+            keys += ["algo.dual_beta", "algo.step_scorer", "algo.step_scorer_format", "algo.step_eps"]
+            keys += STEP_PRM if a.step_scorer == "prm" else []
         keys += ["algo.kl_estimator"] if a.kl_coef > 0 and not a.kl_in_reward else []
         kind_rc = eff["algo"]["rollout_correction"]["kind"]  # its level, cap or band matter only when it acts
         keys += [f"algo.rollout_correction.{k}" for k in ("kind", *CORRECTION[kind_rc])]
@@ -147,7 +224,10 @@ def relevant(cfg: TrainConfig, eff: dict[str, Any]) -> list[str]:
         r = cfg.retriever_rl
         keys = [k for k in keys if not k.startswith(("optim.", "model."))]  # the tower's own optimizer
         keys.remove("trainer.max_steps")  # retriever_rl.rl.steps
+        keys.remove("trainer.seed")  # retriever_rl.rl.seed
+        keys.remove("trainer.best_metric")  # the retriever trainer keeps its last tower
         keys += RETRIEVER + (RETRIEVER_PPO if r.rl.algo == "ppo" else RETRIEVER_GRPO)
+        keys += ["retriever_rl.rl.schedule_steps"] if r.rl.schedule != "constant" else []
         keys += LORA if r.encoder.lora_r > 0 else []
     return keys  # a section (model.lora, sft.tag_weights) is one key, compared as a whole
 
@@ -237,6 +317,14 @@ def plant_default(monkeypatch, cls: type, name: str, value: Any) -> None:
     monkeypatch.setattr(cls.__init__, "__defaults__", tuple(defaults))
 
 
+def test_every_rollout_correction_kind_names_the_keys_that_act_for_it():
+    from training.losses import ROLLOUT_CORRECTIONS
+
+    assert set(CORRECTION) == set(ROLLOUT_CORRECTIONS.names())
+    fields = {f.name for f in dataclasses.fields(AlgoConfig().rollout_correction)} - {"kind"}
+    assert set().union(*CORRECTION.values()) == fields  # every field of the config acts for some kind
+
+
 def test_a_default_that_differs_from_the_original_fails(monkeypatch):
     """Plant a default no recipe file writes: the check must now fail, though no recipe changed."""
     from training.config import RolloutAgentConfig
@@ -272,3 +360,73 @@ def test_the_blocks_are_accepted_and_a_deviation_needs_a_reason(tmp_path):
     bad.write_text("deviations: [{key: optim.lr}]\n")
     with pytest.raises(ConfigError, match="reason"):
         compose(TrainConfig, [bad])
+
+
+def all_keys_and_relevant() -> tuple[list[str], set[str]]:
+    """Every key of the configuration (the defaults and every seed recipe's effective one) and
+    every key some seed recipe treats as result-relevant."""
+    keys = set(leaves(to_dict(TrainConfig())))
+    rel: set[str] = set()
+    for path in SEEDS:
+        cfg = train_config([str(ROOT / path)], [])
+        eff = effective(cfg)
+        keys |= set(leaves(eff))
+        rel |= set(relevant(cfg, eff))
+    # every list, whatever recipe uses it (an async or a best_metric recipe, a LoRA tower)
+    rel |= {*COMMON, *RL, *CRITIC, *SFT, *PRM, *STEP_PRM, *RETRIEVER, *RETRIEVER_PPO, *RETRIEVER_GRPO, *LORA}
+    rel |= {f"trainer.async.{k}" for k in ASYNC} | {"optim.min_lr_ratio", "optim.schedule_steps", "optim.schedule_unit"}
+    rel |= {"retriever_rl.rl.schedule_steps", "algo.kl_estimator", "algo.dual_beta", "algo.step_scorer"}
+    rel |= {"algo.step_scorer_format", "algo.step_eps", "algo.norm_by_std", "algo.gamma"}
+    return sorted(keys), rel
+
+
+def test_every_config_key_is_relevant_or_says_why_not():
+    """A key outside every list (a new knob, or a constant turned key and left out) fails here
+    until it is placed: in a list (then each seed recipe gives its original's value or a
+    deviation) or in NOT_RELEVANT with the reason."""
+    keys, rel = all_keys_and_relevant()
+    assert unclassified(keys, rel) == []
+
+
+def test_each_kind_of_planted_change_fails_the_recipe_check(monkeypatch):
+    """(1) a default flipped, (2) a code constant turned key, its default changed, (3) a key outside
+    today's lists: each is caught, though no recipe file changed."""
+    from training.config import DataConfig, PRMConfig
+    from training.retriever_config import RetrieverRLConfig
+
+    def problems(path: str) -> list[str]:
+        return check(path, train_config([str(ROOT / path)], []))
+
+    sr1, research, prm = SEEDS[0], SEEDS[1], "configs/train/prorag_prm.yaml"
+    prorag, harr = "configs/train/prorag/rl.yaml", "configs/train/harr/minilm_search_r1.yaml"
+    for path in (sr1, research, prm, prorag, harr):
+        assert problems(path) == []
+    # (1) DataConfig.shuffle's default (the issue's example that once passed)
+    with monkeypatch.context() as m:
+        plant_default(m, DataConfig, "shuffle", False)
+        assert "data.shuffle = False, the original's is True (no deviation listed)" in problems(sr1)
+    # (2) constants that were code: the GRPO epsilon (its registered default, and the key's),
+    # ProRAG's step sigma and PRM window, HARR's epsilon and LR schedule, TRL's long-pair filter
+    with monkeypatch.context() as m:
+        m.setitem(ADVANTAGES._info["grpo"], "eps", 1e-4)
+        assert any(p.startswith("algo.adv_eps = 0.0001") for p in problems(research))
+    with monkeypatch.context() as m:
+        plant_default(m, AlgoConfig, "adv_eps", 1e-4)
+        assert any(p.startswith("algo.adv_eps = 0.0001") for p in problems(research))
+    for cls, name, value, path in (
+        (AlgoConfig, "step_eps", 1e-6, prorag),
+        (AlgoConfig, "step_scorer_keep", "last", prorag),
+        (AlgoConfig, "step_scorer_append_eos", True, prorag),
+        (PRMConfig, "too_long", "left", prm),
+        (RetrieverRLConfig, "adv_eps", 1e-6, harr),
+        (RetrieverRLConfig, "schedule", "linear", harr),
+    ):
+        with monkeypatch.context() as m:
+            plant_default(m, cls, name, value)
+            assert any(f".{name} = " in p for p in problems(path)), (cls.__name__, name)
+    # (3) a key no list names and NOT_RELEVANT does not explain
+    keys, rel = all_keys_and_relevant()
+    assert unclassified([*keys, "algo.new_knob", "rollout.agent.new_cap"], rel) == [
+        "algo.new_knob",
+        "rollout.agent.new_cap",
+    ]

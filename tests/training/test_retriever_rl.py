@@ -11,7 +11,7 @@ from benchmarks.build import simple_evaluate
 from harness.config import from_dict
 from harness.eval_config import BackendConfig, EvalConfig
 from harness.retrieval.stochastic import StochasticDenseRetriever
-from harness.types import Example
+from harness.types import Example, Trajectory
 from pipelines.methods import build_method
 from pipelines.search_agent import AgentConfig
 from tests.helpers.harr_toy import OracleReader, tiny_tower, toy_index
@@ -344,3 +344,60 @@ def test_ppo_reward_rises_on_toy_corpus(tmp_path):
     assert (tmp_path / "run" / "value_head.safetensors").is_file()
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert "loss/value_loss" in metrics[-1]
+
+
+def test_lr_schedule_is_set_once_per_step(tmp_path):
+    """retriever_rl.rl.schedule linear over schedule_steps 4 (HARR's PPO: TrainingArguments'
+    linear over its 313 batches, stepped once per batch): step k (1-based) runs at
+    lr × (4 − (k − 1)) / 4 = 1e-2, .75e-2, .5e-2, .25e-2, then 0 past the span; constant keeps 1e-2."""
+    retriever, runner = _setup(tmp_path)
+    lrs: list[float] = []
+    cfg = RetrieverRLConfig(
+        group_size=2, questions_per_step=1, steps=5, lr=1e-2, schedule="linear", schedule_steps=4, kl_coef=0.0
+    )
+    RetrieverRL(retriever, runner, cfg, tmp_path / "run").train(EXAMPLES, on_step=lambda r: lrs.append(r.metrics["lr"]))
+    assert lrs == pytest.approx([1e-2, 0.75e-2, 0.5e-2, 0.25e-2, 0.0])
+    lrs.clear()
+    cfg = RetrieverRLConfig(group_size=2, questions_per_step=1, steps=2, lr=1e-2, kl_coef=0.0)
+    RetrieverRL(retriever, runner, cfg, tmp_path / "run2").train(
+        EXAMPLES, on_step=lambda r: lrs.append(r.metrics["lr"])
+    )
+    assert lrs == pytest.approx([1e-2, 1e-2])
+
+
+class _SilentRunner:
+    """Rollouts that never search (HARR's generator then makes a pseudo-call on the question)."""
+
+    def run(self, examples, n):
+        return [
+            Trajectory(
+                ex.id, ex.question, list(ex.answers), "m", prediction="W3", finish_reason="answer", sample_index=k
+            )
+            for ex in examples
+            for k in range(n)
+        ]
+
+
+def test_a_rollout_without_a_search_trains_on_a_pseudo_call(tmp_path):
+    """generator.py: ``if not source_node`` retrieves the question itself (empty history), its
+    greedy top-k unsampled, and the rollout's reward trains the tower on that call."""
+    retriever, _ = _setup(tmp_path)
+    cfg = RetrieverRLConfig(group_size=2, questions_per_step=1, steps=1, lr=1e-2, kl_coef=0.0, reward="em")
+    rl = RetrieverRL(retriever, _SilentRunner(), cfg, tmp_path / "run", topk=2)
+    trajs = _SilentRunner().run(EXAMPLES[:2], 2)
+    rl._add_pseudo_calls(trajs)
+    for t in trajs:
+        (s,) = t.searches
+        assert s.turn == -1 and s.query == t.question and len(s.docs) == 2
+        assert s.sample["greedy"] and s.sample["sampled"] == [0, 1]  # the top 2, not a draw
+    assert not retriever.greedy  # left as it was: rollouts sample
+    layout = step_layout(trajs)
+    assert layout.mask.all() and layout.mask.shape == (4, 1)
+    # Rewards differ within the group (EM 1 for q0's "W3", 0 for q1): the pseudo-calls carry a gradient.
+    loss, _ = retrieval_loss(retriever, trajs, torch.tensor([1.0, -1.0, 1.0, -1.0]), cfg)
+    assert loss.requires_grad
+    off = RetrieverRL(
+        retriever, _SilentRunner(), RetrieverRLConfig(**{**cfg.__dict__, "pseudo_call": False}), tmp_path / "r2"
+    )
+    assert off.step(EXAMPLES[:1]).metrics["retrievals_per_traj"] == 0.0
+    assert rl.step(EXAMPLES[:1]).metrics["retrievals_per_traj"] == 1.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.types import Doc, SearchRecord, Segment, Trajectory
+from pipelines.dialects import protocols as P
 from training.rewards import (
     EM,
     REWARDS,
@@ -217,3 +218,67 @@ def test_prorag_reward_by_hand_with_its_dialect():
     assert r(traj("thinking</step>", dialect="prorag"))[0] == pytest.approx(-1.0)
     # ProRAG's F1 does not strip punctuation (SQuAD's would): "Paris." vs "Paris" → 0, gated.
     assert prorag_f1("Paris.", "Paris") == 0.0
+
+
+# ---- a response that writes the next dialogue turn itself ---------------------------------------
+# ReSearch's compute_score (src/verl/utils/reward_score/re_search.py:149-179 at 3b2fd14) splits the
+# decoded prompt + response on "<|im_start|>assistant\n" (else "Assistant:"), validates piece [1]
+# and then requires it to end with the EOS token; R1-Searcher's reward servers
+# (train/reward_server_qwen_zero.py:150-173, reward_server_llama_stage2.py:149-172 at 631167c)
+# append one EOS and score the text after the LAST marker.
+RESEARCH_CHAT_PROMPT = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
+RESEARCH_BASE_PROMPT = "A conversation between User and Assistant. ... User: Q. Assistant:"
+
+
+def research_traj(prompt, *model_and_obs, finish="answer"):
+    segs = [Segment("prompt", [0], prompt)]
+    segs += [Segment("observation" if i % 2 else "model", [i + 1], t) for i, t in enumerate(model_and_obs)]
+    return traj("".join(model_and_obs), dialect="research", segs=segs, finish=finish)
+
+
+def test_research_reward_validates_up_to_a_written_next_turn_and_then_misses_the_eos():
+    r = build_reward("research_f1_format")
+    answered = "<think>a</think><answer>\\boxed{Paris}</answer>"
+    assert r(research_traj(RESEARCH_CHAT_PROMPT, answered))[0] == 1.0
+    assert r(research_traj(RESEARCH_BASE_PROMPT, " " + answered))[0] == 1.0
+    # The whole response is well formed (paired thinks, one answer), but the original's piece
+    # ends at the written "<|im_start|>assistant\n": valid, yet it cannot end with the EOS -> 0.
+    chat = answered + "\n<|im_start|>assistant\n<think>b</think>"
+    assert research_traj(RESEARCH_CHAT_PROMPT, chat).response_text == chat
+    assert r(research_traj(RESEARCH_CHAT_PROMPT, chat)) == (0.0, {"f1": 1.0, "format_valid": 0.0})
+    base = " " + answered + "\nUser: thanks. Assistant: you are welcome"
+    assert r(research_traj(RESEARCH_BASE_PROMPT, base))[0] == 0.0
+    # A base prompt's marker inside a retrieved document cuts the piece as well.
+    search, obs = " <think>a</think><search>q</search>", " <result>\nAssistant: a title\n</result>"
+    assert r(research_traj(RESEARCH_BASE_PROMPT, search, obs, answered))[0] == 0.0
+    assert r(research_traj(RESEARCH_BASE_PROMPT, search, obs.replace("Assistant:", "A"), answered))[0] == 1.0
+    # The chat marker is looked for first: a chat prompt's response may say "Assistant:" freely.
+    assert r(research_traj(RESEARCH_CHAT_PROMPT, "<think>Assistant: me</think>" + answered[16:]))[0] == 1.0
+
+
+def test_r1_searcher_qwen_server_scores_the_text_after_a_written_next_turn():
+    qwen = R1SearcherStage2(server="qwen")
+    # The model writes "\nAssistant: <think>" and answers again: the server's solution is the text
+    # after that last marker (+ EOS): " Actually.</think>\n\n<answer>Paris</answer><|endoftext|>",
+    # which passes every check (no "Assistant" left in it): F1 1, no penalty.
+    written = "So.</think>\n\n<answer>Lyon</answer>\nAssistant: <think> Actually.</think>\n\n<answer>Paris</answer>"
+    assert qwen(traj(written, dialect="r1_searcher")) == (1.0, {"f1": 1.0, "format_valid": 1.0})
+    assert P.r1_searcher_solution(written, "qwen") == "Actually.</think>\n\n<answer>Paris</answer><|endoftext|>"
+    # The dialect's own check (evaluation's format) reads the same text.
+    assert P.r1_searcher_validate(None, written)[0]
+
+
+def test_r1_searcher_servers_read_an_unclosed_last_answer_to_the_eos_text():
+    """strip_sequence(query) + eos_token: the last <answer> has no </answer> after it, so the
+    prediction runs to the EOS text. Qwen: "Paris<|endoftext|>" normalises to "paris endoftext":
+    F1 2·(1/2·1)/(1/2 + 1) = 2/3, and two <answer> tags fail the format: 2/3 − 2.  Llama:
+    "Paris<|eot_id|>" -> "paris eot id" (underscores become spaces): F1 2·(1/3)/(4/3) = .5, − 1."""
+    text = "So.</think>\n\n<answer>Lyon</answer> or <answer>Paris"
+    assert R1SearcherStage2(server="qwen")(traj(text, dialect="r1_searcher"))[0] == pytest.approx(2 / 3 - 2)
+    llama = R1SearcherStage2(server="llama")(traj(text + "<|eot_id|>", dialect="r1_searcher"))
+    assert llama[0] == pytest.approx(0.5 - 1) and llama[1]["f1"] == pytest.approx(0.5)
+    # EOS runs at the end are stripped before the one EOS is appended.
+    assert P.r1_searcher_solution("a<|eot_id|><|eot_id|>", "llama") == "a<|eot_id|>"
+    # Stage 1 (the Llama stage-1 server, cover-EM): "paris eot id" still covers "Paris".
+    s1 = build_reward("r1_searcher_stage1")
+    assert s1(traj(text, dialect="r1_searcher"))[1]["cover_em"] == 1.0
