@@ -55,8 +55,6 @@ def rows(name: str, out: Path, seeds: list[int]) -> list[dict[str, object]]:
     timings = json.loads((out / "timings.json").read_text()) if (out / "timings.json").exists() else {}
     supporting = None
     if s.chain == "harr":
-        from benchmarks.demo_summary import _supporting
-
         supporting = supporting_passages(sft)
     result = []
     for seed in seeds:
