@@ -728,6 +728,40 @@ def eval_disks(tmp: Path) -> tuple[bool, str]:
     return ok, f"exits {codes}; " + (f"both name the path; {lines} items kept" if not wrong else wrong[0][-60:])
 
 
+# ---- issue 44 ---------------------------------------------------------------------------------
+# What a user keeps in a run folder under names that match harness's: --overwrite must refuse.
+USER_FILES = {
+    "console.log": "my console log",
+    "checkpoints/.backup.tmp/model.safetensors": "my weights",
+    "best-step-7/model.safetensors": "my model",
+    "wandb/run-mine/notes.md": "my notes",
+}
+
+
+@fault(
+    "train --overwrite on a run holding a console.log, checkpoints/.backup.tmp/, an unmarked best-step-7/, "
+    "wandb/run-mine/ (issue 44)",
+    "refused naming each, nothing deleted",
+)
+def overwrite_user_files(tmp: Path) -> tuple[bool, str]:
+    recipe, run = sft_recipe(tmp), tmp / "run"
+    first = harness("train", "-c", str(recipe), "--out", str(run), "trainer.max_steps=1", cwd=tmp)
+    if first.returncode != 0:
+        return False, f"train exit {first.returncode}: {flat(first.stderr)[-90:]}"
+    for rel, text in USER_FILES.items():
+        (run / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run / rel).write_text(text)
+    before = snapshot(run)
+    r = harness("train", "-c", str(recipe), "--out", str(run), "--overwrite", "trainer.max_steps=1", cwd=tmp)
+    said = flat(r.stdout + r.stderr)
+    unnamed = [rel for rel in USER_FILES if rel not in said]
+    kept = snapshot(run) == before
+    ok = r.returncode != 0 and not unnamed and kept and "nothing was deleted" in said
+    return ok, f"exit {r.returncode}; {'kept' if kept else 'DELETED'}; " + (
+        f"unnamed: {unnamed}" if unnamed else "all four named"
+    )
+
+
 # ---- running ----------------------------------------------------------------------------------
 def run_one(f: Fault, root: Path) -> Outcome:
     tmp = root / f.check.__name__

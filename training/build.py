@@ -28,7 +28,7 @@ from harness.backends.hf import HFBackend
 from harness.backends.vllm_sync import RL_ARGS as VLLM_RL_ARGS
 from harness.backends.vllm_sync import RL_ENV as VLLM_RL_ENV
 from harness.config import ConfigError, compose, from_dict, pop_paths, to_dict
-from harness.engines import engine_for_backend, sigterm_as_exit, start_engine
+from harness.engines import ENGINE_LOGS, engine_for_backend, sigterm_as_exit, start_engine
 from harness.eval_config import EvalConfig
 from harness.models import MODEL_FILES
 from harness.registry import Registry
@@ -239,24 +239,29 @@ def run_folder(cfg: TrainConfig, out: str | None = None, resume: str | None = No
 
 
 # Everything a trainer writes into its run folder, at every depth (glob patterns, see
-# harness.safe_delete.Folder): all ``--overwrite`` may delete. Checkpoints and exported models are
-# committed with a marker listing their files; a PRM's final/ and a retriever's encoder/ are model
-# folders by name; validation/step-N/NAME is an eval run.
+# harness.safe_delete.Folder), and nothing wider: all ``--overwrite`` may delete (with the
+# temporaries of these names, and what the run's marker recorded: ``rollouts.jsonl`` and
+# ``value_head.safetensors``, which only some runs write). Checkpoints and model folders (final/,
+# best-step-N/, a retriever's encoder/, the sync exports) are committed with a marker of their
+# kind listing their files: one without it is not harness's. validation/step-N/NAME is an eval run.
 _MODEL = Folder(MODEL_FILES, kind="model")
 _ENCODER = Folder({**MODEL_FILES, "adapter": Folder(MODEL_FILES)}, kind="encoder")
-_TEMP = {".*.tmp*": OPAQUE}  # a write cut short (harness.fsutil's temporaries)
+# The names W&B gives what it writes into ``wandb/`` (wandb.sdk: run-YYYYMMDD_HHMMSS-ID folders,
+# the latest-run link, the debug logs); a W&B run folder is removed whole.
+_WANDB = ("run-[0-9]*_[0-9]*-*", "offline-run-[0-9]*_[0-9]*-*", "latest-run", "debug.log", "debug-internal.log")
 TRAIN_ENTRIES: Layout = {
-    **dict.fromkeys(("config.json", "metrics.jsonl", "rollouts.jsonl", "value_head.safetensors", "*.log"), FILE),
-    "checkpoints": Folder({"step-*": Folder(kind="checkpoint"), **_TEMP}),
+    **dict.fromkeys(("config.json", "metrics.jsonl"), FILE),
+    **ENGINE_LOGS,  # an engine launched by a run before its logs went to engines/
+    "checkpoints": Folder({"step-[0-9]*": Folder(kind="checkpoint")}),
     "final": _MODEL,
-    "best-step-*": _MODEL,  # trainer.best_metric (training.best_val)
+    "best-step-[0-9]*": _MODEL,  # trainer.best_metric (training.best_val)
     "encoder": _ENCODER,
-    "validation": Folder({"step-*": Folder({"*": Folder(RUN_ENTRIES, kind="eval")})}),
-    "sync": Folder({"weights-v*": _MODEL, "adapter-v*": _MODEL, "step-*": _ENCODER, **_TEMP}),
-    "tensorboard": Folder({"events.out.tfevents.*": FILE}),
-    "wandb": Folder(dict.fromkeys(("run-*", "offline-run-*", "latest-run", "debug*.log"), OPAQUE)),  # W&B's names
+    "validation": Folder({"step-[0-9]*": Folder({"*": Folder(RUN_ENTRIES, kind="eval")})}),
+    "sync": Folder({"weights-v[0-9]*": _MODEL, "adapter-v[0-9]*": _MODEL, "step-[0-9]*": _ENCODER}),
+    # torch's SummaryWriter: events.out.tfevents.TIME.HOST.PID.N (tensorboard's event_file_writer)
+    "tensorboard": Folder({"events.out.tfevents.[0-9]*.*": FILE}),
+    "wandb": Folder({**dict.fromkeys(_WANDB, OPAQUE), "debug-cli.*.log": FILE}),
     "engines": RUN_ENTRIES["engines"],
-    **_TEMP,
 }
 
 
@@ -333,7 +338,7 @@ def train(
             safe_delete.claim(run, "train")
         if launch:
             engine, engine_cfg = rollout_engine(cfg)
-            proc = start_engine(stack, engine, cfg.model.path, engine_cfg, run, say=say)
+            proc = start_engine(stack, engine, cfg.model.path, engine_cfg, run / "engines", say=say)
             cfg = replace(cfg, rollout=replace(cfg.rollout, backend=replace(b, url=[proc.url])))
             trainer = make_trainer(cfg, run)
         if resume:

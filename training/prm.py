@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from harness.fsutil import atomic_dir
 from harness.models import load_tokenizer
 from harness.registry import Registry
 from harness.textfiles import read_jsonl
@@ -332,7 +333,12 @@ def save_prm(model: Any, tokenizer: Any, out: Path, cfg: TrainConfig, metrics: d
     state = merged_state_dict(body) if lora else body.state_dict()
     head = m.head.state_dict()
     check_finite({**state, **{f"head.{k}": v for k, v in head.items()}}, f"not writing the PRM {out}")
-    out.mkdir(parents=True, exist_ok=True)
+    with atomic_dir(out, kind="model") as tmp:  # marked: a run's --overwrite proves it harness's
+        _write_prm(body, state, head, tokenizer, tmp, cfg, metrics)
+    return out
+
+
+def _write_prm(body: Any, state: dict, head: dict, tokenizer: Any, out: Path, cfg: TrainConfig, metrics: dict) -> None:
     write_safetensors({k: v.detach().contiguous().cpu() for k, v in state.items()}, out / "model.safetensors")
     body.config.save_pretrained(str(out))
     write_safetensors({k: v.detach().contiguous().cpu() for k, v in head.items()}, out / "head.safetensors")
@@ -349,7 +355,6 @@ def save_prm(model: Any, tokenizer: Any, out: Path, cfg: TrainConfig, metrics: d
         "metrics": metrics,
     }
     (out / "prm.json").write_text(json.dumps(meta, indent=2))
-    return out
 
 
 class PRM:
