@@ -762,6 +762,19 @@ def overwrite_user_files(tmp: Path) -> tuple[bool, str]:
     )
 
 
+@fault("train --resume RUN optim.lr=0.5 after 2 steps at 1e-3 (issue 44)", "step 3 trains at 0.5, as recorded")
+def resume_new_lr(tmp: Path) -> tuple[bool, str]:
+    run = tmp / "run"
+    first = harness("train", "-c", str(sft_recipe(tmp)), "--out", str(run), "trainer.max_steps=2", cwd=tmp)
+    if first.returncode != 0:
+        return False, f"train exit {first.returncode}: {flat(first.stderr)[-90:]}"
+    r = harness("train", "--resume", str(run), "trainer.max_steps=3", "optim.lr=0.5", cwd=tmp)
+    lrs = {x["step"]: x.get("lr") for x in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    recorded = json.loads((run / "config.json").read_text())["optim"]["lr"]
+    ok = r.returncode == 0 and lrs.get(3) == recorded == 0.5
+    return ok, f"resume exit {r.returncode}; config.json lr {recorded}; step 3 trained at {lrs.get(3)}"
+
+
 # ---- running ----------------------------------------------------------------------------------
 def run_one(f: Fault, root: Path) -> Outcome:
     tmp = root / f.check.__name__

@@ -137,7 +137,10 @@ def write_errors(path: Path) -> Iterator[Path]:
 
 
 def load_checkpoint(ckpt: Path, policy: Any, critic: Any = None) -> dict[str, Any]:
-    """Restore weights, optimizer/scheduler and RNG states; returns the trainer state."""
+    """Restore weights, optimizer/scheduler and RNG states; returns the trainer state. The
+    optimizer's hyper-parameters stay the recipe's (the engines were built from the config the
+    resumed run records): a ``--resume RUN optim.lr=X`` trains at X from the resumed step on,
+    its schedule included (:func:`_keep_configured`)."""
     rank, _ = rank_and_world()
     for name, eng in (("model", policy), ("critic", critic)):
         if eng is None:
@@ -150,12 +153,44 @@ def load_checkpoint(ckpt: Path, policy: Any, critic: Any = None) -> dict[str, An
         load_full_state_dict(eng, weights)
         with torch.serialization.safe_globals(_deepspeed_safe_globals()):
             opt = torch.load(ckpt / f"{name}_optim_rank{rank}.pt", weights_only=True)
-        _load_optimizer(eng, opt["optimizer"])
-        if "scheduler" in opt and getattr(eng, "lr_scheduler", None) is not None:
-            eng.lr_scheduler.load_state_dict(opt["scheduler"])
+        with _keep_configured(eng, name):
+            _load_optimizer(eng, opt["optimizer"])
+            if "scheduler" in opt and getattr(eng, "lr_scheduler", None) is not None:
+                eng.lr_scheduler.load_state_dict(opt["scheduler"])
     state = read_state(ckpt)
     set_rng_state(state["rng"])
     return state
+
+
+_HYPER = ("weight_decay", "betas")  # AdamW's per-group settings besides the LR (optim.weight_decay, optim.betas)
+
+
+@contextlib.contextmanager
+def _keep_configured(eng: Any, name: str) -> Iterator[None]:
+    """Loading an optimizer's and a scheduler's state also loads the LR, weight decay and betas
+    they were built with: put the engine's configured ones (this run's recipe) back after the
+    block, the schedule's position (its step count) kept. The LR a group runs at is the
+    configured base LR times the schedule's factor at the restored position (LambdaLR's
+    ``base_lrs``, which its state carries too); without a schedule it is the configured LR."""
+    groups = eng.optimizer.param_groups
+    sched = getattr(eng, "lr_scheduler", None)
+    base = list(sched.base_lrs) if sched is not None else [g["lr"] for g in groups]
+    hyper = [{k: g[k] for k in _HYPER if k in g} for g in groups]
+    yield
+    groups = eng.optimizer.param_groups  # loading a state replaces the group dicts
+    was = list(sched.base_lrs) if sched is not None else [g["lr"] for g in groups]
+    for i, g in enumerate(groups):
+        g.update(hyper[i])
+        if sched is None:
+            g["lr"] = base[i]
+            continue
+        g["initial_lr"] = base[i]
+        g["lr"] = base[i] * sched.lr_lambdas[i](sched.last_epoch)
+    if sched is not None:
+        sched.base_lrs = base
+        sched._last_lr = [g["lr"] for g in groups]  # what get_last_lr() reports until its next step
+    if was != base:
+        logger.info("%s: the checkpoint trained at LR %s; continuing at the recipe's %s", name, was, base)
 
 
 def _load_optimizer(eng: Any, state: dict[str, Any]) -> None:
@@ -322,6 +357,37 @@ def _state_of(ckpt: Path) -> dict[str, Any]:
         return {}
 
 
+def last_good_checkpoint(found: list[tuple[int, Path]], first_nonfinite: int | None) -> Path | None:
+    """Of ``found`` (step, path), the last checkpoint before the run's first non-finite step
+    ``first_nonfinite`` whose weights a finite step then followed: step N's weights are what step
+    N+1 ran on, so the checkpoint of the step just before is the one that gave the non-finite loss.
+    None when the run has had no non-finite step or no checkpoint precedes it."""
+    if first_nonfinite is None:
+        return None
+    before = [(s, p) for s, p in found if s < first_nonfinite - 1]
+    return max(before)[1] if before else None
+
+
+def divergence_advice(out_dir: Path, first_nonfinite: int | None) -> str:
+    """What a diverged run's message says to do: resume from the last checkpoint before the first
+    non-finite step (:func:`last_good_checkpoint`, named by path) at a lower LR, or, with none,
+    train again with one."""
+    lower = "a lower optim.lr (or optim.grad_clip)"
+    found = checkpoints(out_dir)
+    good = last_good_checkpoint(found, first_nonfinite)
+    if good is None:
+        return f"No checkpoint precedes the first non-finite step (step {first_nonfinite}): train again with {lower}"
+    run = Path(out_dir).parent
+    newer = [p.name for s, p in found if s > max(s for s, p in found if p == good)]
+    how = f"--resume {run} optim.lr=X (a resumed run trains at the optim.* values given, the schedule's position kept)"
+    if newer:
+        how += f"; --resume continues from the newest checkpoint: move {', '.join(newer)} out of {out_dir} first"
+    return (
+        f"The last checkpoint before the first non-finite step (step {first_nonfinite}) is {good}: resume from it "
+        f"with {lower}: {how}"
+    )
+
+
 def save_and_prune(
     out_dir: Path,
     step: int,
@@ -341,17 +407,25 @@ def save_and_prune(
     ``interim``: a checkpoint taken only to bound the work a kill loses (``save_every_minutes``
     between two ``save_every`` steps). It is only for resuming, so the next checkpoint of any kind
     replaces it, and it never counts towards ``keep``: the every-N-steps checkpoints a researcher
-    evaluates are not pushed out by the clock's."""
+    evaluates are not pushed out by the clock's.
+
+    Once the run has had a non-finite step (``state["nonfinite"]["first"]``, the guard's), the
+    last checkpoint before it (:func:`last_good_checkpoint`) is never pruned: weights that blew up
+    but stayed finite are checkpointed like any, and would otherwise push it out."""
     path = save_checkpoint(out_dir, step, policy, {**state, "interim": interim}, critic, tokenizer)
     rank, _ = rank_and_world()
     if keep and rank == 0:
         run_id = state.get("run_id")
         others = [(s, p, _state_of(p)) for s, p in checkpoints(out_dir) if p != path]  # each state read once
         mine = [(s, p, st) for s, p, st in others if st.get("run_id") == run_id]
+        good = last_good_checkpoint([(s, p) for s, p, _ in mine], (state.get("nonfinite") or {}).get("first"))
         superseded = [p for s, p, st in mine if s < step and st.get("interim")]
         regular = [p for _, p, st in mine if not st.get("interim")]
         room = keep - (0 if interim else 1)  # a regular new checkpoint counts towards keep
         for old in superseded + regular[: max(0, len(regular) - room)]:
+            if old == good:
+                logger.info("keeping %s: the last checkpoint before the first non-finite step", old)
+                continue
             try:
                 safe_delete.remove(old, kind="checkpoint", why="trainer.keep_checkpoints")
             except safe_delete.NotOursError as e:

@@ -33,6 +33,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ from harness.models import load_tokenizer
 from harness.registry import Registry
 from harness.textfiles import read_jsonl
 from harness.tokenization import byte_tokenizer
-from training.checkpoint import restore_position, resume_checkpoint, save_position, write_safetensors
+from training.checkpoint import divergence_advice, restore_position, resume_checkpoint, save_position, write_safetensors
 from training.config import TrainConfig
 from training.divergence import NonFiniteGuard, check_finite, poisoned, update_applied
 from training.engine import ValueHead, build_model, initialize, optimizer_step, rank_and_world, unwrap
@@ -225,7 +226,9 @@ class PRMTrainer:
         self.step_no = 0
         self.log: MetricsLog | None = None  # opened by the first step (open_run_records)
         self._resumed: int | None = None
-        self.guard = NonFiniteGuard(cfg.trainer.max_nonfinite_steps)
+        self.guard = NonFiniteGuard(
+            cfg.trainer.max_nonfinite_steps, partial(divergence_advice, self.out / "checkpoints")
+        )
         self.run_id = uuid.uuid4().hex  # this run's checkpoints carry it: pruning never touches another run's
         logger.info("PRM (%s) on %d %s; %d pairs held out", p.loss, len(items), self.loss.what, len(self.val_pairs))
 
