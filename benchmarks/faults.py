@@ -775,6 +775,24 @@ def resume_new_lr(tmp: Path) -> tuple[bool, str]:
     return ok, f"resume exit {r.returncode}; config.json lr {recorded}; step 3 trained at {lrs.get(3)}"
 
 
+@fault(
+    "a chain file with a key given twice, an alias bomb, a top-level list (issue 44)",
+    "stages run / stages status / train --stages: exit 2 naming the file, no traceback",
+)
+def chain_yaml(tmp: Path) -> tuple[bool, str]:
+    cases = {"twice": "name: x\nname: y\nstages: []\n", "bomb": ALIAS_BOMB, "list": "- a\n- b\n"}
+    bad = []
+    for name, text in cases.items():
+        chain = tmp / f"{name}.yaml"
+        chain.write_text(text)
+        for command in (["stages", "run"], ["stages", "status"], ["train", "--stages"]):
+            r = harness(*command, str(chain), cwd=tmp, timeout=120)
+            said = flat(r.stdout + r.stderr)
+            if r.returncode != 2 or str(chain) not in said or "Traceback" in said:
+                bad.append(f"{name} {' '.join(command)}: exit {r.returncode} {said[-60:]}")
+    return not bad, "; ".join(bad) or "9 refusals naming the file, no traceback"
+
+
 # ---- running ----------------------------------------------------------------------------------
 def run_one(f: Fault, root: Path) -> Outcome:
     tmp = root / f.check.__name__

@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands import stage_commands
-from harness.config import load_yaml
+from harness.config import ConfigError, read_yaml
 from harness.engines import _die_with_parent
 from harness.fsutil import write_json_atomic
 from harness.runlock import RunLockedError, run_lock
@@ -147,7 +147,10 @@ def load_chain(path: str | Path, workdir: str | None = None, variables: dict[str
     path = Path(path)
     if not path.is_file():
         raise StageError(f"{path}: no such chain file")
-    data = load_yaml(str(path))
+    try:
+        data = read_yaml(path)
+    except ConfigError as e:  # not YAML, a key given twice, an alias bomb, not UTF-8: named, no traceback
+        raise StageError(str(e).replace("config file", "chain file", 1)) from None
     if not isinstance(data, dict):
         raise StageError(f"{path}: a chain is a mapping with name, workdir, vars, stages")
     unknown = set(data) - _CHAIN_KEYS
