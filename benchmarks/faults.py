@@ -793,6 +793,53 @@ def chain_yaml(tmp: Path) -> tuple[bool, str]:
     return not bad, "; ".join(bad) or "9 refusals naming the file, no traceback"
 
 
+def refused_each(tmp: Path, cases: dict[str, tuple[list[str], str, Path]]) -> tuple[bool, str]:
+    """:func:`refused_cleanly` for each case (name -> args, expected text, a folder that must not
+    be made); handled when every one is."""
+    bad = []
+    for name, (args, expect, folder) in cases.items():
+        ok, said = refused_cleanly(tmp, args, expect, lambda folder=folder: not folder.exists())
+        if not ok:
+            bad.append(f"{name}: {said[:90]}")
+    return not bad, "; ".join(bad) or f"{len(cases)} refusals naming the key, exit 2, no folder left"
+
+
+@fault("keys YAML reads as no string (on:, 1:, ~:) in an eval config and a recipe (issue 44)", "named, exit 2")
+def yaml_odd_keys(tmp: Path) -> tuple[bool, str]:
+    cases = {}
+    for i, text in enumerate(("on: 1\n", "judge:\n  1: x\n", "retriever:\n  ~: 1\n")):
+        (tmp / f"e{i}.yaml").write_text(text)
+        args = [*eval_args(tmp, tmp / "runs", "--retriever", "memory"), "-c", str(tmp / f"e{i}.yaml")]
+        cases[f"eval {text.strip()}"] = (args, "YAML reads this key as", tmp / "runs")
+    (tmp / "r.yaml").write_text("optim:\n  yes: 1\n")
+    args = ["train", "-c", str(sft_recipe(tmp)), "-c", str(tmp / "r.yaml"), "--out", str(tmp / "run")]
+    cases["recipe optim.yes"] = (args, "unknown config key true in 'optim'", tmp / "run")
+    return refused_each(tmp, cases)
+
+
+@fault(
+    "judge.url: 5, judge.timeout: abc; optim.micro_batch_size=0, retriever.timeout=.inf / .nan (issue 44)",
+    "refused naming the key, exit 2, no run folder",
+)
+def values_checked(tmp: Path) -> tuple[bool, str]:
+    def ev(option: str) -> list[str]:
+        return [*eval_args(tmp, tmp / "runs", "--retriever", "memory"), "metrics=[em,judge]", option]
+
+    def tr(option: str) -> list[str]:
+        return ["train", "-c", str(sft_recipe(tmp)), "--out", str(tmp / "run"), option]
+
+    runs, run = tmp / "runs", tmp / "run"
+    finite = "retriever.timeout: expected a finite"
+    cases = {
+        "judge.url": (ev("judge.url=5"), "judge.url must be an http(s):// endpoint", runs),
+        "judge.timeout": (ev("judge.timeout=abc"), "judge.timeout: expected a number", runs),
+        "retriever.timeout inf": (ev("retriever.timeout=.inf"), finite, runs),
+        "micro_batch_size": (tr("optim.micro_batch_size=0"), "optim.micro_batch_size must be at least 1", run),
+        "retriever.timeout nan": (tr("retriever.timeout=.nan"), finite, run),
+    }
+    return refused_each(tmp, cases)
+
+
 # ---- running ----------------------------------------------------------------------------------
 def run_one(f: Fault, root: Path) -> Outcome:
     tmp = root / f.check.__name__

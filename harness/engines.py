@@ -28,6 +28,7 @@ from typing import Literal, get_args
 import httpx
 
 from harness import safe_delete
+from harness.config import require_at_least, require_between, require_positive
 from harness.models import resolve_model
 from harness.ports import free_port
 
@@ -66,6 +67,11 @@ class EngineConfig:
     env: dict[str, str] = field(default_factory=dict)
     health_timeout: float = 900.0
     log_dir: str | None = None  # default: the run folder's engines/ (or ./engines)
+
+    def __post_init__(self) -> None:
+        require_between(self, 1, 65535, "port")
+        require_at_least(self, 1, "tp", "dp")
+        require_positive(self, "health_timeout")
 
 
 def engine_dir() -> Path:

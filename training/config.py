@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from harness.config import require_at_least
+from harness.config import require_at_least, require_between
 from harness.eval_config import BackendConfig, RetrieverConfig
 from training.retriever_config import RetrieverTrainConfig
 
@@ -25,6 +25,10 @@ class LoraConfig:
     # merged: push W + ΔW as full weights (any backend); adapter: the engine loads the adapter
     # (SGLang /load_lora_adapter, vLLM /v1/load_lora_adapter)
     sync: Literal["merged", "adapter"] = "merged"
+
+    def __post_init__(self) -> None:
+        require_at_least(self, 1, "r", "alpha")
+        require_between(self, 0, 1, "dropout")
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,9 @@ class DataConfig:
     shuffle: bool = True
     val_split: str | None = None  # periodic validation through the eval path
     val_limit: int | None = 16
+
+    def __post_init__(self) -> None:
+        require_at_least(self, 1, "limit", "val_limit")
 
 
 # ``rollout.agent`` keys that ``rollout.sampling`` owns: setting one there is refused, naming the key to use.
@@ -144,6 +151,9 @@ class RolloutConfig:
     # against real SGLang) or "distributed" (broadcast over NCCL/gloo, SGLang's
     # /update_weights_from_distributed; tested only against a stand-in, see training.dist_sync).
     weight_sync: Literal["disk", "distributed"] = "disk"
+
+    def __post_init__(self) -> None:
+        require_at_least(self, 1, "n_samples", "prompts_per_step")
 
 
 @dataclass(frozen=True)
@@ -241,6 +251,9 @@ class AlgoConfig:
             raise ValueError(f"algo.ppo_mini_batch_size must be >= 1, got {self.ppo_mini_batch_size}")
         if self.critic_warmup < 0:
             raise ValueError(f"algo.critic_warmup must be >= 0, got {self.critic_warmup}")
+        require_at_least(self, 0, "clip_low", "clip_high", "kl_coef", "entropy_coef", "vf_coef", "vf_clip", "dual_beta")
+        require_between(self, 0, 1, "gamma", "lam")
+        require_at_least(self, 1, "max_len")
         if self.gae_over == "response" and self.advantage != "gae":
             raise ValueError(f"algo.gae_over=response applies to algo.advantage=gae, not {self.advantage!r}")
 
@@ -285,7 +298,9 @@ class OptimConfig:
             raise ValueError("optim.warmup_steps and optim.critic_warmup_steps must be >= 0")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        require_at_least(self, 1, "schedule_steps")
+        require_at_least(self, 1, "schedule_steps", "micro_batch_size", "threads")
+        require_at_least(self, 0, "lr", "critic_lr", "weight_decay", "grad_clip")
+        require_between(self, 0, 3, "zero_stage")
 
 
 @dataclass(frozen=True)
@@ -349,7 +364,9 @@ class TrainerConfig:
     async_: AsyncConfig = field(default_factory=lambda: AsyncConfig(), metadata={"key": "async"})
 
     def __post_init__(self) -> None:
-        require_at_least(self, 0, "max_nonfinite_steps")
+        require_at_least(self, 1, "max_steps")
+        require_at_least(self, 0, "max_nonfinite_steps", "save_every", "save_every_minutes", "eval_every")
+        require_at_least(self, 0, "keep_checkpoints", "entropy_every")
 
 
 @dataclass(frozen=True)
@@ -366,6 +383,9 @@ class SFTConfig:
     # Cross-entropy weight of each tag's tokens (training.sft_weights), others 1; the loss is then
     # Σ w·nll / Σ w, as ProRAG's SFT ({"<answer>": 5, "<subquery>": 3, "</step>": 2, ...}). {}: plain mean.
     tag_weights: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        require_at_least(self, 1, "batch_size")
 
 
 @dataclass(frozen=True)
@@ -384,6 +404,7 @@ class PRMConfig:
             raise ValueError(f"prm.batch_size must be >= 1, got {self.batch_size}")
         if not 0 <= self.val_fraction < 1:
             raise ValueError(f"prm.val_fraction must be in [0, 1), got {self.val_fraction}")
+        require_at_least(self, 1, "max_len")
 
 
 @dataclass(frozen=True)
