@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from harness.config import require_at_least, require_between
-from harness.eval_config import BackendConfig, RetrieverConfig
+from harness.eval_config import BackendConfig, RetrieverConfig, check_run_name
 from training.retriever_config import RetrieverTrainConfig
 
 
@@ -451,6 +451,7 @@ class TrainConfig:
     deviations: tuple[Deviation, ...] = ()  # where this recipe differs from ``source``, each with its reason
 
     def __post_init__(self) -> None:
+        check_run_name(self.name, "name")  # the run folder is trainer.out/NAME: never outside it
         if self.algo.kind == "rl":
             check_rl_recipe(self)
         if self.trainer.best_metric is not None:

@@ -56,3 +56,13 @@ def test_a_recipe_key_yaml_reads_as_no_string_is_named(tmp_path, yaml_text, mess
     assert res.exit_code == 2 and isinstance(res.exception, SystemExit), (res.exception, out)
     assert message in out and "YAML reads this key as" in out, out
     assert not run.exists()
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", ".hidden", ""])
+def test_a_recipe_name_cannot_take_the_run_out_of_trainer_out(tmp_path, name):
+    """Issue 44: ``name=../../x`` wrote the run outside ``trainer.out`` (eval labels were checked)."""
+    out = tmp_path / "a" / "b" / "runs"
+    res = runner.invoke(app, ["train", "-c", str(sft_recipe(tmp_path)), f"trainer.out={out}", f"name={name}"])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"name {name!r}: use letters, digits" in said, said
+    assert not (tmp_path / "a").exists() and not (tmp_path / "x").exists()
