@@ -30,6 +30,7 @@ from harness.backends.vllm_sync import RL_ENV as VLLM_RL_ENV
 from harness.config import ConfigError, compose, from_dict, pop_paths, to_dict
 from harness.engines import ENGINE_LOGS, engine_for_backend, sigterm_as_exit, start_engine
 from harness.eval_config import EvalConfig
+from harness.fsutil import write_json_atomic
 from harness.models import MODEL_FILES
 from harness.registry import Registry
 from harness.run_records import RunManifest, RunResults
@@ -250,7 +251,7 @@ _ENCODER = Folder({**MODEL_FILES, "adapter": Folder(MODEL_FILES)}, kind="encoder
 # the latest-run link, the debug logs); a W&B run folder is removed whole.
 _WANDB = ("run-[0-9]*_[0-9]*-*", "offline-run-[0-9]*_[0-9]*-*", "latest-run", "debug.log", "debug-internal.log")
 TRAIN_ENTRIES: Layout = {
-    **dict.fromkeys(("config.json", "metrics.jsonl"), FILE),
+    **dict.fromkeys(("config.json", "metrics.jsonl", "cache_identity.json"), FILE),  # the last: train_cached's
     **ENGINE_LOGS,  # an engine launched by a run before its logs went to engines/
     "checkpoints": Folder({"step-[0-9]*": Folder(kind="checkpoint")}),
     "final": _MODEL,
@@ -372,28 +373,62 @@ def _as_current(recorded: Path) -> Any:
 EXECUTION_ONLY = ("optim.threads", "trainer.progress")
 
 
-def _identity(config: Any) -> Any:
-    """A recorded config (a fresh dict, or None) less :data:`EXECUTION_ONLY`, in place."""
+def _identity(config: Any, home: Path) -> Any:
+    """A recorded config (a fresh dict, or None) less :data:`EXECUTION_ONLY` and ``trainer.out``
+    (where runs go when no folder is given: a cached run's folder is given), in place, with every
+    path inside ``home`` (the folder the run lives in) written relative to it (:func:`_relocated`)."""
     if isinstance(config, dict):
-        pop_paths(config, EXECUTION_ONLY)
-    return config
+        pop_paths(config, (*EXECUTION_ONLY, "trainer.out"))
+    return _relocated(config, Path(home).resolve())
+
+
+def _relocated(value: Any, home: Path) -> Any:
+    """``value`` with each string naming a path (absolute, or relative to the current folder and
+    existing) resolved, and written relative to ``home`` when inside it: a run's identity does
+    not include where its folder lives, so the same folder reached as ``runs/demo`` or
+    ``/abs/runs/demo``, or copied elsewhere whole, is the same cache (its SFT data and the model
+    an RL run starts from are paths inside it)."""
+    if isinstance(value, dict):
+        return {k: _relocated(v, home) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_relocated(v, home) for v in value]
+    if not isinstance(value, str) or not value or "\n" in value:
+        return value
+    path = Path(value).expanduser()
+    try:
+        if not (path.is_absolute() or path.exists()):
+            return value  # a name (a hub model id, a registry entry), not a path of this machine
+        where = path.resolve()
+    except (OSError, ValueError):  # not a path at all
+        return value
+    return f"@home/{where.relative_to(home).as_posix()}" if where.is_relative_to(home) else str(where)
+
+
+IDENTITY = "cache_identity.json"  # what train_cached trained a run as (its config, where-independent)
 
 
 def train_cached(cfg: TrainConfig, run: str | Path) -> tuple[Path, bool]:
     """Train ``cfg`` into ``run`` unless ``run`` already holds a final model trained with this
-    config (its ``config.json``, compared without the :data:`EXECUTION_ONLY` options); returns the
+    config (its :data:`IDENTITY`, or else its ``config.json``, compared without the
+    :data:`EXECUTION_ONLY` options and ``trainer.out``, and with the paths inside ``run``'s parent
+    folder relative to it: :func:`_relocated`); returns the
     final model folder and whether it trained now. Training is :func:`train`'s (the engine launch,
     the run-folder claim); a ``run`` of any other config is cleared first (a cached demo or stage
     never mixes recipes), as ``--overwrite`` clears: only a harness training run is ever cleared."""
     run = Path(run)
-    final, recorded = run / "final", run / "config.json"
-    wanted = _identity(json.loads(json.dumps(to_dict(cfg))))  # as config.json holds it (tuples as lists)
+    final, home = run / "final", run.parent
+    # The identity a cached run recorded, its paths relative to its folder's parent then (a copy
+    # of the folder keeps it); a run trained before identities were recorded: its config.json.
+    recorded = next((p for p in (run / IDENTITY, run / "config.json") if p.exists()), None)
+    wanted = _identity(json.loads(json.dumps(to_dict(cfg))), home)  # as config.json holds it (tuples as lists)
     with run_lock(run, "train"):  # re-entrant: train() takes it again
-        if final.is_dir() and recorded.exists() and _identity(_as_current(recorded)) == wanted:
+        if final.is_dir() and recorded is not None and _identity(_as_current(recorded), home) == wanted:
             return final, False
         if safe_delete.check_removable(run, TRAIN_ENTRIES, kind="train"):
             logger.info("retraining: %s holds no final model of this config", run)
-        return train(cfg, run, overwrite=True)[1], True
+        final = train(cfg, run, overwrite=True)[1]
+        write_json_atomic(run / IDENTITY, wanted)
+        return final, True
 
 
 def rollout_engine(cfg: Any) -> tuple[str, Any]:
