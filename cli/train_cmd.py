@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 
 import typer
 
@@ -53,6 +54,10 @@ def train_command(
 
         if not config:
             fail("--plan needs a recipe: -c configs/train/NAME.yaml")
+        if gpus < 1:
+            fail(f"--gpus must be at least 1 (the data-parallel GPUs to plan for), got {gpus}")
+        if not (math.isfinite(gpu_mem) and gpu_mem > 0):
+            fail(f"--gpu-mem must be a positive number of GB (one GPU's memory), got {gpu_mem}")
         try:
             console.print(
                 plan_report(list(config), list(overrides or []), gpus, gpu_mem, arch), highlight=False, soft_wrap=True
