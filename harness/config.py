@@ -106,7 +106,7 @@ def read_yaml(path: str | Path) -> Any:
     """The YAML document in the file ``path`` (see :func:`parse_yaml`); a missing, unreadable or
     non-UTF-8 file is a :class:`ConfigError` naming it."""
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir() or not path.exists():  # a pipe (-c <(...)) or a device is read as a file
         raise ConfigError(f"config file {path} does not exist" + (" (it is a folder)" if path.is_dir() else ""))
     try:
         raw = path.read_bytes()

@@ -201,3 +201,19 @@ def test_judge_and_numeric_values_are_checked_before_the_run(tmp_path, option, m
     out = refused(runner.invoke(app, [*eval_args(tmp_path / "runs"), "metrics=[em,judge]", option]))
     assert message in out, out
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_config_given_as_a_pipe_is_read(tmp_path):
+    """Issue 44: ``-c <(...)`` (a pipe, /dev/fd/N) was "config file ... does not exist"."""
+    import os
+
+    read, write = os.pipe()
+    os.write(write, b"agent:\n  max_turns: 1\n")
+    os.close(write)
+    try:
+        res = runner.invoke(app, [*eval_args(tmp_path / "runs"), "-c", f"/dev/fd/{read}"])
+    finally:
+        os.close(read)
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((tmp_path / "runs" / "search_r1-demo-test" / "manifest.json").read_text())
+    assert manifest["config"]["agent"]["max_turns"] == 1
