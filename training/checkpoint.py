@@ -150,7 +150,10 @@ def load_checkpoint(ckpt: Path, policy: Any, critic: Any = None) -> dict[str, An
             weights = load_file(str(path))
         except Exception as e:  # SafetensorError, OSError: one message naming the file
             raise CheckpointError(f"{path}: cannot be loaded ({type(e).__name__}: {e})") from None
-        load_full_state_dict(eng, weights)
+        try:
+            load_full_state_dict(eng, weights)
+        except RuntimeError as e:  # torch's "size mismatch for ..." line per tensor: one sentence instead
+            raise CheckpointError(_not_this_model(path, e)) from None
         with torch.serialization.safe_globals(_deepspeed_safe_globals()):
             opt = torch.load(ckpt / f"{name}_optim_rank{rank}.pt", weights_only=True)
         with _keep_configured(eng, name):
@@ -160,6 +163,21 @@ def load_checkpoint(ckpt: Path, policy: Any, critic: Any = None) -> dict[str, An
     state = read_state(ckpt)
     set_rng_state(state["rng"])
     return state
+
+
+def _not_this_model(path: Path, e: RuntimeError) -> str:
+    """A checkpoint whose tensors do not fit the model built from the recipe (another size, another
+    architecture), said in one line: how many tensors differ and the first, not torch's line for
+    each."""
+    said = [ln.strip() for ln in str(e).splitlines()]
+    lines = [ln for ln in said if ln.startswith(("size mismatch", "Missing", "Unexpected"))]
+    first = lines[0].rstrip(".") if lines else str(e).splitlines()[0]
+    n = sum(1 for ln in lines if ln.startswith("size mismatch"))
+    many = f"{n} tensors differ in shape, the first: " if n > 1 else ""
+    return (
+        f"{path}: the checkpoint does not fit the model this recipe builds ({many}{first}); resume with the "
+        "model the run was trained with (its config.json's model section), or start a new run"
+    )
 
 
 _HYPER = ("weight_decay", "betas")  # AdamW's per-group settings besides the LR (optim.weight_decay, optim.betas)
