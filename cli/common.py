@@ -20,6 +20,8 @@ def error_text(e: BaseException) -> str:
     if isinstance(e, OSError) and e.filename is not None:
         where = f"{e.filename} -> {e.filename2}" if e.filename2 is not None else str(e.filename)
         return f"cannot write {where}: {e.strerror or e}" if e.errno in WRITE_ERRNOS else f"{where}: {e.strerror or e}"
+    if isinstance(e, OSError) and e.strerror:  # no "[Errno 98]" before the reason
+        return e.strerror
     if isinstance(e, KeyError):  # a registry's message (an unknown name), or a bare missing key
         what = str(e.args[0]) if e.args else ""
         return what if " " in what else f"missing entry {what!r} (a checkpoint or record without it)"

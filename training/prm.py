@@ -44,6 +44,7 @@ from safetensors.torch import load_file
 
 from harness.fsutil import atomic_dir
 from harness.models import load_tokenizer
+from harness.ports import serve_app
 from harness.registry import Registry
 from harness.textfiles import read_jsonl
 from harness.tokenization import byte_tokenizer
@@ -597,14 +598,13 @@ def serve(
     batch_size: int = 8,
     threads: int | None = None,
     max_tokens: int | None = None,
+    ready: Callable[[str], None] | None = None,
 ) -> None:
     """``harness serve prm``: load the PRM folder ``path`` and serve it (:mod:`training.prm_server`)
-    until interrupted; sequences over ``max_tokens`` are refused (413)."""
-    # deferred: uvicorn costs ~0.1 s at import, only for a server
-    import uvicorn
-
+    until interrupted; sequences over ``max_tokens`` are refused (413). ``ready(url)``: called
+    once the socket listens (:func:`harness.ports.serve_app`)."""
     app = create_app(load_prm(path, threads), path, batch_size, max_tokens or MAX_TOKENS)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    serve_app(app, host, port, ready, log_level="warning", access_log=False)
 
 
 def _serve_in_thread(prm: PRM, path: str) -> str:
