@@ -229,6 +229,7 @@ def build_eval(
         index_id=getattr(retriever, "index_id", None) if uses_retriever else None,
         corpus=str(corpus) if corpus else None,
         corpus_hash=file_hash(corpus) if corpus else None,
+        chat_template=getattr(method, "use_chat", None) if kind == "agent" else None,
     )
     if uses_retriever:
         manifest.answerability = _answerability(retriever, examples, cfg.retriever.topk)
