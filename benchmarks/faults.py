@@ -840,6 +840,31 @@ def values_checked(tmp: Path) -> tuple[bool, str]:
     return refused_each(tmp, cases)
 
 
+@fault(
+    "train on a disk that fills at 4 more points (the run's records, a checkpoint's files, its state, its "
+    "tokenizer; issue 44)",
+    "each message names a path, exit 2, no traceback",
+)
+def train_disk_points(tmp: Path) -> tuple[bool, str]:
+    if not namespaces_work():
+        return True, "skipped: no unprivileged mount namespaces here (unshare -rm)"
+    recipe = sft_recipe(tmp)
+    cli = f"{sys.executable} -m cli.main train -c {recipe} trainer.max_steps=2 trainer.save_every=1"
+    # tmpfs sizes where the tiny SFT run's disk fills: config.json, a checkpoint's config/tokenizer
+    # files, trainer_state.json, the second checkpoint's tokenizer (measured on this recipe)
+    sizes = ("8k", "128k", "360k", "520k")
+    script = " ; ".join(
+        f"mkdir -p {tmp}/d{s} && mount -t tmpfs -o size={s} tmpfs {tmp}/d{s} && {cli} --out {tmp}/d{s}/run; "
+        f"echo EXIT $?"
+        for s in sizes
+    )
+    r, codes, wrong = in_mount_namespace(script, 600, [])
+    said = [ln for ln in flat(r.stderr).split("error: ")[1:]]
+    unnamed = [m[:80] for m in said if str(tmp) not in m.split(";")[0]]
+    ok = codes == ["2"] * len(sizes) and not wrong and len(said) == len(sizes) and not unnamed
+    return ok, f"exits {codes}; {len(said)} messages" + (f"; unnamed: {unnamed}" if unnamed else ", each naming a path")
+
+
 # ---- running ----------------------------------------------------------------------------------
 def run_one(f: Fault, root: Path) -> Outcome:
     tmp = root / f.check.__name__

@@ -93,5 +93,8 @@ def train_command(
     except DivergenceError as e:  # the run itself failed (exit 1), not its input (exit 2)
         fail(str(e), code=1)
     except (OSError, ValueError, RuntimeError, KeyError) as e:  # EngineError, RunLockedError: RuntimeErrors
+        if isinstance(e, OSError) and e.filename is None and str(run) not in str(e):
+            # A write that failed after its open (a full disk) names no file: the run folder it went to.
+            fail(f"cannot write into {run}: {e.strerror or e}; free some space, then --resume {run} continues it")
         fail(error_text(e))
     console.print(f"trained {trainer.step_no} steps → {run} (model: {final}; {next_step(cfg, final)})")

@@ -98,10 +98,11 @@ def save_checkpoint(
             raise
         if rank == 0:
             write_safetensors(untie({k: v.contiguous() for k, v in weights.items()}), tmp / f"{name}.safetensors")
-            if name == "model" and hasattr(unwrap(eng), "config"):
-                unwrap(eng).config.save_pretrained(tmp)
-            if name == "model" and tokenizer is not None:
-                tokenizer.save_pretrained(tmp)
+            with write_errors(tmp):  # config and tokenizer files: a full disk named by the folder
+                if name == "model" and hasattr(unwrap(eng), "config"):
+                    unwrap(eng).config.save_pretrained(tmp)
+                if name == "model" and tokenizer is not None:
+                    tokenizer.save_pretrained(tmp)
         opt = {"optimizer": eng.optimizer.state_dict()}
         if getattr(eng, "lr_scheduler", None) is not None:
             opt["scheduler"] = eng.lr_scheduler.state_dict()
@@ -110,8 +111,10 @@ def save_checkpoint(
     barrier()
     if rank == 0:
         files = {p.name: file_record(p) for p in sorted(tmp.iterdir()) if p.is_file() and p.name != STATE_FILE}
-        (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step, "rng": rng_state(), "files": files}))
-        commit_dir(tmp, final, kind="checkpoint")
+        with write_errors(tmp / STATE_FILE):
+            (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step, "rng": rng_state(), "files": files}))
+        with write_errors(tmp):  # its marker
+            commit_dir(tmp, final, kind="checkpoint")
     barrier()
     return final
 
@@ -126,14 +129,33 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 @contextlib.contextmanager
 def write_errors(path: Path) -> Iterator[Path]:
-    """Writing ``path`` with a library that reports a failed write (a full disk, say) without the
-    file: safetensors' ``SafetensorError`` and torch.save's ``RuntimeError`` quote the OS error in
-    their text only. Either becomes an ``OSError`` naming ``path``."""
+    """Writing ``path`` (a file, or a folder a library writes files into) with code that reports a
+    failed write (a full disk, say) without the file: safetensors' ``SafetensorError`` and
+    torch.save's ``RuntimeError`` quote the OS error in their text only, Python's own writes
+    raise an ``OSError`` with no file name when the disk fills after the open, and the tokenizers
+    library raises a bare ``Exception`` ("No space left on device (os error 28)"). Each becomes an
+    ``OSError`` naming ``path``."""
     try:
         yield path
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise _unwritable(path, e.strerror or str(e), e.errno) from None
     except (SafetensorError, RuntimeError) as e:
-        free = shutil.disk_usage(path.parent).free // 1024 if path.parent.is_dir() else "?"
-        raise OSError(f"{path}: cannot be written ({str(e).strip()[:300]}; {free} KiB free on its disk)") from None
+        raise _unwritable(path, str(e)) from None
+    except Exception as e:  # tokenizers' Rust errors are bare Exceptions: only an OS error is turned
+        if "(os error " not in str(e):
+            raise
+        raise _unwritable(path, str(e)) from None
+
+
+def _unwritable(path: Path, why: str, code: int | None = None) -> OSError:
+    where = path if path.is_dir() else path.parent
+    free = shutil.disk_usage(where).free // 1024 if where.is_dir() else "?"
+    message = f"{path}: cannot be written ({why.strip()[:300]}; {free} KiB free on its disk)"
+    error = OSError(message)  # one argument: str() is the message, no "[Errno 28]" before it
+    error.errno = code
+    return error
 
 
 def load_checkpoint(ckpt: Path, policy: Any, critic: Any = None) -> dict[str, Any]:
