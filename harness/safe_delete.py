@@ -11,7 +11,8 @@ folder, at every depth, the folder was committed with). Before anything is remov
   as a training run);
 - every entry, at every depth, is harness's: a path the marker of its folder (or of a folder above
   it) recorded, or a name the caller's layout (a :data:`Layout`: glob pattern -> :data:`FILE`,
-  :data:`OPAQUE` or a :class:`Folder`) allows there: a file where a file is written, a folder
+  :data:`OPAQUE`, an :data:`Owned` test or a :class:`Folder`) allows there: a file where a file
+  is written (an :data:`Owned` one where its test says this output writes it), a folder
   whose own entries are checked the same way (a folder of a kind, such as a checkpoint or a
   model export, needs its own marker of that kind), a temporary of a name the layout allows
   there (``.NAME.tmp`` or ``.NAME.tmp-PID``, :func:`harness.fsutil.tmp_sibling`'s names), and
@@ -38,7 +39,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +58,11 @@ OPAQUE = "opaque"
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.tmp(?:-\d+)?$")
 
 
+# A file harness writes only in some outputs of a kind (an RL run's rollouts.jsonl): the function
+# says from the file's path whether this output is one (what the run's recorded config says).
+Owned = Callable[[Path], bool]
+
+
 @dataclass(frozen=True)
 class Folder:
     """A folder harness writes: ``entries`` maps glob patterns of the names it may hold to what
@@ -68,7 +74,7 @@ class Folder:
     kind: str | None = None
 
 
-Spec = str | Folder
+Spec = str | Folder | Owned
 Layout = Mapping[str, Spec]  # the entries of a folder: glob pattern -> what is there
 
 
@@ -181,7 +187,8 @@ def _foreign(folder: Path, layout: Layout, recorded: set[str], at: str = "", sho
                 found += _foreign(p, {}, recorded, f"{at}{p.name}/", f"{name}/")
             continue
         spec = _spec_of(p.name, layout)
-        if spec == OPAQUE or (spec == FILE and p.is_file() and not p.is_symlink()):
+        is_file = p.is_file() and not p.is_symlink()
+        if spec == OPAQUE or (spec == FILE and is_file) or (callable(spec) and is_file and spec(p)):
             continue
         if isinstance(spec, Folder) and real_dir:
             marker = read_marker(p)
@@ -284,16 +291,12 @@ def check_replaceable(folder: str | Path, names: Iterable[str], kind: str, why: 
         )
 
 
-def record_written(folder: str | Path, kind: str, names: Iterable[str], create: bool = True) -> None:
+def record_written(folder: str | Path, kind: str, names: Iterable[str]) -> None:
     """Add the files ``names`` (paths relative to ``folder``, with the folders they are in) to the
-    entries of ``folder``'s marker, as a ``kind`` output (a marker is written when there is none,
-    unless ``create`` is false: then a folder that is not a harness ``kind`` output is left as it
-    is): a later :func:`check_replaceable` may replace them, and :func:`check_removable` remove
-    them, and nothing else there."""
+    entries of ``folder``'s marker, as a ``kind`` output (a marker is written when there is none):
+    a later :func:`check_replaceable` may replace them, and nothing else there."""
     folder = Path(folder)
     marker = read_marker(folder)
-    if not create and (marker is None or marker.get("kind") != kind):
-        return
     entries = set(marker.get("entries") or []) if marker is not None else set()
     for name in names:
         parts = Path(name).parts

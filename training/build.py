@@ -239,10 +239,28 @@ def run_folder(cfg: TrainConfig, out: str | None = None, resume: str | None = No
     return Path(resume or out or Path(cfg.trainer.out) / cfg.name)
 
 
+def _written_by(kind: str) -> safe_delete.Owned:
+    """A run-folder file only a ``kind`` trainer writes: harness's where the run's recorded
+    ``config.json`` says ``algo.kind: KIND`` (a ``rollouts.jsonl`` in an SFT run is a user's)."""
+
+    def owned(path: Path) -> bool:
+        try:
+            recorded = json.loads((path.parent / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        return (
+            isinstance(recorded, dict)
+            and isinstance(recorded.get("algo"), dict)
+            and recorded["algo"].get("kind") == kind
+        )
+
+    return owned
+
+
 # Everything a trainer writes into its run folder, at every depth (glob patterns, see
 # harness.safe_delete.Folder), and nothing wider: all ``--overwrite`` may delete (with the
-# temporaries of these names, and what the run's marker recorded: ``rollouts.jsonl`` and
-# ``value_head.safetensors``, which only some runs write). Checkpoints and model folders (final/,
+# temporaries of these names). ``rollouts.jsonl`` and ``value_head.safetensors`` only where the
+# run's kind writes them (:func:`_written_by`). Checkpoints and model folders (final/,
 # best-step-N/, a retriever's encoder/, the sync exports) are committed with a marker of their
 # kind listing their files: one without it is not harness's. validation/step-N/NAME is an eval run.
 _MODEL = Folder(MODEL_FILES, kind="model")
@@ -252,6 +270,8 @@ _ENCODER = Folder({**MODEL_FILES, "adapter": Folder(MODEL_FILES)}, kind="encoder
 _WANDB = ("run-[0-9]*_[0-9]*-*", "offline-run-[0-9]*_[0-9]*-*", "latest-run", "debug.log", "debug-internal.log")
 TRAIN_ENTRIES: Layout = {
     **dict.fromkeys(("config.json", "metrics.jsonl", "cache_identity.json"), FILE),  # the last: train_cached's
+    "rollouts.jsonl": _written_by("rl"),  # trainer.save_rollouts
+    "value_head.safetensors": _written_by("retriever"),  # retriever_rl.rl.algo: ppo
     **ENGINE_LOGS,  # an engine launched by a run before its logs went to engines/
     "checkpoints": Folder({"step-[0-9]*": Folder(kind="checkpoint")}),
     "final": _MODEL,

@@ -21,7 +21,6 @@ import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from benchmarks.evaluate import score_trajectory
-from harness import safe_delete
 from harness.config import to_dict
 from harness.textfiles import parse_json_line
 from pipelines.dialects import get_dialect
@@ -38,10 +37,8 @@ class MetricsLog:
         self, out: Path, tensorboard: bool = True, wandb_project: str | None = None, config: dict | None = None
     ):
         out.mkdir(parents=True, exist_ok=True)
-        self.out = out
         self.path = out / "metrics.jsonl"
         self.rollouts_path = out / "rollouts.jsonl"
-        self._rollouts_recorded = False
         self.tb: Any = None
         self.wandb: Any = None
         if tensorboard:
@@ -90,16 +87,11 @@ class MetricsLog:
         return dropped
 
     def write_rollouts(self, step: int, trajectories: list[Any], rewards: list[float], group_ids: list[int]) -> None:
-        """Every trajectory of a step, with its reward and group, appended to ``rollouts.jsonl``
-        (recorded in the run folder's marker: only some runs write it, so ``--overwrite`` removes
-        a ``rollouts.jsonl`` only where harness wrote one)."""
+        """Every trajectory of a step, with its reward and group, appended to ``rollouts.jsonl``."""
         with open(self.rollouts_path, "a", encoding="utf-8") as f:
             for t, r, g in zip(trajectories, rewards, group_ids, strict=True):
                 record = {"step": step, "reward": r, "group": g, "trajectory": t.to_dict()}
                 f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
-        if not self._rollouts_recorded:
-            safe_delete.record_written(self.out, "train", [self.rollouts_path.name], create=False)
-            self._rollouts_recorded = True
 
     def close(self) -> None:
         if self.tb is not None:

@@ -429,8 +429,6 @@ class RetrieverRL:
         if self.value_head is not None:  # for resuming / inspection; evaluation needs only the encoder
             check_finite(self.value_head.state_dict(), "not writing the value head")
             write_safetensors(self.value_head.state_dict(), self.out / "value_head.safetensors")
-            # only a PPO run writes it: recorded in the run's marker (its --overwrite may remove it)
-            safe_delete.record_written(self.out, "train", ["value_head.safetensors"], create=False)
         with atomic_dir(self.out / "encoder", kind="encoder") as tmp:  # marked: a run's cleanup proves it ours
             self.retriever.save_tower(tmp)
         return self.out / "encoder"

@@ -272,6 +272,7 @@ USER_FILES_NAMED_LIKE_OURS = {
     "wandb/run-mine/notes.md": "my notes",  # not a W&B run folder name
     "tensorboard/events.out.tfevents.mine": "my events",
     "rollouts.jsonl": '{"mine": 1}\n',  # an SFT run writes no rollouts
+    "value_head.safetensors": "my head",  # nor a value head (a retriever PPO run does)
     "validation/step-0/mine/manifest.json": "{}",  # an eval run folder with no marker
     "engines/mine.log": "my log",  # not an engine log name
 }
@@ -316,13 +317,8 @@ def test_overwrite_still_clears_what_harness_writes_under_those_names(tmp_path):
         (run / rel).write_text(text)
     with atomic_dir(run / "best-step-7", kind="model") as tmp:
         (tmp / "model.safetensors").write_text("w")
-    log = MetricsLog(run, tensorboard=False)
-    log.write_rollouts(1, [], [], [])  # the RL trainer's rollouts: recorded in the run's marker
-    assert "rollouts.jsonl" in safe_delete.read_marker(run)["entries"]
+    (run / "config.json").write_text(json.dumps({"algo": {"kind": "rl"}}))  # an RL run: its rollouts are ours
+    MetricsLog(run, tensorboard=False).write_rollouts(1, [], [], [])
     assert sorted(clear(run, TRAIN_ENTRIES, kind="train")) == sorted(
-        {Path(r).parts[0] for r in ours} | {"best-step-7", "rollouts.jsonl"}
+        {Path(r).parts[0] for r in ours} | {"best-step-7", "rollouts.jsonl", "config.json"}
     )
-    # a folder harness did not claim gets no marker from the rollouts record
-    other = tmp_path / "other"
-    MetricsLog(other, tensorboard=False).write_rollouts(1, [], [], [])
-    assert safe_delete.read_marker(other) is None
