@@ -235,6 +235,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        if args and args[0] is str and (odd := [k for k in value if not isinstance(k, str)]):
+            raise ConfigError(not_a_string_key(odd[0], where))  # env: {on: 1} names no variable
         return dict(value)
     if tp is bool:
         if isinstance(value, bool):
@@ -260,7 +262,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
-def _not_a_string_key(key: Any, where: str) -> str:
+def not_a_string_key(key: Any, where: str) -> str:
     """The message for a key YAML did not read as text: ``on``, ``off``, ``yes`` and ``no`` are
     booleans to it, ``~`` null and ``1`` a number, so such a key matches no option."""
     shown = "null" if key is None else str(key).lower() if isinstance(key, bool) else repr(key)
@@ -281,7 +283,7 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     moved: dict[str, str] = getattr(cls, "MOVED_KEYS", {})  # key → the key that owns it now
     for key, value in data.items():
         if not isinstance(key, str):
-            raise ConfigError(_not_a_string_key(key, where))
+            raise ConfigError(not_a_string_key(key, where))
         path = f"{where}.{key}" if where else key
         if key in moved:
             raise ConfigError(f"{path!r} is not read here (it would be overridden): set {moved[key]!r} instead")

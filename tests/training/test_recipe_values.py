@@ -44,6 +44,12 @@ def test_a_value_out_of_range_is_refused_naming_its_key(tmp_path, override, mess
         ("optim:\n  yes: 1\n", "unknown config key true in 'optim'"),
         ("trainer:\n  async:\n    1: x\n", "unknown config key 1 in 'trainer.async'"),
         ("rollout:\n  backend:\n    engine:\n      ~: 1\n", "unknown config key null in 'rollout.backend.engine'"),
+        (
+            "rollout:\n  backend:\n    engine:\n      env: {on: 1}\n",
+            "unknown config key true in 'rollout.backend.engine.env'",
+        ),
+        ("model:\n  tiny: {1: 2}\n", "unknown config key 1 in 'model.tiny'"),
+        ("sft:\n  sources: [{kind: chat, path: x, no: 1}]\n", "unknown config key false in 'sft.sources[0]'"),
     ],
 )
 def test_a_recipe_key_yaml_reads_as_no_string_is_named(tmp_path, yaml_text, message):

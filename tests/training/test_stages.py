@@ -401,6 +401,11 @@ BAD_CHAINS = {
     "duplicate key": ("name: x\nname: y\nstages: []\n", "key 'name' is given twice (first on line 1)"),
     "alias bomb": (_BOMB, "expand to more than 100,000 values"),
     "top-level list": ("- a\n- b\n", "a chain is a mapping"),
+    "a key read as a boolean": ("name: c\non: 1\nstages: []\n", "unknown config key true at the top level"),
+    "a stage key read as null": (
+        "name: c\nstages:\n  - {name: a, command: eval, output: x, ~: 1}\n",
+        "unknown config key null in 'stages[0]'",
+    ),
 }
 
 
