@@ -34,7 +34,7 @@ from harness.runlock import run_lock
 from harness.runlog import file_hash
 from harness.types import Example
 from pipelines.method import check_schedule
-from pipelines.methods import build_method, method_kind, needs_retriever, validate_options
+from pipelines.methods import build_method, check_method_schedule, method_kind, needs_retriever, validate_options
 
 logger = logging.getLogger(__name__)
 
@@ -178,18 +178,27 @@ def dataset_retriever(
     return build_retriever(rcfg, str(corpus) if corpus else None)
 
 
+def check_eval(cfg: EvalConfig) -> tuple[str, dict[str, Any], Any]:
+    """The checks of ``cfg`` that build nothing (its method's options, samples, metrics and
+    schedule); returns the method's kind, its options and their typed form. A run of several
+    configs makes them for every one before the first starts (:func:`benchmarks.eval_runs.run_configs`)."""
+    kind = method_kind(cfg.method)
+    options = dict(cfg.agent if kind == "agent" else cfg.baseline)
+    options.setdefault("topk", cfg.retriever.topk)
+    typed = validate_options(cfg.method, options)
+    validate_n_samples(cfg, kind, typed)
+    validate_metrics(cfg)
+    check_method_schedule(cfg.method, cfg.schedule)
+    return kind, options, typed
+
+
 def build_eval(
     cfg: EvalConfig, backend: Any = None, retriever: Any = None, examples: list[Example] | None = None
 ) -> EvalRun:
     """Validate ``cfg`` and build its evaluation. ``backend`` / ``retriever``: already built ones
     to use instead (a shared backend, training's current policy); ``examples``: questions already
     loaded (held-out questions of a training run), evaluated instead of ``cfg.dataset``'s."""
-    kind = method_kind(cfg.method)
-    options = dict(cfg.agent if kind == "agent" else cfg.baseline)
-    options.setdefault("topk", cfg.retriever.topk)
-    typed = validate_options(cfg.method, options)  # before anything slow is built or anything is written
-    validate_n_samples(cfg, kind, typed)
-    validate_metrics(cfg)
+    kind, options, typed = check_eval(cfg)  # before anything slow is built or anything is written
     examples = load_eval_examples(cfg) if examples is None else list(examples)
     # An agent with no search turn (a closed-book run: agent.max_turns=0) never searches.
     uses_retriever = needs_retriever(cfg.method) and not (kind == "agent" and typed.max_turns == 0)
@@ -220,6 +229,7 @@ def build_eval(
         index_id=getattr(retriever, "index_id", None) if uses_retriever else None,
         corpus=str(corpus) if corpus else None,
         corpus_hash=file_hash(corpus) if corpus else None,
+        chat_template=getattr(method, "use_chat", None) if kind == "agent" else None,
     )
     if uses_retriever:
         manifest.answerability = _answerability(retriever, examples, cfg.retriever.topk)

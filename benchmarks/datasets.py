@@ -234,11 +234,22 @@ def read_examples(path: str | Path) -> list[Example]:
     return examples
 
 
+# Longer than any model's context (128k tokens are about 500k characters of English; QA questions
+# run to a few hundred): such a line is a broken file, refused at load, not after a tokenizer has
+# spent a minute and gigabytes on it to end the item as context_overflow.
+MAX_QUESTION_CHARS = 500_000
+
+
 def _check_record(d: dict, where: str) -> dict:
     """One question record, checked; ``golden_answers`` is returned as a list."""
     q = d.get("question")
     if not isinstance(q, str) or not q.strip():
         raise DatasetError(f"{where}: missing or empty 'question'")
+    if len(q) > MAX_QUESTION_CHARS:
+        raise DatasetError(
+            f"{where}: the question is {len(q):,} characters long, more than any model's context holds (at most "
+            f"{MAX_QUESTION_CHARS:,}); is the file broken? Fix or remove that line"
+        )
     golds = d.get("golden_answers")
     if golds is None and "answer" in d:  # R1-Searcher's training sets: {"idx", "question", "answer"}
         golds = d["answer"]

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as Bar
 
-from benchmarks.build import build_eval, run_dir_for, simple_evaluate
+from benchmarks.build import build_eval, check_eval, run_dir_for, simple_evaluate
 from benchmarks.evaluate import InfrastructureDown
 from benchmarks.fmt import NAMES
 from benchmarks.profiles import apply_profile
@@ -143,6 +143,11 @@ def run_configs(configs: list[EvalConfig], say: Say = logger.info) -> list[Any]:
     engine is stopped and the backend closed however the runs end. Returns their results; raises
     :class:`RunError` naming the backend or the run that could not be built or run."""
     results = []
+    for cfg in configs:  # every pair's own checks before the first pair starts (or an engine is launched)
+        try:
+            check_eval(cfg)
+        except (ValueError, KeyError) as e:
+            raise RunError(f"{cfg.name} on {cfg.dataset.name}: {e}") from e
     with contextlib.ExitStack() as stack:
         stack.enter_context(sigterm_as_exit())
         bcfg = configs[0].backend

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from harness.config import read_yaml
+from harness.config import from_dict, read_yaml, require_at_least, require_positive
 from harness.textfiles import read_jsonl
 
 logger = logging.getLogger(__name__)
@@ -53,13 +53,17 @@ class JudgeConfig:
     timeout: float = 60.0
     retries: int = 2
 
+    def __post_init__(self) -> None:
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url must be an http(s):// endpoint (such as http://host:8000/v1), got {self.url!r}")
+        require_positive(self, "timeout", "max_tokens")
+        require_at_least(self, 0, "retries", "temperature")
+
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> JudgeConfig:
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(f"unknown judge option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-        return cls(**options)
+        """The ``judge:`` options, each checked (type and range) as every config key is, named
+        ``judge.KEY`` in the error (:class:`~harness.config.ConfigError`, a ValueError)."""
+        return from_dict(cls, options, "judge")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ mean and counted.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from benchmarks.profiles import JUDGE, profile_metrics
 from harness.registry import RegistryError
 from harness.textfiles import read_jsonl
 
+logger = logging.getLogger(__name__)
+
 
 class ScoreError(ValueError):
     """A prediction file or a score option is unusable; the message names the file and line."""
@@ -31,15 +34,18 @@ class ScoreError(ValueError):
 @dataclass
 class FileScores:
     """Each metric's mean over the file (None: no value, e.g. every judge call failed), the
-    number of predictions, and on how many the judge gave no verdict."""
+    number of predictions, on how many the judge gave no verdict, and how many rows had no
+    prediction (a null one: scored as wrong, as an eval item with no answer is)."""
 
     means: dict[str, float | None]
     n: int
     judge_missing: int | None = None
+    no_prediction: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {**self.means, "n": self.n}
-        return out if self.judge_missing is None else {**out, "judge_missing": self.judge_missing}
+        out = out if self.judge_missing is None else {**out, "judge_missing": self.judge_missing}
+        return {**out, "no_prediction": self.no_prediction} if self.no_prediction else out
 
 
 def metric_names(metrics: str, profile: str | None = None, judge_url: str | None = None) -> list[str]:
@@ -101,9 +107,12 @@ def score_file(
     plain = [m for m in names if m != JUDGE]
     values: dict[str, list[float]] = {m: [] for m in names}
     n = 0
+    nulls: list[int] = []  # the lines whose prediction is null
     try:
         for lineno, row in read_jsonl(file, ScoreError):
             pred, gold = _row(f"{file}:{lineno}", row, pred_key, gold_key, question_key if judge else None)
+            if row[pred_key] is None:
+                nulls.append(lineno)
             for m, v in score_prediction(pred, gold, plain).items():
                 values[m].append(v)
             if judge is not None:
@@ -117,14 +126,20 @@ def score_file(
             judge.close()
     if n == 0:
         raise ScoreError(f"{file}: no predictions")
+    if nulls:
+        logger.warning(
+            "%s: %d of %d rows have no prediction (%r is null; first on line %d): scored as wrong",
+            file, len(nulls), n, pred_key, nulls[0],
+        )  # fmt: skip
     means = {m: (sum(v) / len(v) if v else None) for m, v in values.items()}
-    return FileScores(means, n, n - len(values[JUDGE]) if judge is not None else None)
+    return FileScores(means, n, n - len(values[JUDGE]) if judge is not None else None, len(nulls))
 
 
 def scores_table(file: str | Path, scores: FileScores) -> Any:
     """The means as a one-row rich table (percent, two decimals)."""
 
     title = f"{Path(file).name} (n={scores.n}"
+    title += f"; {scores.no_prediction} with no prediction, scored as wrong" if scores.no_prediction else ""
     title += f"; judge missing on {scores.judge_missing})" if scores.judge_missing is not None else ")"
     table = Table(title=title)
     for m in scores.means:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from typing import NoReturn
 
 import typer
@@ -9,6 +10,22 @@ from rich.console import Console
 from rich.markup import escape
 
 console = Console(stderr=True)
+
+WRITE_ERRNOS = (errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM, errno.EDQUOT)
+
+
+def error_text(e: BaseException) -> str:
+    """What a failed command tells the user: the library's own message, never the exception's
+    class name; for an OS error the path and the reason (a read-only or full disk)."""
+    if isinstance(e, OSError) and e.filename is not None:
+        where = f"{e.filename} -> {e.filename2}" if e.filename2 is not None else str(e.filename)
+        return f"cannot write {where}: {e.strerror or e}" if e.errno in WRITE_ERRNOS else f"{where}: {e.strerror or e}"
+    if isinstance(e, OSError) and e.strerror:  # no "[Errno 98]" before the reason
+        return e.strerror
+    if isinstance(e, KeyError):  # a registry's message (an unknown name), or a bare missing key
+        what = str(e.args[0]) if e.args else ""
+        return what if " " in what else f"missing entry {what!r} (a checkpoint or record without it)"
+    return str(e) or type(e).__name__
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

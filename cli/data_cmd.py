@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import typer
 
-from cli.common import console, fail
+from cli.common import console, error_text, fail
 from cli.options import DataDir, TopK, Variant
 
 app = typer.Typer(no_args_is_help=True)
@@ -59,7 +59,7 @@ def synthesize_command(
             dataset, dialect, out, split, variant, limit, offset, data_dir, rcfg, tokenizer, max_doc_tokens
         )
     except (ValueError, FileNotFoundError, KeyError) as e:
-        fail(f"{type(e).__name__}: {e}")
+        fail(error_text(e))
     console.print(f"{name}: {stats.summary()} → {out}")
 
 
@@ -87,7 +87,7 @@ def mcts_command(
     try:
         stats, folder = run_mcts_recipe(list(config or []), extra, out)
     except (ConfigError, ValueError, FileNotFoundError, KeyError) as e:
-        fail(f"{type(e).__name__}: {e}")
+        fail(error_text(e))
     console.print(f"MCTS: {stats.summary()} → {folder}")
 
 
@@ -145,7 +145,7 @@ def rft_filter_command(
         )
         summary = rft_filter(run_dirs, out, cfg)
     except (ValueError, KeyError, FileNotFoundError, RunDirError) as e:  # RegistryError is a KeyError
-        fail(f"{type(e).__name__}: {e}")
+        fail(error_text(e))
     console.print(f"rft-filter: {summary.line()} → {out} ({SUMMARY})", highlight=False)
     if not summary.n_kept:
         fail("nothing passed the filter: no SFT data (see decisions.jsonl for why)")
@@ -171,7 +171,7 @@ def harr_filter_command(
         cfg = train_config(list(config or []), list(overrides or []), data_dir)
         path, stats, kept, total = harr_filter(cfg, out, samples, metric, threshold)
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError, KeyError) as e:
-        fail(f"{type(e).__name__}: {e}")
+        fail(error_text(e))
     console.print(f"kept {kept}/{total} questions → {path} (per-question counts: {stats})")
 
 
@@ -187,5 +187,5 @@ def rag_r1_train_command(
     try:
         n = rag_r1_train(out, source)
     except (ValueError, RuntimeError, OSError) as e:
-        fail(f"{type(e).__name__}: {e}")
+        fail(error_text(e))
     console.print(f"rag-r1-train: {n} questions → {out}")

@@ -36,7 +36,7 @@ JudgeKeyEnv = Annotated[
 
 # Servers (harness serve ...): the default port is each server's own.
 Host = Annotated[str, typer.Option("--host", help="Bind address (loopback by default).")]
-Port = Annotated[int, typer.Option("--port")]
+Port = Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port (1 to 65535).")]
 Model = Annotated[str, typer.Option("--model", help="Model name, local directory or hub id.")]
 
 # Stage chains (harness stages run / status).

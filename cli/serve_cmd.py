@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from cli.common import console, fail
+from cli.common import console, error_text, fail, say
 from cli.options import Host, Model, Port
 
 app = typer.Typer(no_args_is_help=True)
@@ -43,20 +43,22 @@ def retriever(
         r = load_index(index)
     except (IndexLoadError, RuntimeError, OSError) as e:  # RuntimeError: the encoder cannot be loaded
         fail(str(e))
-    console.print(
-        f"serving {index} on http://{host}:{port} (/retrieve, /search, /batch_search, /queries, /health, /metrics)"
-    )
-    serve(
-        r,
-        host=host,
-        port=port,
-        max_k=max_k,
-        default_k=default_k,
-        access_log=access_log,
-        max_batch=max_batch,
-        max_wait_s=max_wait_ms / 1000,
-        embed_cache=embed_cache,
-    )
+    apis = "/retrieve, /search, /batch_search, /queries, /health, /metrics"
+    try:
+        serve(
+            r,
+            host=host,
+            port=port,
+            max_k=max_k,
+            default_k=default_k,
+            access_log=access_log,
+            max_batch=max_batch,
+            max_wait_s=max_wait_ms / 1000,
+            embed_cache=embed_cache,
+            ready=lambda url: say(f"serving {index} on {url} ({apis})"),  # once it listens
+        )
+    except (OSError, ValueError) as e:  # a port in use or not allowed
+        fail(error_text(e))
 
 
 @app.command(
@@ -133,8 +135,15 @@ def prm(
         fail(f"--path {path}: not a PRM folder (no prm.json; train one with algo.kind=prm)")
     if batch_size < 1 or max_tokens < 1:
         fail(f"--batch-size and --max-tokens must be >= 1, got {batch_size} and {max_tokens}")
-    console.print(f"serving the PRM {path} on http://{host}:{port} (/score, /health)")
     try:
-        serve(path, host=host, port=port, batch_size=batch_size, threads=threads, max_tokens=max_tokens)
-    except (OSError, ValueError) as e:
-        fail(str(e))
+        serve(
+            path,
+            host=host,
+            port=port,
+            batch_size=batch_size,
+            threads=threads,
+            max_tokens=max_tokens,
+            ready=lambda url: say(f"serving the PRM {path} on {url} (/score, /health)"),  # once it listens
+        )
+    except (OSError, ValueError) as e:  # a port in use or not allowed, a PRM folder that does not load
+        fail(error_text(e))

@@ -10,18 +10,17 @@ One entry for every trainer: ``algo.kind`` (rl, sft, prm, retriever) picks it fr
 
 from __future__ import annotations
 
-import errno
 import logging
+import math
 
 import typer
 
-from cli.common import console, fail
+from cli.common import console, error_text, fail
 from cli.options import DataDir
 
 logger = logging.getLogger(__name__)
 
 # OS errors of a folder that cannot be written: read-only, full, no permission, over quota.
-WRITE_ERRNOS = (errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM, errno.EDQUOT)
 
 
 def train_command(
@@ -53,6 +52,10 @@ def train_command(
 
         if not config:
             fail("--plan needs a recipe: -c configs/train/NAME.yaml")
+        if gpus < 1:
+            fail(f"--gpus must be at least 1 (the data-parallel GPUs to plan for), got {gpus}")
+        if not (math.isfinite(gpu_mem) and gpu_mem > 0):
+            fail(f"--gpu-mem must be a positive number of GB (one GPU's memory), got {gpu_mem}")
         try:
             console.print(
                 plan_report(list(config), list(overrides or []), gpus, gpu_mem, arch), highlight=False, soft_wrap=True
@@ -90,17 +93,8 @@ def train_command(
     except DivergenceError as e:  # the run itself failed (exit 1), not its input (exit 2)
         fail(str(e), code=1)
     except (OSError, ValueError, RuntimeError, KeyError) as e:  # EngineError, RunLockedError: RuntimeErrors
-        fail(train_error(e))
+        if isinstance(e, OSError) and e.filename is None and str(run) not in str(e):
+            # A write that failed after its open (a full disk) names no file: the run folder it went to.
+            fail(f"cannot write into {run}: {e.strerror or e}; free some space, then --resume {run} continues it")
+        fail(error_text(e))
     console.print(f"trained {trainer.step_no} steps → {run} (model: {final}; {next_step(cfg, final)})")
-
-
-def train_error(e: BaseException) -> str:
-    """What a failed training tells the user: the library's own message, and for an OS error the
-    path and the reason (a read-only or full disk), without a traceback."""
-    if isinstance(e, OSError) and e.filename is not None:
-        where = f"{e.filename} -> {e.filename2}" if e.filename2 is not None else str(e.filename)
-        return f"cannot write {where}: {e.strerror or e}" if e.errno in WRITE_ERRNOS else f"{where}: {e.strerror or e}"
-    if isinstance(e, KeyError):  # a registry's message (an unknown name), or a bare missing key
-        what = str(e.args[0]) if e.args else ""
-        return what if " " in what else f"missing entry {what!r} (a checkpoint or record without it)"
-    return str(e) or type(e).__name__

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -105,7 +106,7 @@ def read_yaml(path: str | Path) -> Any:
     """The YAML document in the file ``path`` (see :func:`parse_yaml`); a missing, unreadable or
     non-UTF-8 file is a :class:`ConfigError` naming it."""
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir() or not path.exists():  # a pipe (-c <(...)) or a device is read as a file
         raise ConfigError(f"config file {path} does not exist" + (" (it is a folder)" if path.is_dir() else ""))
     try:
         raw = path.read_bytes()
@@ -234,6 +235,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        if args and args[0] is str and (odd := [k for k in value if not isinstance(k, str)]):
+            raise ConfigError(not_a_string_key(odd[0], where))  # env: {on: 1} names no variable
         return dict(value)
     if tp is bool:
         if isinstance(value, bool):
@@ -246,15 +249,29 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
             # YAML 1.1 reads "1e-6" (no dot) as a string; learning rates are written like that.
-            return float(value)
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if not math.isfinite(value):  # .nan passes every range check, .inf overflows a timeout: neither is a setting
+            raise ConfigError(f"{where}: expected a finite number, got {value}")
         return float(value)
     if tp is str:
         if not isinstance(value, str | int | float) or isinstance(value, bool):
             raise ConfigError(f"{where}: expected a string, got {value!r}")
         return str(value)
     return value
+
+
+def not_a_string_key(key: Any, where: str) -> str:
+    """The message for a key YAML did not read as text: ``on``, ``off``, ``yes`` and ``no`` are
+    booleans to it, ``~`` null and ``1`` a number, so such a key matches no option."""
+    shown = "null" if key is None else str(key).lower() if isinstance(key, bool) else repr(key)
+    what = "null" if key is None else "a boolean" if isinstance(key, bool) else "a number"
+    return (
+        f"unknown config key {shown} {'in ' + repr(where) if where else 'at the top level'}: YAML reads this key "
+        f"as {what}, not a name (on, off, yes and no are booleans to it, ~ is null); no option is called that. "
+        'Quote it ("on": ...) if you meant the word'
+    )
 
 
 def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
@@ -265,6 +282,8 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     kwargs: dict[str, Any] = {}
     moved: dict[str, str] = getattr(cls, "MOVED_KEYS", {})  # key → the key that owns it now
     for key, value in data.items():
+        if not isinstance(key, str):
+            raise ConfigError(not_a_string_key(key, where))
         path = f"{where}.{key}" if where else key
         if key in moved:
             raise ConfigError(f"{path!r} is not read here (it would be overridden): set {moved[key]!r} instead")
@@ -278,8 +297,9 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
             raise ConfigError(f"missing required config key {(where + '.' if where else '') + name!r}")
     try:
         return cls(**kwargs)
-    except ValueError as e:  # a range check in __post_init__: name where it came from
-        raise ConfigError(f"{where}.{e}" if where else str(e)) from None
+    except ValueError as e:  # a range check in __post_init__: name where it came from (once)
+        said = str(e)
+        raise ConfigError(f"{where}.{said}" if where and not said.startswith(f"{where}.") else said) from None
 
 
 def require_at_least(obj: Any, minimum: float, *names: str) -> None:
@@ -292,6 +312,15 @@ def require_at_least(obj: Any, minimum: float, *names: str) -> None:
         value = getattr(obj, name)
         if value is not None and value < minimum:
             raise ValueError(f"{name} must be at least {minimum}, got {value}")
+
+
+def require_between(obj: Any, lo: float, hi: float, *names: str) -> None:
+    """Range checks for ``__post_init__``: each named field is ``None`` or in ``[lo, hi]``.
+    Raises ``ValueError("<field> must be in [lo, hi], got <value>")``."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not lo <= value <= hi:
+            raise ValueError(f"{name} must be in [{lo:g}, {hi:g}], got {value}")
 
 
 def require_positive(obj: Any, *names: str) -> None:

@@ -23,16 +23,21 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import httpx
 
+from harness import safe_delete
+from harness.config import require_at_least, require_between, require_positive
 from harness.models import resolve_model
 from harness.ports import free_port
 
 logger = logging.getLogger(__name__)
 
 Engine = Literal["sglang", "vllm"]
+# The log files :func:`launch_engine` writes into its log folder (``ENGINE-PORT.log``), as a
+# :data:`harness.safe_delete.Layout`: what a run folder's cleanup may remove as engine logs.
+ENGINE_LOGS: safe_delete.Layout = {f"{e}-[0-9]*.log": safe_delete.FILE for e in get_args(Engine)}
 
 
 class EngineError(RuntimeError):
@@ -62,6 +67,11 @@ class EngineConfig:
     env: dict[str, str] = field(default_factory=dict)
     health_timeout: float = 900.0
     log_dir: str | None = None  # default: the run folder's engines/ (or ./engines)
+
+    def __post_init__(self) -> None:
+        require_between(self, 1, 65535, "port")
+        require_at_least(self, 1, "tp", "dp")
+        require_positive(self, "health_timeout")
 
 
 def engine_dir() -> Path:

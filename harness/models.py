@@ -23,6 +23,7 @@ from typing import Any
 
 from harness import safe_delete
 from harness.fsutil import atomic_dir
+from harness.hub import hub_problem
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +115,27 @@ def resolve_model(name: str) -> str:
         return str(path)
     if name.startswith(("/", ".", "~")):  # meant as a path, never a hub id ("org/name")
         raise FileNotFoundError(f"no model directory at {path}")
-    return name  # a hub id
+    return _hub_model(name)
+
+
+def _hub_model(name: str) -> str:
+    """A hub id as is (downloaded, or found in the cache, when loaded), or, when the hub cannot be
+    reached now (``HF_HUB_OFFLINE``, or one quick probe fails), its cached snapshot folder. Not
+    cached and no hub: an error at once, where transformers' retries took 52 s to fail."""
+    problem = hub_problem()
+    if problem is None:
+        return name
+    # deferred: huggingface_hub is transformers' dependency, needed only here
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(name, local_files_only=True)
+    except Exception:  # noqa: BLE001 (LocalEntryNotFoundError, HFValidationError: not in the cache, not an id)
+        raise FileNotFoundError(
+            f"could not load {name!r}: it is not a local model directory, so it was taken as a Hugging Face hub id, "
+            f"which is not in the local cache and cannot be downloaded now: the hub is {problem}. Pass a local "
+            f"model directory, or use the embedded model {EMBEDDED!r}"
+        ) from None
 
 
 def hub_hint(name: str, error: Exception) -> OSError:

@@ -71,6 +71,9 @@ class RunManifest:
     # The questions' in-corpus and retrievable shares on the run's index, when `harness index
     # check` recorded them (benchmarks.answerability.Answerability as a dict); None: unknown.
     answerability: dict[str, Any] | None = None
+    # An agent's prompts went through the tokenizer's chat template (False: its base-model form,
+    # asked for with agent.chat=false or forced by a tokenizer with no template); None: a baseline.
+    chat_template: bool | None = None
     versions: dict[str, str] = field(default_factory=dict)
     git_revision: str | None = None
     started_at: str | None = None

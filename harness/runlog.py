@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import safe_delete
+from harness.engines import ENGINE_LOGS
 from harness.fsutil import write_json_atomic
 from harness.run_records import ItemScore, RecordError, RunManifest, RunResults
 from harness.textfiles import read_jsonl
@@ -55,9 +56,8 @@ RUN_ENTRIES: safe_delete.Layout = {
     TRAJECTORIES: safe_delete.FILE,
     SCORES: safe_delete.FILE,
     RESULTS: safe_delete.FILE,
-    "engines": safe_delete.Folder({"*.log": safe_delete.FILE}),
-    ".*.tmp-*": safe_delete.OPAQUE,
-}
+    "engines": safe_delete.Folder(ENGINE_LOGS),
+}  # and the temporaries of these names (harness.safe_delete)
 
 _VERSIONED_PACKAGES = ("harness", "flashrag-dev", "torch", "transformers", "bm25s", "faiss-cpu", "deepspeed")
 

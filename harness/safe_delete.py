@@ -11,11 +11,16 @@ folder, at every depth, the folder was committed with). Before anything is remov
   as a training run);
 - every entry, at every depth, is harness's: a path the marker of its folder (or of a folder above
   it) recorded, or a name the caller's layout (a :data:`Layout`: glob pattern -> :data:`FILE`,
-  :data:`OPAQUE` or a :class:`Folder`) allows there: a file where a file is written, a folder
-  whose own entries are checked the same way (a checkpoint folder needs its own marker), and the
-  marker and lock files themselves. Anything else (``src/``, a user's notes, a user's file
-  inside ``checkpoints/`` or inside the final model) is named by its path in the refusal and
-  NOTHING is removed.
+  :data:`OPAQUE`, an :data:`Owned` test or a :class:`Folder`) allows there: a file where a file
+  is written (an :data:`Owned` one where its test says this output writes it), a folder
+  whose own entries are checked the same way (a folder of a kind, such as a checkpoint or a
+  model export, needs its own marker of that kind), a temporary of a name the layout allows
+  there (``.NAME.tmp`` or ``.NAME.tmp-PID``, :func:`harness.fsutil.tmp_sibling`'s names), and
+  the marker and lock files themselves. Anything else (``src/``, a user's notes, a user's
+  ``console.log``, a user's file inside ``checkpoints/`` or inside the final model, a user's model
+  folder named like harness's but unmarked) is named by its path in the refusal and NOTHING is
+  removed. Layouts name only what harness writes: a pattern as wide as ``*.log`` would take a
+  user's log for harness's.
 
 Replacing a file is deleting it: a writer that replaces files by name in a folder it shares
 with the user (``harness report --out``) proves each with :func:`check_replaceable` against the
@@ -31,9 +36,10 @@ import fnmatch
 import json
 import logging
 import os
+import re
 import shutil
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,8 +51,16 @@ _ALWAYS = (MARKER, LOCK)
 
 FILE = "file"  # a regular file harness writes (a folder or a link of that name is not harness's)
 # What a library harness calls writes, with names harness does not choose (W&B's run folders),
-# and harness's own temporaries (``.name.tmp``, a write cut short): removed whole, unlisted.
+# and harness's own temporaries (a write cut short): removed whole, unlisted.
 OPAQUE = "opaque"
+# harness.fsutil.tmp_sibling's names (``.NAME.tmp``, ``.NAME.tmp-PID``): a temporary is harness's
+# only when NAME is an entry the layout allows in that folder (``.notes.tmp`` is not).
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.tmp(?:-\d+)?$")
+
+
+# A file harness writes only in some outputs of a kind (an RL run's rollouts.jsonl): the function
+# says from the file's path whether this output is one (what the run's recorded config says).
+Owned = Callable[[Path], bool]
 
 
 @dataclass(frozen=True)
@@ -60,7 +74,7 @@ class Folder:
     kind: str | None = None
 
 
-Spec = str | Folder
+Spec = str | Folder | Owned
 Layout = Mapping[str, Spec]  # the entries of a folder: glob pattern -> what is there
 
 
@@ -150,7 +164,12 @@ def _everything(path: Path, rel: str) -> list[str]:
 
 
 def _spec_of(name: str, layout: Layout) -> Spec | None:
-    return next((spec for pat, spec in layout.items() if fnmatch.fnmatchcase(name, pat)), None)
+    """What ``name`` is in a folder of ``layout``: the spec of its first matching pattern, else
+    :data:`OPAQUE` for a temporary of a name that matches one, else None (not harness's)."""
+    spec = next((spec for pat, spec in layout.items() if fnmatch.fnmatchcase(name, pat)), None)
+    if spec is None and (temp := _TEMPORARY.match(name)) is not None and _spec_of(temp["name"], layout) is not None:
+        return OPAQUE
+    return spec
 
 
 def _foreign(folder: Path, layout: Layout, recorded: set[str], at: str = "", shown: str = "") -> list[str]:
@@ -168,11 +187,14 @@ def _foreign(folder: Path, layout: Layout, recorded: set[str], at: str = "", sho
                 found += _foreign(p, {}, recorded, f"{at}{p.name}/", f"{name}/")
             continue
         spec = _spec_of(p.name, layout)
-        if spec == OPAQUE or (spec == FILE and p.is_file() and not p.is_symlink()):
+        is_file = p.is_file() and not p.is_symlink()
+        if spec == OPAQUE or (spec == FILE and is_file) or (callable(spec) and is_file and spec(p)):
             continue
         if isinstance(spec, Folder) and real_dir:
             marker = read_marker(p)
-            if marker is not None and spec.kind is not None and marker.get("kind") != spec.kind:
+            if spec.kind is not None and marker is None:  # harness commits such a folder with its marker
+                found += [f"{x} (no harness marker in {name}/)" for x in _everything(p, name)]
+            elif marker is not None and spec.kind is not None and marker.get("kind") != spec.kind:
                 found.append(f"{name}/ (a harness {marker.get('kind')!r} output where a {spec.kind!r} one belongs)")
             else:  # a folder committed whole (a checkpoint) is proven by what its own marker recorded
                 inner = set(marker.get("entries") or []) if marker is not None else set()

@@ -8,14 +8,24 @@ retriever.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from harness.config import from_dict
 from harness.registry import Registry
 from pipelines.baselines.flashrag_methods import BASELINES, WITHOUT_RETRIEVAL, BaselineConfig, FlashRAGBaseline
-from pipelines.method import Method
+from pipelines.method import Method, check_schedule
 
-__all__ = ["AGENT_METHODS", "METHODS", "Method", "build_method", "method_kind", "needs_retriever", "validate_options"]
+__all__ = [
+    "AGENT_METHODS",
+    "METHODS",
+    "Method",
+    "build_method",
+    "check_method_schedule",
+    "method_kind",
+    "needs_retriever",
+    "validate_options",
+]
 
 METHODS: Registry = Registry("method")
 
@@ -41,10 +51,33 @@ def _baseline_builder(name: str):
     return build
 
 
+# ``pauses_between_steps``: what the built method says (SearchAgent's and FlashRAGBaseline's class
+# attribute), known before it is built, so a run of several (method, dataset) pairs refuses a
+# schedule one of them cannot run before the first starts (build_eval checks the built one too).
 for _d in AGENT_METHODS:
-    METHODS.register(_d, _agent_builder(_d), kind="agent", needs_retriever=True)
+    METHODS.register(_d, _agent_builder(_d), kind="agent", needs_retriever=True, pauses_between_steps=True)
 for _b in BASELINES:
-    METHODS.register(_b, _baseline_builder(_b), kind="baseline", needs_retriever=_b not in WITHOUT_RETRIEVAL)
+    METHODS.register(
+        _b,
+        _baseline_builder(_b),
+        kind="baseline",
+        needs_retriever=_b not in WITHOUT_RETRIEVAL,
+        pauses_between_steps=FlashRAGBaseline.pauses_between_steps,
+    )
+
+
+@dataclass(frozen=True)
+class _Declared:
+    """What :func:`pipelines.method.check_schedule` reads of a method, from its registration."""
+
+    method: str
+    pauses_between_steps: bool
+
+
+def check_method_schedule(name: str, schedule: str) -> None:
+    """:func:`pipelines.method.check_schedule` for the method registered as ``name``, before it is built."""
+    METHODS.get(name)
+    check_schedule(_Declared(name, bool(METHODS.info(name)["pauses_between_steps"])), schedule)
 
 
 def validate_options(name: str, options: dict[str, Any], where: str | None = None) -> Any:

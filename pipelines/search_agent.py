@@ -129,6 +129,14 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
         self.tokenizer = backend.tokenizer
         self.max_context = self.config.max_context or backend.max_context
         self.use_chat = self.config.chat and bool(getattr(self.tokenizer, "chat_template", None))
+        if self.config.chat and not self.use_chat and self.dialect.placement != "raw":
+            # Not silent: a chat model prompted in the base form answers differently (the run's
+            # manifest records it too: chat_template false).
+            logger.warning(
+                "%s: the tokenizer of %s has no chat template, so prompts use the dialect's base-model form; "
+                "give a tokenizer with one, or set agent.chat=false to ask for the base form",
+                self.method, getattr(backend, "model", None) or getattr(self.tokenizer, "name_or_path", "the model"),
+            )  # fmt: skip
         # FlashRAG's pipelines expose their generator; the loop itself works on token ids.
         self.generator = FlashRAGGenerator(backend, self.sampling())
 

@@ -28,8 +28,9 @@ from harness.backends.hf import HFBackend
 from harness.backends.vllm_sync import RL_ARGS as VLLM_RL_ARGS
 from harness.backends.vllm_sync import RL_ENV as VLLM_RL_ENV
 from harness.config import ConfigError, compose, from_dict, pop_paths, to_dict
-from harness.engines import engine_for_backend, sigterm_as_exit, start_engine
+from harness.engines import ENGINE_LOGS, engine_for_backend, sigterm_as_exit, start_engine
 from harness.eval_config import EvalConfig
+from harness.fsutil import write_json_atomic
 from harness.models import MODEL_FILES
 from harness.registry import Registry
 from harness.run_records import RunManifest, RunResults
@@ -243,25 +244,50 @@ def run_folder(cfg: TrainConfig, out: str | None = None, resume: str | None = No
     return Path(resume or out or Path(cfg.trainer.out) / cfg.name)
 
 
+def _written_by(kind: str) -> safe_delete.Owned:
+    """A run-folder file only a ``kind`` trainer writes: harness's where the run's recorded
+    ``config.json`` says ``algo.kind: KIND`` (a ``rollouts.jsonl`` in an SFT run is a user's)."""
+
+    def owned(path: Path) -> bool:
+        try:
+            recorded = json.loads((path.parent / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        return (
+            isinstance(recorded, dict)
+            and isinstance(recorded.get("algo"), dict)
+            and recorded["algo"].get("kind") == kind
+        )
+
+    return owned
+
+
 # Everything a trainer writes into its run folder, at every depth (glob patterns, see
-# harness.safe_delete.Folder): all ``--overwrite`` may delete. Checkpoints and exported models are
-# committed with a marker listing their files; a PRM's final/ and a retriever's encoder/ are model
-# folders by name; validation/step-N/NAME is an eval run.
+# harness.safe_delete.Folder), and nothing wider: all ``--overwrite`` may delete (with the
+# temporaries of these names). ``rollouts.jsonl`` and ``value_head.safetensors`` only where the
+# run's kind writes them (:func:`_written_by`). Checkpoints and model folders (final/,
+# best-step-N/, a retriever's encoder/, the sync exports) are committed with a marker of their
+# kind listing their files: one without it is not harness's. validation/step-N/NAME is an eval run.
 _MODEL = Folder(MODEL_FILES, kind="model")
 _ENCODER = Folder({**MODEL_FILES, "adapter": Folder(MODEL_FILES)}, kind="encoder")
-_TEMP = {".*.tmp*": OPAQUE}  # a write cut short (harness.fsutil's temporaries)
+# The names W&B gives what it writes into ``wandb/`` (wandb.sdk: run-YYYYMMDD_HHMMSS-ID folders,
+# the latest-run link, the debug logs); a W&B run folder is removed whole.
+_WANDB = ("run-[0-9]*_[0-9]*-*", "offline-run-[0-9]*_[0-9]*-*", "latest-run", "debug.log", "debug-internal.log")
 TRAIN_ENTRIES: Layout = {
-    **dict.fromkeys(("config.json", "metrics.jsonl", "rollouts.jsonl", "value_head.safetensors", "*.log"), FILE),
-    "checkpoints": Folder({"step-*": Folder(kind="checkpoint"), **_TEMP}),
+    **dict.fromkeys(("config.json", "metrics.jsonl", "cache_identity.json"), FILE),  # the last: train_cached's
+    "rollouts.jsonl": _written_by("rl"),  # trainer.save_rollouts
+    "value_head.safetensors": _written_by("retriever"),  # retriever_rl.rl.algo: ppo
+    **ENGINE_LOGS,  # an engine launched by a run before its logs went to engines/
+    "checkpoints": Folder({"step-[0-9]*": Folder(kind="checkpoint")}),
     "final": _MODEL,
-    "best-step-*": _MODEL,  # trainer.best_metric (training.best_val)
+    "best-step-[0-9]*": _MODEL,  # trainer.best_metric (training.best_val)
     "encoder": _ENCODER,
-    "validation": Folder({"step-*": Folder({"*": Folder(RUN_ENTRIES, kind="eval")})}),
-    "sync": Folder({"weights-v*": _MODEL, "adapter-v*": _MODEL, "step-*": _ENCODER, **_TEMP}),
-    "tensorboard": Folder({"events.out.tfevents.*": FILE}),
-    "wandb": Folder(dict.fromkeys(("run-*", "offline-run-*", "latest-run", "debug*.log"), OPAQUE)),  # W&B's names
+    "validation": Folder({"step-[0-9]*": Folder({"*": Folder(RUN_ENTRIES, kind="eval")})}),
+    "sync": Folder({"weights-v[0-9]*": _MODEL, "adapter-v[0-9]*": _MODEL, "step-[0-9]*": _ENCODER}),
+    # torch's SummaryWriter: events.out.tfevents.TIME.HOST.PID.N (tensorboard's event_file_writer)
+    "tensorboard": Folder({"events.out.tfevents.[0-9]*.*": FILE}),
+    "wandb": Folder({**dict.fromkeys(_WANDB, OPAQUE), "debug-cli.*.log": FILE}),
     "engines": RUN_ENTRIES["engines"],
-    **_TEMP,
 }
 
 
@@ -338,7 +364,7 @@ def train(
             safe_delete.claim(run, "train")
         if launch:
             engine, engine_cfg = rollout_engine(cfg)
-            proc = start_engine(stack, engine, cfg.model.path, engine_cfg, run, say=say)
+            proc = start_engine(stack, engine, cfg.model.path, engine_cfg, run / "engines", say=say)
             cfg = replace(cfg, rollout=replace(cfg.rollout, backend=replace(b, url=[proc.url])))
             trainer = make_trainer(cfg, run)
         if resume:
@@ -372,28 +398,62 @@ def _as_current(recorded: Path) -> Any:
 EXECUTION_ONLY = ("optim.threads", "trainer.progress")
 
 
-def _identity(config: Any) -> Any:
-    """A recorded config (a fresh dict, or None) less :data:`EXECUTION_ONLY`, in place."""
+def _identity(config: Any, home: Path) -> Any:
+    """A recorded config (a fresh dict, or None) less :data:`EXECUTION_ONLY` and ``trainer.out``
+    (where runs go when no folder is given: a cached run's folder is given), in place, with every
+    path inside ``home`` (the folder the run lives in) written relative to it (:func:`_relocated`)."""
     if isinstance(config, dict):
-        pop_paths(config, EXECUTION_ONLY)
-    return config
+        pop_paths(config, (*EXECUTION_ONLY, "trainer.out"))
+    return _relocated(config, Path(home).resolve())
+
+
+def _relocated(value: Any, home: Path) -> Any:
+    """``value`` with each string naming a path (absolute, or relative to the current folder and
+    existing) resolved, and written relative to ``home`` when inside it: a run's identity does
+    not include where its folder lives, so the same folder reached as ``runs/demo`` or
+    ``/abs/runs/demo``, or copied elsewhere whole, is the same cache (its SFT data and the model
+    an RL run starts from are paths inside it)."""
+    if isinstance(value, dict):
+        return {k: _relocated(v, home) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_relocated(v, home) for v in value]
+    if not isinstance(value, str) or not value or "\n" in value:
+        return value
+    path = Path(value).expanduser()
+    try:
+        if not (path.is_absolute() or path.exists()):
+            return value  # a name (a hub model id, a registry entry), not a path of this machine
+        where = path.resolve()
+    except (OSError, ValueError):  # not a path at all
+        return value
+    return f"@home/{where.relative_to(home).as_posix()}" if where.is_relative_to(home) else str(where)
+
+
+IDENTITY = "cache_identity.json"  # what train_cached trained a run as (its config, where-independent)
 
 
 def train_cached(cfg: TrainConfig, run: str | Path) -> tuple[Path, bool]:
     """Train ``cfg`` into ``run`` unless ``run`` already holds a final model trained with this
-    config (its ``config.json``, compared without the :data:`EXECUTION_ONLY` options); returns the
+    config (its :data:`IDENTITY`, or else its ``config.json``, compared without the
+    :data:`EXECUTION_ONLY` options and ``trainer.out``, and with the paths inside ``run``'s parent
+    folder relative to it: :func:`_relocated`); returns the
     final model folder and whether it trained now. Training is :func:`train`'s (the engine launch,
     the run-folder claim); a ``run`` of any other config is cleared first (a cached demo or stage
     never mixes recipes), as ``--overwrite`` clears: only a harness training run is ever cleared."""
     run = Path(run)
-    final, recorded = run / TRAINERS.info(cfg.algo.kind).get("output", "final"), run / "config.json"
-    wanted = _identity(json.loads(json.dumps(to_dict(cfg))))  # as config.json holds it (tuples as lists)
+    final, home = run / TRAINERS.info(cfg.algo.kind).get("output", "final"), run.parent
+    # The identity a cached run recorded, its paths relative to its folder's parent then (a copy
+    # of the folder keeps it); a run trained before identities were recorded: its config.json.
+    recorded = next((p for p in (run / IDENTITY, run / "config.json") if p.exists()), None)
+    wanted = _identity(json.loads(json.dumps(to_dict(cfg))), home)  # as config.json holds it (tuples as lists)
     with run_lock(run, "train"):  # re-entrant: train() takes it again
-        if final.is_dir() and recorded.exists() and _identity(_as_current(recorded)) == wanted:
+        if final.is_dir() and recorded is not None and _identity(_as_current(recorded), home) == wanted:
             return final, False
         if safe_delete.check_removable(run, TRAIN_ENTRIES, kind="train"):
             logger.info("retraining: %s holds no final model of this config", run)
-        return train(cfg, run, overwrite=True)[1], True
+        final = train(cfg, run, overwrite=True)[1]
+        write_json_atomic(run / IDENTITY, wanted)
+        return final, True
 
 
 def rollout_engine(cfg: Any) -> tuple[str, Any]:

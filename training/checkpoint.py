@@ -98,10 +98,11 @@ def save_checkpoint(
             raise
         if rank == 0:
             write_safetensors(untie({k: v.contiguous() for k, v in weights.items()}), tmp / f"{name}.safetensors")
-            if name == "model" and hasattr(unwrap(eng), "config"):
-                unwrap(eng).config.save_pretrained(tmp)
-            if name == "model" and tokenizer is not None:
-                tokenizer.save_pretrained(tmp)
+            with write_errors(tmp):  # config and tokenizer files: a full disk named by the folder
+                if name == "model" and hasattr(unwrap(eng), "config"):
+                    unwrap(eng).config.save_pretrained(tmp)
+                if name == "model" and tokenizer is not None:
+                    tokenizer.save_pretrained(tmp)
         opt = {"optimizer": eng.optimizer.state_dict()}
         if getattr(eng, "lr_scheduler", None) is not None:
             opt["scheduler"] = eng.lr_scheduler.state_dict()
@@ -110,8 +111,10 @@ def save_checkpoint(
     barrier()
     if rank == 0:
         files = {p.name: file_record(p) for p in sorted(tmp.iterdir()) if p.is_file() and p.name != STATE_FILE}
-        (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step, "rng": rng_state(), "files": files}))
-        commit_dir(tmp, final, kind="checkpoint")
+        with write_errors(tmp / STATE_FILE):
+            (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step, "rng": rng_state(), "files": files}))
+        with write_errors(tmp):  # its marker
+            commit_dir(tmp, final, kind="checkpoint")
     barrier()
     return final
 
@@ -126,18 +129,40 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 @contextlib.contextmanager
 def write_errors(path: Path) -> Iterator[Path]:
-    """Writing ``path`` with a library that reports a failed write (a full disk, say) without the
-    file: safetensors' ``SafetensorError`` and torch.save's ``RuntimeError`` quote the OS error in
-    their text only. Either becomes an ``OSError`` naming ``path``."""
+    """Writing ``path`` (a file, or a folder a library writes files into) with code that reports a
+    failed write (a full disk, say) without the file: safetensors' ``SafetensorError`` and
+    torch.save's ``RuntimeError`` quote the OS error in their text only, Python's own writes
+    raise an ``OSError`` with no file name when the disk fills after the open, and the tokenizers
+    library raises a bare ``Exception`` ("No space left on device (os error 28)"). Each becomes an
+    ``OSError`` naming ``path``."""
     try:
         yield path
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise _unwritable(path, e.strerror or str(e), e.errno) from None
     except (SafetensorError, RuntimeError) as e:
-        free = shutil.disk_usage(path.parent).free // 1024 if path.parent.is_dir() else "?"
-        raise OSError(f"{path}: cannot be written ({str(e).strip()[:300]}; {free} KiB free on its disk)") from None
+        raise _unwritable(path, str(e)) from None
+    except Exception as e:  # tokenizers' Rust errors are bare Exceptions: only an OS error is turned
+        if "(os error " not in str(e):
+            raise
+        raise _unwritable(path, str(e)) from None
+
+
+def _unwritable(path: Path, why: str, code: int | None = None) -> OSError:
+    where = path if path.is_dir() else path.parent
+    free = shutil.disk_usage(where).free // 1024 if where.is_dir() else "?"
+    message = f"{path}: cannot be written ({why.strip()[:300]}; {free} KiB free on its disk)"
+    error = OSError(message)  # one argument: str() is the message, no "[Errno 28]" before it
+    error.errno = code
+    return error
 
 
 def load_checkpoint(ckpt: Path, policy: Any, critic: Any = None) -> dict[str, Any]:
-    """Restore weights, optimizer/scheduler and RNG states; returns the trainer state."""
+    """Restore weights, optimizer/scheduler and RNG states; returns the trainer state. The
+    optimizer's hyper-parameters stay the recipe's (the engines were built from the config the
+    resumed run records): a ``--resume RUN optim.lr=X`` trains at X from the resumed step on,
+    its schedule included (:func:`_keep_configured`)."""
     rank, _ = rank_and_world()
     for name, eng in (("model", policy), ("critic", critic)):
         if eng is None:
@@ -147,15 +172,65 @@ def load_checkpoint(ckpt: Path, policy: Any, critic: Any = None) -> dict[str, An
             weights = load_file(str(path))
         except Exception as e:  # SafetensorError, OSError: one message naming the file
             raise CheckpointError(f"{path}: cannot be loaded ({type(e).__name__}: {e})") from None
-        load_full_state_dict(eng, weights)
+        try:
+            load_full_state_dict(eng, weights)
+        except RuntimeError as e:  # torch's "size mismatch for ..." line per tensor: one sentence instead
+            raise CheckpointError(_not_this_model(path, e)) from None
         with torch.serialization.safe_globals(_deepspeed_safe_globals()):
             opt = torch.load(ckpt / f"{name}_optim_rank{rank}.pt", weights_only=True)
-        _load_optimizer(eng, opt["optimizer"])
-        if "scheduler" in opt and getattr(eng, "lr_scheduler", None) is not None:
-            eng.lr_scheduler.load_state_dict(opt["scheduler"])
+        with _keep_configured(eng, name):
+            _load_optimizer(eng, opt["optimizer"])
+            if "scheduler" in opt and getattr(eng, "lr_scheduler", None) is not None:
+                eng.lr_scheduler.load_state_dict(opt["scheduler"])
     state = read_state(ckpt)
     set_rng_state(state["rng"])
     return state
+
+
+def _not_this_model(path: Path, e: RuntimeError) -> str:
+    """A checkpoint whose tensors do not fit the model built from the recipe (another size, another
+    architecture), said in one line: how many tensors differ and the first, not torch's line for
+    each."""
+    said = [ln.strip() for ln in str(e).splitlines()]
+    lines = [ln for ln in said if ln.startswith(("size mismatch", "Missing", "Unexpected"))]
+    first = lines[0].rstrip(".") if lines else str(e).splitlines()[0]
+    n = sum(1 for ln in lines if ln.startswith("size mismatch"))
+    many = f"{n} tensors differ in shape, the first: " if n > 1 else ""
+    return (
+        f"{path}: the checkpoint does not fit the model this recipe builds ({many}{first}); resume with the "
+        "model the run was trained with (its config.json's model section), or start a new run"
+    )
+
+
+_HYPER = ("weight_decay", "betas")  # AdamW's per-group settings besides the LR (optim.weight_decay, optim.betas)
+
+
+@contextlib.contextmanager
+def _keep_configured(eng: Any, name: str) -> Iterator[None]:
+    """Loading an optimizer's and a scheduler's state also loads the LR, weight decay and betas
+    they were built with: put the engine's configured ones (this run's recipe) back after the
+    block, the schedule's position (its step count) kept. The LR a group runs at is the
+    configured base LR times the schedule's factor at the restored position (LambdaLR's
+    ``base_lrs``, which its state carries too); without a schedule it is the configured LR."""
+    groups = eng.optimizer.param_groups
+    sched = getattr(eng, "lr_scheduler", None)
+    base = list(sched.base_lrs) if sched is not None else [g["lr"] for g in groups]
+    hyper = [{k: g[k] for k in _HYPER if k in g} for g in groups]
+    yield
+    groups = eng.optimizer.param_groups  # loading a state replaces the group dicts
+    was = list(sched.base_lrs) if sched is not None else [g["lr"] for g in groups]
+    for i, g in enumerate(groups):
+        g.update(hyper[i])
+        if sched is None:
+            g["lr"] = base[i]
+            continue
+        g["initial_lr"] = base[i]
+        g["lr"] = base[i] * sched.lr_lambdas[i](sched.last_epoch)
+    if sched is not None:
+        sched.base_lrs = base
+        sched._last_lr = [g["lr"] for g in groups]  # what get_last_lr() reports until its next step
+    if was != base:
+        logger.info("%s: the checkpoint trained at LR %s; continuing at the recipe's %s", name, was, base)
 
 
 def _load_optimizer(eng: Any, state: dict[str, Any]) -> None:
@@ -322,6 +397,37 @@ def _state_of(ckpt: Path) -> dict[str, Any]:
         return {}
 
 
+def last_good_checkpoint(found: list[tuple[int, Path]], first_nonfinite: int | None) -> Path | None:
+    """Of ``found`` (step, path), the last checkpoint before the run's first non-finite step
+    ``first_nonfinite`` whose weights a finite step then followed: step N's weights are what step
+    N+1 ran on, so the checkpoint of the step just before is the one that gave the non-finite loss.
+    None when the run has had no non-finite step or no checkpoint precedes it."""
+    if first_nonfinite is None:
+        return None
+    before = [(s, p) for s, p in found if s < first_nonfinite - 1]
+    return max(before)[1] if before else None
+
+
+def divergence_advice(out_dir: Path, first_nonfinite: int | None) -> str:
+    """What a diverged run's message says to do: resume from the last checkpoint before the first
+    non-finite step (:func:`last_good_checkpoint`, named by path) at a lower LR, or, with none,
+    train again with one."""
+    lower = "a lower optim.lr (or optim.grad_clip)"
+    found = checkpoints(out_dir)
+    good = last_good_checkpoint(found, first_nonfinite)
+    if good is None:
+        return f"No checkpoint precedes the first non-finite step (step {first_nonfinite}): train again with {lower}"
+    run = Path(out_dir).parent
+    newer = [p.name for s, p in found if s > max(s for s, p in found if p == good)]
+    how = f"--resume {run} optim.lr=X (a resumed run trains at the optim.* values given, the schedule's position kept)"
+    if newer:
+        how += f"; --resume continues from the newest checkpoint: move {', '.join(newer)} out of {out_dir} first"
+    return (
+        f"The last checkpoint before the first non-finite step (step {first_nonfinite}) is {good}: resume from it "
+        f"with {lower}: {how}"
+    )
+
+
 def save_and_prune(
     out_dir: Path,
     step: int,
@@ -341,17 +447,25 @@ def save_and_prune(
     ``interim``: a checkpoint taken only to bound the work a kill loses (``save_every_minutes``
     between two ``save_every`` steps). It is only for resuming, so the next checkpoint of any kind
     replaces it, and it never counts towards ``keep``: the every-N-steps checkpoints a researcher
-    evaluates are not pushed out by the clock's."""
+    evaluates are not pushed out by the clock's.
+
+    Once the run has had a non-finite step (``state["nonfinite"]["first"]``, the guard's), the
+    last checkpoint before it (:func:`last_good_checkpoint`) is never pruned: weights that blew up
+    but stayed finite are checkpointed like any, and would otherwise push it out."""
     path = save_checkpoint(out_dir, step, policy, {**state, "interim": interim}, critic, tokenizer)
     rank, _ = rank_and_world()
     if keep and rank == 0:
         run_id = state.get("run_id")
         others = [(s, p, _state_of(p)) for s, p in checkpoints(out_dir) if p != path]  # each state read once
         mine = [(s, p, st) for s, p, st in others if st.get("run_id") == run_id]
+        good = last_good_checkpoint([(s, p) for s, p, _ in mine], (state.get("nonfinite") or {}).get("first"))
         superseded = [p for s, p, st in mine if s < step and st.get("interim")]
         regular = [p for _, p, st in mine if not st.get("interim")]
         room = keep - (0 if interim else 1)  # a regular new checkpoint counts towards keep
         for old in superseded + regular[: max(0, len(regular) - room)]:
+            if old == good:
+                logger.info("keeping %s: the last checkpoint before the first non-finite step", old)
+                continue
             try:
                 safe_delete.remove(old, kind="checkpoint", why="trainer.keep_checkpoints")
             except safe_delete.NotOursError as e:

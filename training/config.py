@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from harness.config import require_at_least
-from harness.eval_config import BackendConfig, RetrieverConfig
+from harness.config import require_at_least, require_between
+from harness.eval_config import BackendConfig, RetrieverConfig, check_run_name
 from training.retriever_config import RetrieverTrainConfig
 
 _STOP_RULE = re.compile(r"^\s*(>=|<=|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
@@ -49,6 +49,10 @@ class LoraConfig:
     # (SGLang /load_lora_adapter, vLLM /v1/load_lora_adapter)
     sync: Literal["merged", "adapter"] = "merged"
 
+    def __post_init__(self) -> None:
+        require_at_least(self, 1, "r", "alpha")
+        require_between(self, 0, 1, "dropout")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -89,6 +93,9 @@ class DataConfig:
     shuffle: bool = True
     val_split: str | None = None  # periodic validation through the eval path
     val_limit: int | None = 16
+
+    def __post_init__(self) -> None:
+        require_at_least(self, 1, "limit", "val_limit")
 
 
 # ``rollout.agent`` keys that ``rollout.sampling`` owns: setting one there is refused, naming the key to use.
@@ -170,6 +177,9 @@ class RolloutConfig:
     # against real SGLang) or "distributed" (broadcast over NCCL/gloo, SGLang's
     # /update_weights_from_distributed; tested only against a stand-in, see training.dist_sync).
     weight_sync: Literal["disk", "distributed"] = "disk"
+
+    def __post_init__(self) -> None:
+        require_at_least(self, 1, "n_samples", "prompts_per_step")
 
 
 @dataclass(frozen=True)
@@ -289,6 +299,9 @@ class AlgoConfig:
             raise ValueError(f"algo.ppo_mini_batch_size must be >= 1, got {self.ppo_mini_batch_size}")
         if self.critic_warmup < 0:
             raise ValueError(f"algo.critic_warmup must be >= 0, got {self.critic_warmup}")
+        require_at_least(self, 0, "clip_low", "clip_high", "kl_coef", "entropy_coef", "vf_coef", "vf_clip", "dual_beta")
+        require_between(self, 0, 1, "gamma", "lam")
+        require_at_least(self, 1, "max_len")
         if self.gae_over == "response" and self.advantage != "gae":
             raise ValueError(f"algo.gae_over=response applies to algo.advantage=gae, not {self.advantage!r}")
         if self.loss_agg == "dapo" and not self.rollout_correction.masked_in_denominator:
@@ -340,7 +353,9 @@ class OptimConfig:
             raise ValueError("optim.warmup_steps and optim.critic_warmup_steps must be >= 0")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        require_at_least(self, 1, "schedule_steps")
+        require_at_least(self, 1, "schedule_steps", "micro_batch_size", "threads")
+        require_at_least(self, 0, "lr", "critic_lr", "weight_decay", "grad_clip")
+        require_between(self, 0, 3, "zero_stage")
 
 
 @dataclass(frozen=True)
@@ -412,8 +427,9 @@ class TrainerConfig:
     stop_on_steps: int = 1
 
     def __post_init__(self) -> None:
-        require_at_least(self, 0, "max_nonfinite_steps")
-        require_at_least(self, 1, "stop_on_steps")
+        require_at_least(self, 1, "max_steps", "stop_on_steps")
+        require_at_least(self, 0, "max_nonfinite_steps", "save_every", "save_every_minutes", "eval_every")
+        require_at_least(self, 0, "keep_checkpoints", "entropy_every")
         parse_stop_on(self.stop_on)
 
 
@@ -438,6 +454,7 @@ class SFTConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.val_fraction < 1:
             raise ValueError(f"sft.val_fraction must be in [0, 1), got {self.val_fraction}")
+        require_at_least(self, 1, "batch_size")
 
 
 @dataclass(frozen=True)
@@ -459,6 +476,7 @@ class PRMConfig:
             raise ValueError(f"prm.batch_size must be >= 1, got {self.batch_size}")
         if not 0 <= self.val_fraction < 1:
             raise ValueError(f"prm.val_fraction must be in [0, 1), got {self.val_fraction}")
+        require_at_least(self, 1, "max_len")
 
 
 @dataclass(frozen=True)
@@ -509,6 +527,7 @@ class TrainConfig:
     deviations: tuple[Deviation, ...] = ()  # where this recipe differs from ``source``, each with its reason
 
     def __post_init__(self) -> None:
+        check_run_name(self.name, "name")  # the run folder is trainer.out/NAME: never outside it
         if self.algo.kind == "rl":
             check_rl_recipe(self)
         if self.trainer.best_metric is not None:

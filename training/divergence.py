@@ -21,7 +21,7 @@ producing them stops. Every trainer (RL, SFT, PRM, retriever RL) goes through th
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -64,13 +64,19 @@ class NonFiniteGuard:
 
     :meth:`record` after each step gives its metrics; :meth:`stop_if_diverged` (after the step is
     logged) raises :class:`DivergenceError` once ``max_in_row`` steps in a row had a skip (0: never
-    stops; the skips still happen). Its counts are part of a checkpoint's state (:meth:`state`)."""
+    stops; the skips still happen). Its counts are part of a checkpoint's state (:meth:`state`),
+    the run's first non-finite step (``first``) included: the newest checkpoint before it is never
+    pruned (:func:`training.checkpoint.save_and_prune`). ``advice(first)``: what the divergence
+    message says to do (a trainer with checkpoints names that checkpoint:
+    :func:`training.checkpoint.divergence_advice`)."""
 
-    def __init__(self, max_in_row: int) -> None:
+    def __init__(self, max_in_row: int, advice: Callable[[int | None], str] | None = None) -> None:
         self.max_in_row = max_in_row
         self.in_row = 0  # consecutive steps with a skipped update
         self.total = 0  # steps with a skipped update, this run
+        self.first: int | None = None  # the run's first step with a skipped update
         self.last_step = 0
+        self.advice = advice or (lambda first: "Train again with a lower optim.lr (or optim.grad_clip)")
 
     def record(self, step: int, skipped_updates: int) -> dict[str, float]:
         """Count step ``step`` (``skipped_updates``: its optimizer steps skipped); returns its metrics."""
@@ -78,6 +84,7 @@ class NonFiniteGuard:
         if skipped_updates:
             self.in_row += 1
             self.total += 1
+            self.first = step if self.first is None else self.first
         else:
             self.in_row = 0
         return {"nonfinite/skipped_updates": float(skipped_updates), "nonfinite/steps_total": float(self.total)}
@@ -99,14 +106,15 @@ class NonFiniteGuard:
             first = self.last_step - self.in_row + 1
             raise DivergenceError(
                 f"diverged at step {self.last_step}: steps {first} to {self.last_step} all had a non-finite loss or "
-                f"gradient (their updates were skipped; trainer.max_nonfinite_steps={self.max_in_row}). The "
-                "checkpoints kept are finite; train again with a lower optim.lr (or optim.grad_clip)"
+                f"gradient (their updates were skipped; trainer.max_nonfinite_steps={self.max_in_row}). "
+                + self.advice(self.first)
             )
 
-    def state(self) -> dict[str, int]:
-        return {"in_row": self.in_row, "total": self.total}
+    def state(self) -> dict[str, int | None]:
+        return {"in_row": self.in_row, "total": self.total, "first": self.first}
 
-    def load(self, state: Mapping[str, int] | None) -> None:
+    def load(self, state: Mapping[str, int | None] | None) -> None:
         """Counts from a checkpoint's state (none in checkpoints written before this guard)."""
         state = state or {}
-        self.in_row, self.total = int(state.get("in_row", 0)), int(state.get("total", 0))
+        self.in_row, self.total = int(state.get("in_row") or 0), int(state.get("total") or 0)
+        self.first = None if state.get("first") is None else int(state["first"])

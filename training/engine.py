@@ -61,6 +61,13 @@ def setup_distributed_env() -> None:
     if os.environ.get("DS_ACCELERATOR") == "cpu":
         # The shm all-reduce op is an optimisation; building it costs ~2 minutes of compiling.
         sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    if os.environ["WORLD_SIZE"] == "1" and not torch.distributed.is_initialized():
+        # A world of one needs no rendezvous: an in-memory store instead of the TCPStore that
+        # env:// opens (torch binds its server on every interface, not MASTER_ADDR). DeepSpeed
+        # finds the group initialised and uses it.
+        torch.distributed.init_process_group(
+            "nccl" if torch.cuda.is_available() else "gloo", store=torch.distributed.HashStore(), rank=0, world_size=1
+        )
 
 
 def rank_and_world() -> tuple[int, int]:

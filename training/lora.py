@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from harness.fsutil import atomic_dir
 from training.config import LoraConfig
 from training.engine import _gathered, unwrap
 
@@ -112,6 +113,8 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
 
 
 def save_adapter(model: Any, out: Path) -> Path:
-    """peft's adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``)."""
-    unwrap(model).save_pretrained(str(out), safe_serialization=True)
-    return out
+    """peft's adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``), written
+    atomically and marked as a harness model folder (a run's cleanup may then remove it)."""
+    with atomic_dir(out, kind="model") as tmp:
+        unwrap(model).save_pretrained(str(tmp), safe_serialization=True)
+    return Path(out)

@@ -33,6 +33,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,12 @@ from safetensors.torch import load_file
 
 from harness.fsutil import atomic_dir
 from harness.models import load_tokenizer
+from harness.ports import serve_app
 from harness.registry import Registry
 from harness.textfiles import read_jsonl
 from harness.tokenization import byte_tokenizer
 from training.best_val import BestSelection, BestValidation
-from training.checkpoint import restore_position, resume_checkpoint, save_position, write_safetensors
+from training.checkpoint import divergence_advice, restore_position, resume_checkpoint, save_position, write_safetensors
 from training.config import TrainConfig
 from training.divergence import NonFiniteGuard, check_finite, poisoned, update_applied
 from training.engine import ValueHead, build_model, initialize, optimizer_step, rank_and_world, unwrap
@@ -244,7 +246,9 @@ class PRMTrainer:
         self.step_no = 0
         self.log: MetricsLog | None = None  # opened by the first step (open_run_records)
         self._resumed: int | None = None
-        self.guard = NonFiniteGuard(cfg.trainer.max_nonfinite_steps)
+        self.guard = NonFiniteGuard(
+            cfg.trainer.max_nonfinite_steps, partial(divergence_advice, self.out / "checkpoints")
+        )
         self.run_id = uuid.uuid4().hex  # this run's checkpoints carry it: pruning never touches another run's
         metric = cfg.trainer.best_metric  # pair_acc: ProRAG's load_best_model_at_end, metric accuracy
         self.best = BestSelection(BestValidation(metric), self.out, self.rank) if metric else None
@@ -634,14 +638,13 @@ def serve(
     batch_size: int = 8,
     threads: int | None = None,
     max_tokens: int | None = None,
+    ready: Callable[[str], None] | None = None,
 ) -> None:
     """``harness serve prm``: load the PRM folder ``path`` and serve it (:mod:`training.prm_server`)
-    until interrupted; sequences over ``max_tokens`` are refused (413)."""
-    # deferred: uvicorn costs ~0.1 s at import, only for a server
-    import uvicorn
-
+    until interrupted; sequences over ``max_tokens`` are refused (413). ``ready(url)``: called
+    once the socket listens (:func:`harness.ports.serve_app`)."""
     app = create_app(load_prm(path, threads), path, batch_size, max_tokens or MAX_TOKENS)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    serve_app(app, host, port, ready, log_level="warning", access_log=False)
 
 
 def _serve_in_thread(prm: PRM, path: str) -> str:

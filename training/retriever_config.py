@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from harness.config import require_at_least
+from harness.config import require_at_least, require_between, require_positive
 from harness.eval_config import BackendConfig
 from harness.retrieval.state import DEFAULT_STATE_TEMPLATE
 
@@ -26,6 +26,11 @@ class EncoderConfig:
     lora_targets: list[str] = field(default_factory=list)  # empty: BERT's query/key/value
     max_length: int = 256
 
+    def __post_init__(self) -> None:
+        require_at_least(self, 0, "lora_r")
+        require_at_least(self, 1, "lora_alpha", "max_length")
+        require_between(self, 0, 1, "lora_dropout")
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -39,6 +44,11 @@ class SamplingConfig:
     max_history: int = 4
     max_titles: int = 5
     max_chars: int = 1024
+
+    def __post_init__(self) -> None:
+        require_at_least(self, 1, "n_candidates", "topk", "max_chars")
+        require_at_least(self, 0, "max_history", "max_titles")
+        require_positive(self, "tau")
 
 
 @dataclass(frozen=True)
@@ -102,7 +112,11 @@ class RetrieverRLConfig:
     sync_timeout: float = 300.0
 
     def __post_init__(self) -> None:
-        require_at_least(self, 1, "group_size", "questions_per_step", "steps", "epochs", "sync_every")
+        require_at_least(self, 1, "group_size", "questions_per_step", "steps", "epochs", "sync_every", "value_hidden")
+        require_at_least(self, 0, "lr", "weight_decay", "clip_eps", "kl_coef", "grad_clip", "vf_coef", "vf_clip")
+        require_at_least(self, 0, "value_lr")
+        require_between(self, 0, 1, "gamma", "lam")
+        require_positive(self, "sync_timeout")
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from benchmarks.metrics import normalize_answer, score_prediction
 from harness import safe_delete
 from harness.backends import build_backend
 from harness.config import from_dict, to_dict
+from harness.fsutil import atomic_dir
 from harness.retrieval.factory import ensure_index
 from harness.retrieval.index import load_index
 from harness.retrieval.state import RetrievalState, state_for
@@ -457,7 +458,9 @@ class RetrieverRL:
         if self.value_head is not None:  # for resuming / inspection; evaluation needs only the encoder
             check_finite(self.value_head.state_dict(), "not writing the value head")
             write_safetensors(self.value_head.state_dict(), self.out / "value_head.safetensors")
-        return self.retriever.save_tower(self.out / "encoder")
+        with atomic_dir(self.out / "encoder", kind="encoder") as tmp:  # marked: a run's cleanup proves it ours
+            self.retriever.save_tower(tmp)
+        return self.out / "encoder"
 
 
 def reload_served_encoder(url: str, path: str, timeout: float = 300.0) -> dict[str, Any]:

@@ -34,6 +34,7 @@ Definitions (and where they come from):
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from benchmarks.metrics import cover_em, exact_match, f1_r1_searcher, f1_score, normalize_answer
+from harness.config import ConfigError, from_dict
 from harness.registry import Registry
 from harness.types import Trajectory
 from pipelines.dialects import get_dialect
@@ -333,8 +335,14 @@ def build_reward(spec: str | dict | Sequence[str | dict]) -> RewardFn:
     if isinstance(spec, str):
         return REWARDS.get(spec)()
     if isinstance(spec, dict):
+        if not isinstance(spec.get("name"), str):
+            raise ConfigError(
+                f"algo.reward: a reward given as a mapping needs its name (one of {', '.join(REWARDS.names())})"
+            )
         params = {k: v for k, v in spec.items() if k not in ("name", "weight")}
-        return REWARDS.get(spec["name"])(**params)
+        cls = REWARDS.get(spec["name"])
+        # its options checked as every config section is (did-you-mean, types, a key YAML read as no string)
+        return from_dict(cls, params, f"algo.reward.{spec['name']}") if dataclasses.is_dataclass(cls) else cls(**params)
     return compose(
         *(
             (s["name"], float(s.get("weight", 1.0)), build_reward(s))

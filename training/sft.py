@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from harness.tokenization import byte_tokenizer
 from harness.types import Trajectory
 from training.batch import Batch, collate
 from training.best_val import BestSelection, BestValidation
-from training.checkpoint import export_hf, restore_position, resume_checkpoint, save_position
+from training.checkpoint import divergence_advice, export_hf, restore_position, resume_checkpoint, save_position
 from training.config import TrainConfig
 from training.divergence import NonFiniteGuard, poisoned, update_applied
 from training.engine import build_model, initialize, optimizer_step, rank_and_world
@@ -69,7 +70,9 @@ class SFTTrainer:
         self.tags = tag_id_weights(self.tokenizer, cfg.sft.tag_weights)  # [] unless sft.tag_weights
         self.step_no = 0
         self.run_id = uuid.uuid4().hex  # this run's checkpoints carry it: pruning never touches another run's
-        self.guard = NonFiniteGuard(cfg.trainer.max_nonfinite_steps)
+        self.guard = NonFiniteGuard(
+            cfg.trainer.max_nonfinite_steps, partial(divergence_advice, self.out / "checkpoints")
+        )
         self.log: MetricsLog | None = None  # opened by the first step (open_run_records)
         self._resumed: int | None = None
         n_tok = sum(t.generated_tokens for t in self.data)

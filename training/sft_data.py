@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.config import ConfigError, require_at_least
+from harness.config import from_dict as config_from_dict
 from harness.registry import Registry
 from harness.runlog import RunDir
 from harness.textfiles import read_jsonl
@@ -63,14 +65,24 @@ class SFTSource:
     where: str | None = None  # run: a filter on the item's scores
     limit: int | None = None
 
+    def __post_init__(self) -> None:
+        require_at_least(self, 1, "limit")
+
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "sft.sources") -> SFTSource:
-        unknown = set(d) - {"kind", "path", "where", "limit"}
-        if unknown or "kind" not in d or "path" not in d:
-            raise SFTDataError(f"{where}: a source needs kind and path (and optionally where, limit); got {sorted(d)}")
-        if d["kind"] not in SFT_SOURCES:
-            raise SFTDataError(f"{where}: kind must be one of {', '.join(SFT_SOURCES.names())}, not {d['kind']!r}")
-        return cls(kind=d["kind"], path=str(d["path"]), where=d.get("where"), limit=d.get("limit"))
+        """A source of the recipe, checked as every config section is (unknown keys with a
+        did-you-mean, types, a key YAML read as no string), then its kind against the registry."""
+        if not isinstance(d, dict):
+            raise SFTDataError(
+                f"{where}: a source is a mapping (kind, path, and optionally where, limit), got {d!r:.60}"
+            )
+        try:
+            source = config_from_dict(cls, d, where)
+        except ConfigError as e:
+            raise SFTDataError(f"{e} (a source needs kind and path, and optionally where, limit)") from None
+        if source.kind not in SFT_SOURCES:
+            raise SFTDataError(f"{where}: kind must be one of {', '.join(SFT_SOURCES.names())}, not {source.kind!r}")
+        return source
 
 
 # ---- pieces → segments -------------------------------------------------------------------------

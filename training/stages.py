@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands import stage_commands
-from harness.config import load_yaml
+from harness.config import ConfigError, not_a_string_key, read_yaml
 from harness.engines import _die_with_parent
 from harness.fsutil import write_json_atomic
 from harness.runlock import RunLockedError, run_lock
@@ -147,9 +147,13 @@ def load_chain(path: str | Path, workdir: str | None = None, variables: dict[str
     path = Path(path)
     if not path.is_file():
         raise StageError(f"{path}: no such chain file")
-    data = load_yaml(str(path))
+    try:
+        data = read_yaml(path)
+    except ConfigError as e:  # not YAML, a key given twice, an alias bomb, not UTF-8: named, no traceback
+        raise StageError(str(e).replace("config file", "chain file", 1)) from None
     if not isinstance(data, dict):
         raise StageError(f"{path}: a chain is a mapping with name, workdir, vars, stages")
+    _string_keys(data, str(path))
     unknown = set(data) - _CHAIN_KEYS
     if unknown:
         raise StageError(
@@ -176,9 +180,18 @@ def load_chain(path: str | Path, workdir: str | None = None, variables: dict[str
     return Chain(name, wd, tuple(stages), {k[5:]: v for k, v in values.items() if k.startswith("vars.")}, str(path))
 
 
+def _string_keys(data: dict, path: str, section: str = "") -> None:
+    """A key YAML read as no string (``on:``, ``1:``, ``~:``) in the chain file ``path`` (in its
+    ``section``) is named, not a TypeError from sorting it."""
+    odd = [k for k in data if not isinstance(k, str)]
+    if odd:
+        raise StageError(f"{path}: {not_a_string_key(odd[0], section)}")
+
+
 def _read_stage(raw: Any, where: str, values: dict[str, str], earlier: set[str]) -> Stage:
     if not isinstance(raw, dict):
         raise StageError(f"{where}: a stage is a mapping with name, command, output (and config, set, args)")
+    _string_keys(raw, *where.split(": ", 1))  # where: "CHAIN: stages[i]"
     unknown = set(raw) - _STAGE_KEYS
     missing = {"name", "command", "output"} - set(raw)
     if unknown or missing:

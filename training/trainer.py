@@ -28,6 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from training.advantages import ADVANTAGES
 from training.async_rollout import AsyncRollouts
 from training.batch import collate
 from training.best_val import BestSelection, BestValidation, from_rank0
-from training.checkpoint import export_hf, restore_position, resume_checkpoint, save_and_prune
+from training.checkpoint import divergence_advice, export_hf, restore_position, resume_checkpoint, save_and_prune
 from training.config import TrainConfig, check_ranks, mini_batch_rows, updates_per_training_step
 from training.dist_sync import DistributedWeightSync
 from training.divergence import NonFiniteGuard
@@ -167,7 +168,9 @@ class RLTrainer(RLUpdate):
         # This run's checkpoints carry its id: pruning never touches another run's.
         self.run_id = uuid.uuid4().hex
         self._saved_step, self._saved_at = -1, time.monotonic()  # the last checkpoint: step, clock
-        self.guard = NonFiniteGuard(cfg.trainer.max_nonfinite_steps)
+        self.guard = NonFiniteGuard(
+            cfg.trainer.max_nonfinite_steps, partial(divergence_advice, self.out / "checkpoints")
+        )
         self.health = HealthGuard(cfg.trainer.stop_on, cfg.trainer.stop_on_steps)  # trainer.stop_on
         self._skipped_updates = 0  # optimizer steps skipped as non-finite in the current step
         # Nothing is written and nothing synced until the run starts (the first step, after any

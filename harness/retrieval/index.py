@@ -136,6 +136,7 @@ def build_index(
                     raise CorpusError(f"{corpus}: empty corpus")
                 manifest.update(num_docs=count[0], model=encoder.spec.name, faiss=faiss_kind)
                 manifest.update(_encoder_fields(encoder.spec))
+        manifest["docs_sha256"] = _sha256(tmp / DOCS)  # checked at load: an edited docs.jsonl is refused
         manifest["build_seconds"] = round(time.perf_counter() - t0, 3)
         manifest["built_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         identity = {k: manifest[k] for k in ("kind", "corpus_sha256", "num_docs") if k in manifest}
@@ -375,6 +376,13 @@ def _load(
     docs_path = index_dir / DOCS
     if not docs_path.is_file():
         raise IndexLoadError(f"index {index_dir} is incomplete: {DOCS} is missing")
+    if m.get("docs_sha256") is not None and (got := _sha256(docs_path)) != m["docs_sha256"]:
+        # The index's postings or vectors are of the documents it was built on: another text
+        # there would be served as if it were what matched (indexes built before this record: unchecked).
+        raise IndexLoadError(
+            f"index {index_dir}: {DOCS} was changed after the index was built (sha256 {got[:12]}…, "
+            f"{m['docs_sha256'][:12]}… when built); rebuild it: harness index build --corpus CORPUS --out {index_dir}"
+        )
     docs: list[Doc] = read_corpus(docs_path)
     if len(docs) != m["num_docs"]:
         raise IndexLoadError(f"index {index_dir}: {DOCS} has {len(docs)} documents, manifest says {m['num_docs']}")

@@ -31,11 +31,13 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from harness.ports import serve_app
 from harness.retrieval.base import Retriever
 from harness.retrieval.batching import CachingEncoder, Metrics, MicroBatcher
 from harness.retrieval.encoders import Encoder
@@ -458,17 +460,17 @@ def serve(
     max_k: int = 100,
     default_k: int = 3,
     access_log: bool = False,
+    ready: Callable[[str], None] | None = None,
     **options: Any,
 ) -> None:
     """Run the server in the foreground with uvicorn (Ctrl-C stops it). Loopback unless told otherwise.
 
     uvloop and httptools are used when installed (uvicorn picks them). The access log is off by
-    default: one log line per request costs ~5% of the server's time under load.
+    default: one log line per request costs ~5% of the server's time under load. ``ready(url)``
+    is called once the socket listens (:func:`harness.ports.serve_app`); a port that cannot be
+    listened on raises before it.
     """
-    # deferred: uvicorn costs ~0.1 s at import, only for a server
-    import uvicorn
-
     app = create_app(retriever, default_k=default_k, max_k=max_k, **options)  # checks settings before warming up
     _encoder_threads(retriever)
     retriever.search(["warm up"], 1)  # first use compiles (numba) or loads weights: not on a request
-    uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log)
+    serve_app(app, host, port, ready, log_level="info", access_log=access_log)

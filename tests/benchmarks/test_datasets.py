@@ -209,3 +209,17 @@ def test_without_a_data_dir_local_splits_say_where_to_point_it(monkeypatch, tmp_
     hp = next(r for r in describe_sources(tmp_path) if r["split"] == "dev_distractor1352")
     assert hp["source"] == f"not found: {tmp_path / 'hotpotqa' / 'dev_distractor1352.jsonl'}"
     assert data_dir_hint(tmp_path) is None
+
+
+def test_a_question_longer_than_any_context_is_refused_at_load_naming_its_line(tmp_path):
+    """Issue 44: a 10 MB one-line question cost 40 s and 2.2 GB of tokenizing before it ended as
+    context_overflow; it is now refused when the file is read, in well under a second."""
+    rows = [
+        {"id": "a", "question": "Q?", "golden_answers": ["x"]},
+        {"id": "b", "question": "w " * 5_000_000, "golden_answers": ["x"]},
+    ]
+    path = write(tmp_path / "q.jsonl", rows)
+    t0 = time.monotonic()
+    with pytest.raises(DatasetError, match=r"q.jsonl:2: the question is 10,000,000 characters long"):
+        read_examples(path)
+    assert time.monotonic() - t0 < 5

@@ -128,7 +128,7 @@ def test_demo_training_is_skipped_only_for_the_same_recipe(tmp_path, monkeypatch
     source = f"sft.sources=[{{kind: synth, path: {json.dumps(str(data))}}}]"
     cfg = compose(TrainConfig, [TRAIN_CONFIG], [source])
     assert safe_delete.claim(run, "train")  # a run folder harness made (the trainer claims its own)
-    (run / "final").mkdir(parents=True)
+    assert safe_delete.claim(run / "final", "model")  # a model folder harness wrote (its marker)
     (run / "config.json").write_text(json.dumps(to_dict(cfg)))
     assert train_cached(cfg, run) == (run / "final", False)
     # Torch threads are execution-only: `harness demo` picks them per machine and still reuses the run.

@@ -12,6 +12,7 @@ from benchmarks.build import build_eval
 from harness.backends.scripted import ScriptedBackend
 from harness.eval_config import DatasetConfig, EvalConfig
 from pipelines.method import SCHEDULES
+from pipelines.methods import check_method_schedule
 from tests.pipelines.test_baselines import tiny_model_dir  # noqa: F401  (a fixture)
 
 
@@ -29,3 +30,22 @@ def test_a_baseline_is_refused_the_sync_schedule_by_name(tmp_path, tiny_model_di
     assert not any(tmp_path.iterdir())  # refused before anything was written
     run = build_eval(EvalConfig(method="naive", dataset=demo, out=str(tmp_path)), backend=backend)
     assert run.manifest.execution["schedule"] == "async"
+
+
+def test_every_pair_is_checked_before_the_first_runs(tmp_path):
+    """Issue 44: with ``--method search_r1,naive --schedule sync`` the agent ran every item before
+    the baseline's pair was refused; now no pair starts."""
+    from typer.testing import CliRunner
+
+    from benchmarks.faults import eval_script
+    from cli.main import app
+
+    args = ["eval", "--method", "search_r1,naive", "--dataset", "demo", "--backend", "scripted", "--script"]
+    args += [str(eval_script(tmp_path)), "--retriever", "memory", "--limit", "2", "--out", str(tmp_path / "runs")]
+    res = CliRunner().invoke(app, [*args, "--schedule", "sync"])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and "naive on demo: schedule 'sync'" in said and "'naive' cannot" in said, said
+    assert not (tmp_path / "runs").exists()  # the agent's pair never started
+    check_method_schedule("search_r1", "sync")  # each pair's own check, before anything is built: an agent can
+    with pytest.raises(ValueError, match="'naive' cannot"):
+        check_method_schedule("naive", "sync")

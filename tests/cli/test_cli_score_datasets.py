@@ -70,3 +70,17 @@ def test_metrics_refuse_a_list_prediction():
         score_prediction(["Paris"], ["Paris"])
     with pytest.raises(ValueError, match="no gold answers"):
         score_prediction("Paris", [])
+
+
+def test_score_says_how_many_rows_had_no_prediction(tmp_path, caplog):
+    """Issue 44: ``pred: null`` was scored as "" with no word of it."""
+    f = tmp_path / "p.jsonl"
+    rows = [{"pred": "Paris", "golden_answers": ["paris"]}, {"pred": None, "golden_answers": ["x"]}]
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    result = runner.invoke(app, ["score", str(f), "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["n"] == 2 and out["em"] == 0.5 and out["no_prediction"] == 1
+    assert "1 of 2 rows have no prediction ('pred' is null; first on line 2): scored as wrong" in caplog.text
+    table = runner.invoke(app, ["score", str(f)])
+    assert "1 with no prediction, scored as wrong" in " ".join(table.stdout.split()), table.stdout

@@ -162,3 +162,58 @@ def test_a_full_disk_mid_run_is_a_message_and_what_finished_is_kept(tmp_path, mo
     res = runner.invoke(app, eval_args(tmp_path / "runs"))  # space again: the same command resumes
     assert res.exit_code == 0, res.output
     assert len((run / "scores.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("on: 1\n", "unknown config key true at the top level: YAML reads this key as a boolean"),
+        ("agent:\n  yes: 1\n", "unknown config key true in 'agent'"),
+        ("retriever:\n  ~: 1\n", "unknown config key null in 'retriever': YAML reads this key as null"),
+        ("judge:\n  1: x\n", "unknown config key 1 in 'judge': YAML reads this key as a number"),
+    ],
+)
+def test_a_key_yaml_reads_as_no_string_is_named(tmp_path, yaml_text, message):
+    """Issue 44 defect 4: the did-you-mean hint compared a bool, int or None key with the option
+    names: a TypeError traceback."""
+    (tmp_path / "c.yaml").write_text(yaml_text)
+    out = refused(runner.invoke(app, [*eval_args(tmp_path / "runs"), "-c", str(tmp_path / "c.yaml")]))
+    assert message in out and 'Quote it ("on": ...)' in out, out
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("judge.url=5", "judge.url must be an http(s):// endpoint (such as http://host:8000/v1), got '5'"),
+        ("judge.timeout=abc", "judge.timeout: expected a number, got 'abc'"),
+        ("judge.timeout=0", "judge.timeout must be greater than 0"),
+        ("judge.retries=-1", "judge.retries must be at least 0"),
+        ("retriever.timeout=.inf", "retriever.timeout: expected a finite number, got inf"),
+        ("retriever.timeout=.nan", "retriever.timeout: expected a finite number, got nan"),
+    ],
+)
+def test_judge_and_numeric_values_are_checked_before_the_run(tmp_path, option, message):
+    """Issue 44 defects 5 and 6: ``judge.url: 5`` was an AttributeError traceback after the run
+    folder was made, ``judge.timeout: abc`` was accepted (every judge call then failed, exit 0),
+    ``retriever.timeout=.inf`` an OverflowError leaving a run folder and ``.nan`` a message that
+    named no key."""
+    out = refused(runner.invoke(app, [*eval_args(tmp_path / "runs"), "metrics=[em,judge]", option]))
+    assert message in out, out
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_config_given_as_a_pipe_is_read(tmp_path):
+    """Issue 44: ``-c <(...)`` (a pipe, /dev/fd/N) was "config file ... does not exist"."""
+    import os
+
+    read, write = os.pipe()
+    os.write(write, b"agent:\n  max_turns: 1\n")
+    os.close(write)
+    try:
+        res = runner.invoke(app, [*eval_args(tmp_path / "runs"), "-c", f"/dev/fd/{read}"])
+    finally:
+        os.close(read)
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((tmp_path / "runs" / "search_r1-demo-test" / "manifest.json").read_text())
+    assert manifest["config"]["agent"]["max_turns"] == 1

@@ -11,9 +11,10 @@ import pytest
 from harness.models import EMBEDDED, embedded_gguf, load_tokenizer, resolve_model
 
 
-def test_local_dir_and_hub_id(tmp_path):
+def test_local_dir_and_hub_id(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text("{}")
     assert resolve_model(str(tmp_path)) == str(tmp_path)
+    monkeypatch.setattr("harness.models.hub_problem", lambda: None)  # the hub answers: the id is loaded from it
     assert resolve_model("org/some-model") == "org/some-model"
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no config.json"):
@@ -76,3 +77,24 @@ def test_embedded_conversion_from_scratch_runs_once_under_concurrency(tmp_path, 
     assert len(calls) == 1 and results[0] == results[1] == str(tmp_path / "models" / EMBEDDED)
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [f".{EMBEDDED}.lock", EMBEDDED]
     assert load_tokenizer(results[0]).chat_template
+
+
+def test_a_hub_id_offline_fails_at_once_or_is_read_from_the_cache(tmp_path, monkeypatch):
+    """Issue 44: a hub id with no hub failed after 52 s of transformers' retries (datasets and
+    indexes failed in 0.8 s); a model in the local cache still loads offline."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: refused at once
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))  # read when called
+    t0 = time.monotonic()
+    with pytest.raises(FileNotFoundError, match=r"'org/some-model'.*not in the local cache.*127.0.0.1:9 unreachable"):
+        load_tokenizer("org/some-model")
+    assert time.monotonic() - t0 < 10
+    snapshot = tmp_path / "hub" / "models--org--cached-model" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "hub" / "models--org--cached-model" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--cached-model" / "refs" / "main").write_text("0" * 40)
+    assert Path(resolve_model("org/cached-model")) == snapshot
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="the hub is offline"):
+        resolve_model("org/some-model")

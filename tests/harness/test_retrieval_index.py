@@ -173,3 +173,14 @@ def test_corpus_file_is_the_docs_copy(bm25_index):
     from harness.retrieval.index import DOCS, corpus_file
 
     assert corpus_file(bm25_index) == bm25_index / DOCS
+
+
+def test_an_index_whose_docs_were_edited_after_the_build_is_refused(index_copy):
+    """Issue 44: an index whose docs.jsonl was edited after it was built served the new text as if
+    it were what matched the query."""
+    docs = index_copy / "docs.jsonl"
+    assert json.loads((index_copy / "manifest.json").read_text())["docs_sha256"]
+    load_index(index_copy)  # as built: loads
+    docs.write_text(docs.read_text().replace("Paris", "Lyon"))
+    with pytest.raises(IndexLoadError, match=r"docs.jsonl was changed after the index was built .* rebuild it"):
+        load_index(index_copy)

@@ -65,7 +65,7 @@ def test_overwrite_clears_a_harness_run_but_names_what_it_did_not_write(tmp_path
 
     run = tmp_path / "run"
     assert claim(run, "train")
-    (run / "checkpoints" / "step-1").mkdir(parents=True)
+    assert claim(run / "checkpoints" / "step-1", "checkpoint")  # a checkpoint folder carries its marker
     (run / "config.json").write_text("{}")
     (run / "metrics.jsonl").write_text("")
     (run / "notes.txt").write_text("mine")
@@ -260,3 +260,65 @@ def test_the_not_empty_hint_offers_overwrite_only_where_it_would_succeed(tmp_pat
     (run / "metrics.jsonl").write_text("")
     with pytest.raises(ValueError, match="replace it with --overwrite"):
         claim_run_folder(run)
+
+
+# Issue 44 defect 1: what a user makes under names that match harness's patterns. Each is added to
+# a real run folder (``harness train``), and ``--overwrite`` must refuse by path, deleting nothing.
+USER_FILES_NAMED_LIKE_OURS = {
+    "console.log": "my console log",  # a top-level log harness never writes
+    "checkpoints/.backup.tmp/model.safetensors": "my weights",  # not a temporary of a checkpoint's name
+    "best-step-7/model.safetensors": "my model",  # a model folder with no harness marker
+    ".notes.tmp": "my notes",
+    "wandb/run-mine/notes.md": "my notes",  # not a W&B run folder name
+    "tensorboard/events.out.tfevents.mine": "my events",
+    "rollouts.jsonl": '{"mine": 1}\n',  # an SFT run writes no rollouts
+    "value_head.safetensors": "my head",  # nor a value head (a retriever PPO run does)
+    "validation/step-0/mine/manifest.json": "{}",  # an eval run folder with no marker
+    "engines/mine.log": "my log",  # not an engine log name
+}
+
+
+@pytest.mark.parametrize("rel", list(USER_FILES_NAMED_LIKE_OURS))
+def test_overwrite_spares_user_files_named_like_harness_output(tmp_path, rel):
+    recipe, run = tiny_sft_run(tmp_path)
+    (run / rel).parent.mkdir(parents=True, exist_ok=True)
+    (run / rel).write_text(USER_FILES_NAMED_LIKE_OURS[rel])
+    before = snapshot(run)
+    res = runner.invoke(app, ["train", "-c", str(recipe), "--out", str(run), "--overwrite"])
+    out = " ".join(res.output.split())
+    assert res.exit_code != 0, out
+    assert rel in out and "nothing was deleted" in out, out
+    assert snapshot(run) == before
+
+
+def test_overwrite_still_clears_what_harness_writes_under_those_names(tmp_path):
+    """The tightened names still cover harness's own: temporaries of its entries, engine logs,
+    TensorBoard event files, W&B run folders, marked model folders and recorded rollouts."""
+    from training.build import TRAIN_ENTRIES
+    from training.logging_utils import MetricsLog
+
+    run = tmp_path / "run"
+    claim(run, "train")
+    claim(run / "validation" / "step-2" / "search_r1-demo-val", "eval")  # as harness.runlog does
+    ours = {
+        ".final.tmp/model.safetensors": "w",  # an export cut short (harness.fsutil.tmp_sibling)
+        ".metrics.jsonl.tmp": "x",
+        "checkpoints/.step-3.tmp/model.safetensors": "w",
+        "checkpoints/.step-4.tmp-123/model.safetensors": "w",
+        "sglang-30000.log": "x",  # an engine launched by a training run (older runs wrote it here)
+        "engines/vllm-8000.log": "x",
+        "tensorboard/events.out.tfevents.1712345678.host.123.0": "x",
+        "wandb/run-20240101_120000-abc123/files/output.log": "x",
+        "wandb/debug-internal.log": "x",
+        "validation/step-2/search_r1-demo-val/.manifest.json.tmp-77": "x",
+    }
+    for rel, text in ours.items():
+        (run / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run / rel).write_text(text)
+    with atomic_dir(run / "best-step-7", kind="model") as tmp:
+        (tmp / "model.safetensors").write_text("w")
+    (run / "config.json").write_text(json.dumps({"algo": {"kind": "rl"}}))  # an RL run: its rollouts are ours
+    MetricsLog(run, tensorboard=False).write_rollouts(1, [], [], [])
+    assert sorted(clear(run, TRAIN_ENTRIES, kind="train")) == sorted(
+        {Path(r).parts[0] for r in ours} | {"best-step-7", "rollouts.jsonl", "config.json"}
+    )

@@ -384,3 +384,26 @@ def test_item_latency_leaves_out_the_wait_before_its_first_request_is_served(toy
     backend = Queued([{"match": "glass harp-clock", "turns": SCRIPTS["search_r1"]}])
     traj = SearchAgent(backend, toy_retriever, "search_r1", AgentConfig(max_total_tokens=100000)).run_examples([Q])[0]
     assert traj.metadata["queue_s"] == 0.3 and traj.wall_time_s < 0.25
+
+
+def test_a_tokenizer_with_no_chat_template_is_said_and_recorded(caplog, tmp_path):
+    """Issue 44: a tokenizer with no chat template switched a chat model to the base-model prompt
+    silently. It is a warning now, and the run's manifest records ``chat_template``."""
+    import copy
+    from dataclasses import replace
+
+    from benchmarks.build import build_eval
+    from harness.eval_config import DatasetConfig, EvalConfig, RetrieverConfig
+    from harness.tokenization import byte_tokenizer
+
+    plain = copy.deepcopy(byte_tokenizer())
+    plain.chat_template = None
+    agent = SearchAgent(ScriptedBackend([], tokenizer=plain), None, "search_r1")
+    assert not agent.use_chat and "has no chat template" in caplog.text and "agent.chat=false" in caplog.text
+    caplog.clear()
+    assert not SearchAgent(ScriptedBackend([], tokenizer=plain), None, "search_r1", AgentConfig(chat=False)).use_chat
+    assert "chat template" not in caplog.text  # asked for: nothing to warn of
+    cfg = EvalConfig(method="search_r1", dataset=DatasetConfig(name="demo", limit=1), out=str(tmp_path))
+    cfg = replace(cfg, retriever=RetrieverConfig(kind="memory"))
+    assert build_eval(cfg, backend=ScriptedBackend([], tokenizer=plain)).manifest.chat_template is False
+    assert build_eval(cfg, backend=ScriptedBackend([])).manifest.chat_template is True

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from harness.config import compose
 from tests.training.test_prm import TINY_PRM, mcts_dir  # noqa: F401 (mcts_dir: the module fixture)
@@ -13,6 +14,7 @@ from training.build import TRAINERS, Trainer, make_trainer
 from training.config import TrainConfig
 
 TINY = "{hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}"
+SFT_DEMO = str(Path(__file__).resolve().parents[2] / "configs" / "train" / "smollm2_cpu_sft_demo.yaml")
 QUIET = ["trainer.tensorboard=false", "trainer.progress=false"]
 
 
@@ -44,3 +46,42 @@ def test_every_trainer_kind_builds_a_trainer(tmp_path, monkeypatch, mcts_dir):  
     assert ret.step_no == 1 and "reward" in " ".join(metrics)
     assert (tmp_path / "ret" / "config.json").exists()
     assert len((tmp_path / "ret" / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_a_cached_run_is_the_same_however_its_folder_is_spelled_or_wherever_it_is_copied(tmp_path, monkeypatch):
+    """Issue 44: the demo's folder copied, then run with ``--out`` spelled relative instead of
+    absolute, retrained SFT and re-evaluated everything after it: ``train_cached`` compared the
+    recorded paths (the SFT data, the model an RL run starts from, ``trainer.out``) as given."""
+    import shutil
+
+    from harness import safe_delete
+    from harness.config import to_dict
+    from training.build import train_cached
+
+    def recipe(root) -> TrainConfig:
+        source = f"sft.sources=[{{kind: synth, path: {json.dumps(str(root / 'sft' / 'train.jsonl'))}}}]"
+        return compose(TrainConfig, [SFT_DEMO], [source, f"trainer.out={root}"])
+
+    trained = []
+
+    def train(cfg, run, overwrite=False):  # what training.build.train leaves: a run folder with final/
+        trained.append(run)
+        safe_delete.claim(run, "train")
+        safe_delete.claim(run / "final", "model")
+        (run / "config.json").write_text(json.dumps(to_dict(cfg)))
+        return None, run / "final"
+
+    monkeypatch.setattr("training.build.train", train)
+    root = tmp_path / "demo"
+    (root / "sft").mkdir(parents=True)
+    (root / "sft" / "train.jsonl").write_text("{}\n")
+    assert train_cached(recipe(root), root / "sft" / "model")[1] is True
+    monkeypatch.chdir(tmp_path)
+    assert train_cached(recipe(Path("demo")), Path("demo/sft/model")) == (Path("demo/sft/model/final"), False)
+    shutil.copytree(root, tmp_path / "copy")
+    assert train_cached(recipe(tmp_path / "copy"), tmp_path / "copy/sft/model")[1] is False
+    assert len(trained) == 1
+    # another data file (here one outside the folder) is another recipe: it retrains
+    elsewhere = f"sft.sources=[{{kind: synth, path: {json.dumps(str(tmp_path / 'other.jsonl'))}}}]"
+    other = compose(TrainConfig, [SFT_DEMO], [elsewhere, f"trainer.out={root}"])
+    assert train_cached(other, root / "sft" / "model")[1] is True and len(trained) == 2

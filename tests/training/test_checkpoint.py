@@ -222,3 +222,27 @@ def test_time_based_checkpoints(tmp_path):
     t.step_no = 10
     t._saved_at += 31
     assert t._save_due()  # the step count still triggers
+
+
+def test_a_write_that_fails_without_naming_its_file_is_named(tmp_path):
+    """Issue 44: a disk that filled during a checkpoint named no path at 2 of 4 fill points (a
+    write that fails after its open raises an OSError with no file name) and at a third the
+    tokenizers library's bare Exception was a traceback."""
+    import errno
+
+    from training.checkpoint import write_errors
+
+    def full(error: BaseException):
+        with pytest.raises(OSError) as e, write_errors(tmp_path / "trainer_state.json"):
+            raise error
+        return str(e.value)
+
+    said = full(OSError(errno.ENOSPC, "No space left on device"))
+    assert said.startswith(f"{tmp_path / 'trainer_state.json'}: cannot be written (No space left on device;"), said
+    said = full(Exception("No space left on device (os error 28)"))  # tokenizers' save
+    assert f"{tmp_path / 'trainer_state.json'}: cannot be written" in said
+    with pytest.raises(OSError) as named, write_errors(tmp_path / "x"):  # a file already named: as it was
+        raise FileNotFoundError(errno.ENOENT, "missing", "/somewhere/else")
+    assert named.value.filename == "/somewhere/else"
+    with pytest.raises(ValueError), write_errors(tmp_path / "x"):  # not a write error: untouched
+        raise ValueError("bad")

@@ -181,3 +181,51 @@ def test_retriever_rl_stops_at_the_update_that_made_the_tower_non_finite(tmp_pat
     with pytest.raises(DivergenceError, match="step 1: weight .* is not finite"):
         rl.train(EXAMPLES)  # an infinite LR makes the first update NaN: it stops there
     assert not (tmp_path / "run" / "encoder").exists() and rl.step_no == 0
+
+
+@pytest.mark.parametrize("schedule", [[], ["optim.schedule=linear", "optim.warmup_steps=2"]])
+def test_resume_trains_at_the_lr_it_is_given(tmp_path, schedule):
+    """Issue 44 defect 2: ``--resume RUN optim.lr=X`` recorded X in config.json and trained at the
+    checkpoint's LR (the optimizer's and the scheduler's states, loaded after the new config
+    built them, brought the old LR back); the divergence advice to lower it did nothing."""
+    from cli.main import app
+
+    run = tmp_path / "run"
+    args = ["train", "-c", str(sft_recipe(tmp_path)), "--out", str(run), "trainer.max_steps=2", *schedule]
+    assert (res := CliRunner().invoke(app, args)).exit_code == 0, res.output
+    res = CliRunner().invoke(app, ["train", "--resume", str(run), "trainer.max_steps=4", "optim.lr=0.5"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((run / "config.json").read_text())["optim"]["lr"] == 0.5
+    lrs = {r["step"]: r["lr"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    if not schedule:
+        assert [lrs[s] for s in (1, 2, 3, 4)] == pytest.approx([1e-3, 1e-3, 0.5, 0.5]), lrs
+    else:  # the schedule's position kept, its peak the new LR (``lr`` is logged after the step: the next one's)
+        from training.engine import lr_factor
+
+        assert lrs[1] == pytest.approx(1e-3 * lr_factor("linear", 1, 2, 2))
+        assert lrs[3] == pytest.approx(0.5 * lr_factor("linear", 3, 2, 4)) and lrs[3] > 0, lrs
+
+
+def test_an_exploded_finite_checkpoint_never_pushes_out_the_last_one_before_the_first_non_finite_step(tmp_path):
+    """Issue 44 defect 2 (related): after a run of skipped steps ends, training goes on from weights
+    that blew up but stay finite; their checkpoints pushed the last good one out of
+    keep_checkpoints, and the message still said "the checkpoints kept are finite". The last
+    checkpoint before the first non-finite step (step 5: step-3, as step-4's weights gave step 5's
+    NaN) is kept, and the message names it."""
+    from training.checkpoint import divergence_advice
+
+    eng = engine(0)
+    out = tmp_path / "run" / "checkpoints"
+    guard = NonFiniteGuard(2, lambda first: divergence_advice(out, first))
+    for s in range(1, 9):
+        step(eng, s)
+        guard.record(s, int(s in (5, 8)))  # step 5 skipped, then finite steps, then skips again
+        save_and_prune(out, s, eng, {"run_id": "r", "sampler": {}, "nonfinite": guard.state()}, keep=2)
+    assert [p.name for _, p in checkpoints(out)] == ["step-3", "step-7", "step-8"]
+    guard.record(9, 1)
+    with pytest.raises(DivergenceError) as e:
+        guard.stop_if_diverged()
+    said = str(e.value)
+    assert f"before the first non-finite step (step 5) is {out / 'step-3'}" in said, said
+    assert "move step-7, step-8 out of" in said and "finite; train" not in said
+    assert "No checkpoint precedes the first non-finite step (step 2)" in divergence_advice(out, 2)

@@ -4,10 +4,14 @@ schedules after their warmup, full-weight gathering, the frozen reference and th
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from harness.ports import child_env
 from training.config import ModelConfig, OptimConfig
 from training.engine import (
     ValueHead,
@@ -170,3 +174,48 @@ def test_accumulation_clipping_warmup_reference_and_critic():
     critic = ValueHead(tiny_model(1))
     values = critic(batch(), torch.ones(2, 10, dtype=torch.long))
     assert values.shape == (2, 10)  # [B, L]: one value per position
+
+
+_LISTENING = """
+import os, sys
+from pathlib import Path
+from benchmarks import tiny_recipes
+from harness.config import compose
+from training.build import make_trainer
+from training.config import TrainConfig
+
+def listening():  # the addresses this process's own TCP sockets listen on
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            mine.add(target[8:-1])
+    found = []
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            parts = line.split()
+            if parts[3] == "0A" and parts[9] in mine:
+                found.append(parts[1].split(":")[0])
+    return found
+
+recipe = tiny_recipes.sft_recipe(Path(sys.argv[1]))
+make_trainer(compose(TrainConfig, [recipe], []), Path(sys.argv[1]) / "run")
+print("LISTENING", " ".join(listening()))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/net/tcp").exists(), reason="reads Linux's /proc/self/net/tcp")
+def test_a_single_process_run_listens_on_no_outside_interface(tmp_path):
+    """Issue 44: a single-process CPU run opened torch's TCPStore on every interface (``*:PORT``);
+    a world of one needs no rendezvous port. What is left (gloo's own pair) is on loopback."""
+    env = {**child_env(), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run(
+        [sys.executable, "-c", _LISTENING, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+    )
+    line = next((x for x in out.stdout.splitlines() if x.startswith("LISTENING")), None)
+    assert line is not None, out.stderr[-2000:]
+    loopback = ("0100007F", "00000000000000000000000001000000")  # 127.0.0.1, ::1 as /proc writes them
+    assert all(addr in loopback for addr in line.split()[1:]), line

@@ -172,3 +172,24 @@ def test_plan_matches_smollm2_measured_on_cpu():
     m = re.search(r"measured peak ([\d.]+) GiB, --plan ([\d.]+) GiB", out.stdout)
     print(out.stdout)
     assert m and float(m.group(2)) == pytest.approx(float(m.group(1)), rel=0.25)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--gpus", "0"], "--gpus must be at least 1"),
+        (["--gpus", "-2"], "--gpus must be at least 1"),
+        (["--gpu-mem", "-5"], "--gpu-mem must be a positive number of GB"),
+        (["--gpu-mem", "nan"], "--gpu-mem must be a positive number of GB"),
+    ],
+)
+def test_plan_refuses_no_gpus_and_no_memory(flags, message):
+    """Issue 44: ``train --plan`` planned for 0 or -2 GPUs of -5 GB."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    recipe = str(ROOT / "configs" / "train" / "smollm2_cpu_sft_demo.yaml")
+    res = CliRunner().invoke(app, ["train", "--plan", "-c", recipe, *flags])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and message in said and "FITS" not in said, said

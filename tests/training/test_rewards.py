@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from harness.types import Doc, SearchRecord, Segment, Trajectory
@@ -282,3 +284,24 @@ def test_r1_searcher_servers_read_an_unclosed_last_answer_to_the_eos_text():
     # Stage 1 (the Llama stage-1 server, cover-EM): "paris eot id" still covers "Paris".
     s1 = build_reward("r1_searcher_stage1")
     assert s1(traj(text, dialect="r1_searcher"))[1]["cover_em"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"name": "em", True: 1}, "unknown config key true in 'algo.reward.em'"),  # `on: 1` in YAML
+        ({"name": "research_f1_format", "flor": 0.1}, "did you mean 'algo.reward.research_f1_format.floor'"),
+        ({"name": "research_f1_format", "floor": "x"}, "algo.reward.research_f1_format.floor: expected a number"),
+        ([{"name": "em"}, {"name": "em", "params": {}}], "unknown config key 'algo.reward.em.params'"),
+        ({"floor": 0.1}, "a reward given as a mapping needs its name"),
+    ],
+)
+def test_a_reward_option_that_does_not_fit_is_named(spec, message):
+    """Issue 44: a reward's options went to its class as keywords: a non-string key or an unknown
+    option was a TypeError traceback from the trainer's build."""
+    from harness.config import ConfigError
+    from training.rewards import build_reward
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build_reward(spec)
+    assert build_reward({"name": "research_f1_format", "floor": 0.2}).floor == 0.2

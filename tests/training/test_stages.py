@@ -390,3 +390,34 @@ def test_the_stage_child_dies_with_the_runner(tmp_path, how):
         assert not _alive(child), f"the stage child outlived the runner ({how})"
     finally:
         runner_proc.kill()
+
+
+# Nine levels of nine aliases (benchmarks.faults.ALIAS_BOMB): 9**9 values once expanded.
+_BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
+    f"{c}: &{c} [{','.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+)
+BAD_CHAINS = {
+    "syntax": ("name: [x\n", "is not valid YAML"),
+    "duplicate key": ("name: x\nname: y\nstages: []\n", "key 'name' is given twice (first on line 1)"),
+    "alias bomb": (_BOMB, "expand to more than 100,000 values"),
+    "top-level list": ("- a\n- b\n", "a chain is a mapping"),
+    "a key read as a boolean": ("name: c\non: 1\nstages: []\n", "unknown config key true at the top level"),
+    "a stage key read as null": (
+        "name: c\nstages:\n  - {name: a, command: eval, output: x, ~: 1}\n",
+        "unknown config key null in 'stages[0]'",
+    ),
+}
+
+
+@pytest.mark.parametrize("command", [["stages", "run"], ["stages", "status"], ["train", "--stages"]])
+@pytest.mark.parametrize("case", list(BAD_CHAINS))
+def test_a_chain_file_that_is_not_a_chain_is_named_without_a_traceback(tmp_path, case, command):
+    """Issue 44 defect 3: every YAML problem of a chain file was a traceback (a ConfigError the
+    stage commands did not expect)."""
+    text, says = BAD_CHAINS[case]
+    chain = tmp_path / "chain.yaml"
+    chain.write_text(text)
+    result = runner.invoke(app, [*command, str(chain)])
+    out = " ".join(result.output.split())
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), (result.exception, out)
+    assert str(chain) in out and says in out and "Traceback" not in out, out
