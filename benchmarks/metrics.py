@@ -179,8 +179,11 @@ def em_last_answer_response(response: str, golds: str | Sequence[str], prompt: s
 #: Predictions that decline to answer, normalised (:func:`normalize_answer`): no answer at all (a
 #: response without one: what the R1-Searcher dialect's own "no answer" string stands for too) and
 #: "I don't know" (R1-Searcher's ``no_answer``, ``evaluation/eval_search_loacl.py``; the answer MASH
-#: and BAPO reward). A test keeps every registered dialect's ``no_answer`` string in this set.
-ABSTENTIONS = frozenset({"", "i dont know", "i do not know"})
+#: and BAPO reward), and "None" (HARR's generator: ``str(response)`` of a rollout that never
+#: answered, ``pipelines.dialects`` ``harr``; a gold answer "none" would be scored as declining, which
+#: none of the shipped benchmarks has). A test keeps every registered dialect's ``no_answer``
+#: string in this set.
+ABSTENTIONS = frozenset({"", "i dont know", "i do not know", "none"})
 
 
 def abstained(pred: str, golds: str | Sequence[str] = ()) -> float:

@@ -1,7 +1,7 @@
 """``harness demo [--system NAME]``: a seed system's whole chain on the shipped demo, on CPU, in
 minutes (``make demo`` runs ReSearch's): baselines, the untrained agent, an SFT warm-up, the SFT
 agent, the system's own training from it, the trained agent and a report
-(:func:`cli.demo.program.run_demo`, which says what each step does and caches)."""
+(:func:`programs.demo.program.run_demo`, which says what each step does and caches)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def demo_command(
 ) -> None:
     """Baselines, untrained agent, SFT warm-up, SFT agent, the system's training, trained agent, report."""
     # deferred: the command's library loads when it runs, not at every harness --help
-    from cli.demo.program import DemoOptions, run_demo
+    from programs.demo.program import DemoOptions, run_demo
 
     opts = DemoOptions(
         methods_config=methods_config,
@@ -107,4 +107,4 @@ def demo_command(
     try:
         run_demo(_Terminal(), system, out, opts)
     except (ValueError, KeyError, FileNotFoundError, RuntimeError, OSError) as e:
-        fail(f"{type(e).__name__}: {e}")
+        fail(str(e))

@@ -38,7 +38,6 @@ from typing import Any
 
 from benchmarks.build import dataset_retriever, simple_evaluate
 from benchmarks.datasets import get_spec
-from cli.demo.program import auto_threads
 from harness.backends import build_backend
 from harness.backends.base import SamplingParams
 from harness.backends.hf import HFBackend
@@ -47,6 +46,7 @@ from harness.config import compose, from_dict, load_yaml
 from harness.eval_config import BackendConfig, EvalConfig
 from harness.textfiles import read_jsonl
 from pipelines.methods import build_method
+from programs.demo.program import auto_threads
 from training.build import rollout_agent_options, rollout_backend
 from training.config import TrainConfig
 from training.examples import merged_corpus_dataset, train_examples

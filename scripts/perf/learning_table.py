@@ -30,8 +30,8 @@ from benchmarks.demo_summary import supporting_passages, supporting_recall
 from benchmarks.fmt import p_value, pct
 from benchmarks.report import load_run
 from benchmarks.stats import paired_bootstrap
-from cli.demo.program import labels, seeded
-from cli.demo.systems import SYSTEMS, get_system
+from programs.demo.program import labels, seeded
+from programs.demo.systems import SYSTEMS, get_system
 
 logger = logging.getLogger("learning_table")
 

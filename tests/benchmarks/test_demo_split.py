@@ -164,7 +164,7 @@ def test_demo_threads_follow_how_busy_the_machine_is(monkeypatch):
     """Every core on a quiet machine, one on a busy one (two threads spin-wait on a busy 2-core VM)."""
     import os
 
-    from cli.demo.program import auto_threads
+    from programs.demo.program import auto_threads
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(os, "getloadavg", lambda: (0.4, 0.0, 0.0))

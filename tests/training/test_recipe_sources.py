@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from cli.demo.systems import SYSTEMS as DEMO_SYSTEMS
 from harness.config import ConfigError, compose, to_dict
 from pipelines.methods import validate_options
+from programs.demo.systems import SYSTEMS as DEMO_SYSTEMS
 from training.advantages import ADVANTAGES, adv_eps
 from training.build import rollout_agent_options, train_config
 from training.config import AlgoConfig, TrainConfig
@@ -306,9 +306,9 @@ def test_the_effective_recipe_equals_its_source_except_the_listed_deviations(pat
 
 def demo_stage(system: str, stage: int) -> tuple[str, TrainConfig]:
     """A training stage of ``harness demo --system SYSTEM`` as the demo composes it: its shipped
-    recipe with the demo's evaluation agent and retriever copied in (cli.demo.program)."""
-    from cli.demo.program import _eval_data, retriever_stage_config, rl_stage_config
-    from cli.demo.systems import METHODS_CONFIG, get_system, shipped
+    recipe with the demo's evaluation agent and retriever copied in (programs.demo.program)."""
+    from programs.demo.program import _eval_data, retriever_stage_config, rl_stage_config
+    from programs.demo.systems import METHODS_CONFIG, get_system, shipped
 
     s = get_system(system)
     data = _eval_data(shipped(METHODS_CONFIG), ROOT / "runs" / "x", 1, s)

@@ -1,4 +1,4 @@
 """``harness demo``: each seed system's training chain on the shipped demo world, on CPU
-(:mod:`cli.demo.program` runs it; :mod:`cli.demo.systems` says what each system trains). A program
+(:mod:`programs.demo.program` runs it; :mod:`programs.demo.systems` says what each system trains). A program
 on the top floor: it drives the library's evaluation, training and report, and no library module
 imports it."""

@@ -1,5 +1,5 @@
 """What ``harness demo --system NAME`` runs for each seed system: its agent, its warm-up and its own
-training chain, as data (:class:`DemoSystem`); :mod:`cli.demo.program` runs any of them.
+training chain, as data (:class:`DemoSystem`); :mod:`programs.demo.program` runs any of them.
 
 Every system's chain on the demo world is: the baselines and the untrained agent, an SFT warm-up on
 trajectories synthesized in the system's dialect, the SFT agent on the ``test`` split, the system's

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.demo.program import DemoOptions, labels, run_demo, seeded
-from cli.demo.systems import SYSTEMS, get_system
 from harness.models import load_tokenizer
+from programs.demo.program import DemoOptions, labels, run_demo, seeded
+from programs.demo.systems import SYSTEMS, get_system
 from tests.helpers.models import random_llama
 
 pytestmark = pytest.mark.slow

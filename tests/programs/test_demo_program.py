@@ -1,10 +1,10 @@
-"""cli.demo.program: what demo.md says of the RL run."""
+"""programs.demo.program: what demo.md says of the RL run."""
 
 from __future__ import annotations
 
 import json
 
-from cli.demo.program import _rl_choice
+from programs.demo.program import _rl_choice
 
 
 def write_run(run, best_metric, records):

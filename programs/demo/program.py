@@ -1,6 +1,6 @@
 """``harness demo [--system NAME]``: a seed system's whole chain on the shipped demo world, on CPU.
 
-For every system (:mod:`cli.demo.systems` says what each trains):
+For every system (:mod:`programs.demo.systems` says what each trains):
 
 1. the baselines (``naive``, ``standard``) and the untrained agent on the first
    :data:`BASELINE_LIMIT` questions of the demo's ``test`` split (a balanced prefix: the baselines
@@ -46,7 +46,6 @@ from benchmarks.eval_runs import run_configs
 from benchmarks.fmt import pct
 from benchmarks.report_write import write_report
 from benchmarks.training_curves import load_training_run
-from cli.demo.systems import METHODS_CONFIG, DemoSystem, get_system, shipped
 from harness import safe_delete
 from harness.config import compose, deep_merge, from_dict, load_yaml, to_dict
 from harness.eval_config import EvalConfig, RetrieverConfig
@@ -55,6 +54,7 @@ from harness.models import load_tokenizer
 from harness.runlog import RUN_ENTRIES, file_hash
 from harness.safe_delete import FILE
 from pipelines.dialects import resolve_dialect
+from programs.demo.systems import METHODS_CONFIG, DemoSystem, get_system, shipped
 from training.build import TRAIN_ENTRIES, train_cached
 from training.config import RolloutAgentConfig, SamplingConfig, TrainConfig
 
