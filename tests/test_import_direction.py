@@ -6,8 +6,9 @@ programs:  programs (the demo) ← cli (the ``harness`` command), scripts/perf (
 ``benchmarks`` builds methods by name (``benchmarks.build``), so it may import ``pipelines``;
 ``pipelines`` never imports ``benchmarks``. The programs sit on top of the library in rooms of
 their own, so no library room imports upward and none is exempt: the CLI (``cli``) and the scripts
-(``scripts``) import the library and the programs (``programs``: the demo); nothing imports them (the CLI's stage runner spawns
-``python -m cli.main`` and the command table names its modules as text). Imports inside functions
+(``scripts``) import the library and the programs (``programs``: the demo); nothing imports them
+(the CLI's stage runner spawns ``python -m cli.main`` and the command table names its modules as
+text). Imports inside functions
 count too: a lazy import is still a dependency. No module imports itself back through others (no
 circles, between rooms or within one), and every module under ``cli`` stays short: option
 declarations and one library call each.
