@@ -115,6 +115,8 @@ def test_each_system_chain_hands_its_outputs_on(system, tmp_path, tiny_model):
         assert manifest["config"]["backend"]["model"] == str(out / s.stage_names[-1] / "final")
     text = (report / "demo.md").read_text()
     assert f"## {trained} against {sft_label}" in text and f"## {sft_label} against {untrained}" in text
+    if s.chain == "rl":  # the RL runs' training health is drawn with their curves (issue 49)
+        assert any("health" in p.name for p in (report / "curves").iterdir()), sorted((report / "curves").iterdir())
     assert set(json.loads((out / "timings.json").read_text())) >= {"baselines", "sft", "train", "eval_trained"}
 
 
