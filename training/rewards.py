@@ -198,10 +198,14 @@ class R1SearcherStage2:
 
     def __call__(self, traj: Trajectory) -> RewardOut:
         validator, text = self.validator, None
-        if validator is None and _dialect(traj, None).name == "r1_searcher":
+        exact = _dialect(traj, None).name == "r1_searcher"
+        if validator is None and exact:
             # the server's solution: after the last turn marker, one EOS appended (r1_searcher_solution)
             text = r1_searcher_solution(traj.response_text, self.server)
-        if validator is None and self.server == "llama":
+        # The Llama server's checks are the exact protocol's (its prompt opens <think>, so the
+        # response has none): our small-model wording, where the model writes <think> itself, keeps
+        # its own lenient check, as everywhere else.
+        if validator is None and self.server == "llama" and exact:
             validator = r1_searcher_validate_llama
         ok = format_ok(traj, validator, text)
         answer = extract_answer(traj, self.validator, text)  # None without answer tags: F1 0, as the servers

@@ -158,7 +158,15 @@ def test_rl_nan_rewards_skip_every_update_and_stop(tmp_path):
                 return float("nan"), {}
 
         REWARDS.register("test_nan", NaNReward)
-    trainer = make(tmp_path, "algo.reward=test_nan", "trainer.max_steps=5", "trainer.max_nonfinite_steps=2")
+    # trainer.preflight=false: the preflight refuses a NaN reward before any step (issue 49); this
+    # test is about NaN reaching the update.
+    trainer = make(
+        tmp_path,
+        "algo.reward=test_nan",
+        "trainer.max_steps=5",
+        "trainer.max_nonfinite_steps=2",
+        "trainer.preflight=false",
+    )
     before = {k: v.clone() for k, v in trainer.policy.module.state_dict().items()}
     with pytest.raises(DivergenceError, match="diverged at step 2: steps 1 to 2"):
         trainer.train()

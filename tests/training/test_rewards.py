@@ -305,3 +305,14 @@ def test_a_reward_option_that_does_not_fit_is_named(spec, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         build_reward(spec)
     assert build_reward({"name": "research_f1_format", "floor": 0.2}).floor == 0.2
+
+
+def test_the_llama_servers_checks_apply_to_the_exact_protocol_not_the_small_wording():
+    """R1-Searcher's Llama stage-2 server refuses a response with <think> (its prompt opens it).
+    Our small-model wording has the model write <think> itself: its well-formed answer keeps the
+    dialect's own check (the demo's stage 2 gave every such answer the -1 penalty, and the
+    preflight refused the recipe)."""
+    small = "<think> So the answer is Paris. </think>\n<answer> Paris </answer>"
+    llama = R1SearcherStage2(server="llama")
+    assert llama(traj(small, dialect="r1_searcher_small")) == (1.0, {"f1": 1.0, "format_valid": 1.0})
+    assert llama(traj(small, dialect="r1_searcher"))[1]["format_valid"] == 0.0  # the exact protocol: no <think>
