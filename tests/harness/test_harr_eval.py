@@ -112,7 +112,8 @@ def test_cli_eval_with_trained_encoder(saved, tmp_path):
         assert manifest["config"]["retriever"]["encoder"] == str(enc_dir) and str(enc_dir) in manifest["index_id"]
         trajs = [json.loads(x) for x in (run / "trajectories.jsonl").read_text().splitlines()]
         assert len(trajs) == 2 and all(len(t["searches"]) == 1 for t in trajs)
-        sample = trajs[0]["searches"][0].get("sample")
+        # the first question's (trajectories.jsonl is in finishing order: two questions run at once)
+        sample = next(t for t in trajs if t["example_id"] == "q0")["searches"][0].get("sample")
         if kind == "harr":  # the history-aware state in the trained format, greedy
             assert sample["greedy"] and sample["state"].startswith(f"Q={qs[0]} | H=[]")
         else:
