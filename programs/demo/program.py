@@ -279,7 +279,8 @@ def _clear_after_sft(root: Path, s: DemoSystem, eval_dir: Path) -> None:
         safe_delete.remove(root / MCTS_DIR, MCTS_LAYOUT, kind="mcts", why="harness demo")
         safe_delete.remove(root / PRM_RUN, TRAIN_ENTRIES, kind="train", why="harness demo")
         safe_delete.remove(root / RFT_DIR / "model", TRAIN_ENTRIES, kind="train", why="harness demo")
-        (root / RFT_DIR / "set.inputs.json").unlink(missing_ok=True)  # the set is rebuilt: its stamp no longer holds
+        # The RFT samples and set need no clearing here: the MCTS just removed makes the next
+        # run's MCTS new, and _rft_set then renews both (its stamp is not read on a renewal).
 
 
 # What ``harness demo --system prorag`` writes between its SFT model and its RL runs; every part

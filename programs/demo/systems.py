@@ -41,9 +41,9 @@ class DemoSystem:
     retriever recipe); ``sft``: the warm-up recipe; ``agent``: overrides of the methods config's
     agent block for this system (ProRAG runs its own protocol, which needs more turns);
     ``retriever``: overrides of its retriever block (HARR trains a dense retriever);
-    ``start_from_sft``: whether the original starts from an SFT model (RAG-R1, ProRAG) or from the
-    model itself (the warm-up is then a listed deviation: SmolLM2-135M follows no protocol
-    untrained, so RL from it has no signal); ``stage_names``: each RL recipe's run folder."""
+    ``stage_names``: each RL recipe's run folder. Every system starts its training from the SFT
+    warm-up; where the original starts from the model itself, that is a listed deviation
+    (docs/training.md: SmolLM2-135M follows no protocol untrained, so RL from it has no signal)."""
 
     name: str
     method: str
@@ -54,7 +54,6 @@ class DemoSystem:
     sft: str = SFT_RECIPE
     agent: dict[str, Any] = field(default_factory=dict)
     retriever: dict[str, Any] = field(default_factory=dict)
-    start_from_sft: bool = False
     extra: dict[str, str] = field(default_factory=dict)  # prorag: mcts, prm, rft recipes
 
     @property
@@ -93,7 +92,6 @@ SYSTEMS: dict[str, DemoSystem] = {
             algorithm="SFT, then PPO (GAE critic, EM reward), several queries a turn",
             chain="rl",
             rl=(f"{DEMO_RECIPES}/rag_r1_ppo.yaml",),
-            start_from_sft=True,
         ),
         DemoSystem(
             name="prorag",
@@ -102,7 +100,6 @@ SYSTEMS: dict[str, DemoSystem] = {
             chain="prorag",
             rl=(f"{DEMO_RECIPES}/prorag_rl.yaml",),
             agent={"variant": "exact", "max_turns": 5, "max_new_tokens": 64, "max_total_tokens": 1024},
-            start_from_sft=True,
             extra={
                 "mcts": f"{DEMO_RECIPES}/prorag_mcts.yaml",
                 "prm": f"{DEMO_RECIPES}/prorag_prm.yaml",
