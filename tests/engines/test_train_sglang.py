@@ -73,7 +73,7 @@ def test_two_steps_with_a_launched_sglang(tmp_path):
     # The engine's sampling logprobs against the trainer's recomputation of the same tokens.
     print("mismatch/abs_log_ratio per step:", [f"{m['mismatch/abs_log_ratio']:.2e}" for m in steps])
     assert all(m["mismatch/abs_log_ratio"] < 0.05 for m in steps)
-    logs = list(run.glob("sglang-*.log"))
+    logs = list(run.joinpath("engines").glob("sglang-*.log"))
     assert logs and "update_weights_from_disk" in logs[0].read_text()
     port = logs[0].stem.split("-")[1]
     assert not checks.processes_with(f"--port {port}"), "engine left running after training"
@@ -109,6 +109,6 @@ def test_async_steps_with_a_launched_sglang(tmp_path):
         head, step = r["trajectory"]["policy_version"], r["step"]
         seg = [x["version"] for x in r["trajectory"]["segments"] if x["role"] == "model"]
         assert step - 2 <= head <= step - 1 and seg and all(head <= v <= step - 1 for v in seg), (step, head, seg)
-    logs = list(run.glob("sglang-*.log"))
+    logs = list(run.joinpath("engines").glob("sglang-*.log"))
     port = logs[0].stem.split("-")[1]
     assert not checks.processes_with(f"--port {port}"), "engine left running after training"
