@@ -26,6 +26,7 @@ from benchmarks.judge import JudgeConfig, LLMJudge, judge_identity
 from benchmarks.metrics import METRICS
 from benchmarks.profiles import JUDGE, get_profile
 from harness.backends import build_backend
+from harness.backends.dtype import choose_dtype
 from harness.config import pop_paths, to_dict
 from harness.eval_config import EvalConfig, RetrieverConfig
 from harness.retrieval.factory import build_retriever, needs_corpus
@@ -88,6 +89,10 @@ def split_config(cfg: EvalConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """(identity, execution): the resolved config less :data:`EXECUTION_ONLY_KEYS`, which
     identifies the run, and those keys' values by dotted name."""
     out = to_dict(cfg)
+    if cfg.backend.kind == "hf" and cfg.backend.dtype == "auto":
+        # What is computed is the dtype auto picks on this machine: a run resumed on a CPU that
+        # picks another is another run.
+        out["backend"]["dtype"] = choose_dtype("auto")[0]
     execution = pop_paths(out, EXECUTION_ONLY_KEYS)
     for key, default in _OMIT_AT_DEFAULT.items():
         if out.get(key) == default:

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from harness.backends.dtype import DTYPES
 from harness.config import require_at_least, require_positive
 from harness.engines import EngineConfig
 
@@ -53,6 +54,9 @@ class BackendConfig:
     # batched form is tested against a stand-in only, not yet against a real SGLang server.
     batch_window_ms: float = 0.0
     threads: int | None = None
+    # hf: the generation dtype (harness.backends.dtype): float32, bfloat16, float16, or auto
+    # (bf16 on a CPU with AMX-BF16 or AVX512-BF16 or a CUDA device with bf16, else fp32). A
+    # training's rollout backend generates in the policy's dtype unless this asks for a lower one.
     dtype: str = "float32"
     # hf: tokens of KV kept for reuse by requests that start with tokens already run (the next
     # turn of a trajectory, the other samples of a GRPO group); least recently used out first,
@@ -67,6 +71,8 @@ class BackendConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"backend.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         require_at_least(self, 1, "max_concurrency", "max_batch_size", "threads")
         require_at_least(self, 0, "retries", "batch_window_ms", "prefix_cache_tokens")
         require_positive(self, "timeout")

@@ -24,6 +24,7 @@ from benchmarks.build import build_eval, dataset_retriever
 from benchmarks.evaluate import evaluate
 from harness import safe_delete
 from harness.backends import build_backend
+from harness.backends.dtype import choose_dtype
 from harness.backends.hf import HFBackend
 from harness.backends.vllm_sync import RL_ARGS as VLLM_RL_ARGS
 from harness.backends.vllm_sync import RL_ENV as VLLM_RL_ENV
@@ -71,7 +72,8 @@ class Trainer(Protocol):
 def rollout_backend(cfg: TrainConfig) -> Any:
     """The backend rollouts come from; its weights are synced from the policy after each update.
 
-    It serves the policy, so its model and dtype are the policy's. ``model.tiny`` (tests,
+    It serves the policy, so its model is the policy's, and so is its dtype unless
+    ``rollout.backend.dtype`` asks for ``bfloat16``, ``float16`` or ``auto``. ``model.tiny`` (tests,
     offline) builds a random tiny Llama on the byte tokenizer, in process.
     """
     b = cfg.rollout.backend
@@ -82,15 +84,21 @@ def rollout_backend(cfg: TrainConfig) -> Any:
         if b.kind != "hf":
             raise ValueError(f"model.tiny builds an in-process model: rollout.backend.kind must be hf, not {b.kind!r}")
         tok = byte_tokenizer()
+        model = build_model(cfg.model, len(tok))
+        if b.dtype != "float32":
+            import torch
+
+            model = model.to(getattr(torch, choose_dtype(b.dtype)[0]))
         return HFBackend(
-            model_obj=build_model(cfg.model, len(tok)),
+            model_obj=model,
             tokenizer=tok,
             max_batch_size=b.max_batch_size,
             prefix_cache_tokens=b.prefix_cache_tokens,
         )
-    return build_backend(
-        replace(b, model=cfg.model.path, dtype=cfg.model.dtype, threads=b.threads or cfg.optim.threads)
-    )
+    # The policy's dtype, unless the rollout backend asks for a lower one (bf16 generation beside
+    # an fp32 trainer: algo.rollout_correction weighs the mismatch, mismatch/* measures it).
+    dtype = cfg.model.dtype if b.dtype == "float32" else b.dtype
+    return build_backend(replace(b, model=cfg.model.path, dtype=dtype, threads=b.threads or cfg.optim.threads))
 
 
 @dataclass

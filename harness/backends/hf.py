@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from harness.backends.base import BackendBase, BackendError, Completion, SamplingParams, WeightUpdate, find_stop
+from harness.backends.dtype import choose_dtype
 from harness.backends.hf_prefix import PrefixCache, common_prefix
 
 logger = logging.getLogger(__name__)
@@ -90,7 +91,8 @@ class HFBackend(BackendBase):
     """In-process transformers backend (see module docstring).
 
     ``model``: the embedded model name, a local safetensors directory or a hub id.
-    ``dtype``: torch dtype name. ``max_batch_size``: most requests decoded together.
+    ``dtype``: torch dtype name, or ``auto`` (:func:`harness.backends.dtype.choose_dtype`).
+    ``max_batch_size``: most requests decoded together.
     ``max_context``: prompt + generation limit (default: the config's max_position_embeddings).
     ``threads``: ``torch.set_num_threads`` (process-wide; one thread is often fastest on 2-core
     machines). ``seed``: base seed for sampled requests that bring none.
@@ -128,6 +130,8 @@ class HFBackend(BackendBase):
         else:
             self.model_path = resolve_model(model)
             self.tokenizer = tokenizer or load_tokenizer(self.model_path)
+            dtype, why = choose_dtype(dtype)
+            logger.info("hf backend generates in %s (%s)", dtype, why)
             try:
                 # safetensors only: never unpickle a checkpoint (torch.load runs arbitrary code).
                 self.model = AutoModelForCausalLM.from_pretrained(

@@ -357,6 +357,24 @@ def test_a_rollout_correction_trains_a_step_and_logs_the_mismatch(tmp_path, temp
 
 
 @pytest.mark.slow
+def test_bf16_rollouts_beside_an_fp32_trainer_show_a_mismatch_the_correction_weighs(tmp_path):
+    """rollout.backend.dtype=bfloat16: the synced rollout model generates in bf16 while the policy
+    trains in fp32, so the behaviour log-probs differ from the trainer's (the mismatch every GPU
+    RL framework lives with); the same run in fp32 has ratios ≈ 1 (the test above)."""
+    trainer = make(
+        tmp_path, "rollout.backend.dtype=bfloat16", "algo.rollout_correction.kind=tis", "trainer.save_every=0"
+    )
+    assert next(trainer.backend.model.parameters()).dtype == torch.bfloat16
+    assert next(trainer.policy.module.parameters()).dtype == torch.float32
+    m = trainer.step()
+    assert m["grad_norm"] > 0 and m["loss"] == m["loss"]
+    assert m["mismatch/abs_log_ratio"] > 1e-5, m["mismatch/abs_log_ratio"]  # fp32 rollouts: ~1e-7
+    assert m["mismatch/ratio_p5"] < m["mismatch/ratio_p95"]
+    m2 = trainer.step()  # the fp32 update reached the bf16 copy: it still generates and scores
+    assert m2["mismatch/abs_log_ratio"] > 1e-5 and m2["loss"] == m2["loss"]
+
+
+@pytest.mark.slow
 def test_a_mask_drops_each_token_by_its_own_behaviour_logprob(tmp_path):
     """Make row 0 stale: its recorded logprobs 10× less likely than the old policy's, so ρ ≈ 10 >
     hi 5 on every one of its tokens, and only those are masked (the batch's token share of row 0)."""
