@@ -29,7 +29,7 @@ Where FlashRAG's ports differ from the originals, the originals are implemented;
 from __future__ import annotations
 
 # Each seed system's module registers its System and dialects when imported.
-from pipelines.dialects import harr, prorag, r1_searcher, rag_r1, research, search_r1, toy  # noqa: F401
+from pipelines.dialects import harr, prorag, r1_searcher, rag_r1, research, search_r1  # noqa: F401
 from pipelines.dialects.base import (
     TEMPLATE_DIR,
     Action,
