@@ -3,7 +3,9 @@
 These are not any system's protocol. They keep each system's tags but use one instruction of
 ours, tolerant action parsing (the last query before the stop tag), observations with newlines
 inside the tags, and a loose format check. Small models (SmolLM2-135M on CPU) follow them with a
-one-shot demonstration, which is what the CPU demo and training recipe use.
+one-shot demonstration, which is what the CPU demo and training recipe use. A system's module
+registers its variant with :func:`register`, giving its tags and how our instruction ends (how the
+system answers).
 
 ``rag_r1_small`` parallel queries: separated by ``|`` (or one per line). The comma form is
 accepted only when unambiguous: every comma-separated piece is a quoted string (``"q1", "q2"``
