@@ -7,8 +7,8 @@ trajectory's dialect (``pipelines.dialects``) and always look at the RESPONSE on
 would otherwise pick up the prompt's example answer (REFERENCE §2, "Answer extraction trap").
 For the systems' own dialects these are the systems' exact checks (each system's module under
 ``pipelines.dialects``): Search-R1's ``is_valid_sequence``, ReSearch's ``validate_format``
-(think/search/result order and ``\boxed{}``), R1-Searcher's stage-2 format checks and ProRAG's ``format_reward``; the
-``<name>_small`` variants carry our looser check.
+(think/search/result order and ``\boxed{}``), R1-Searcher's stage-2 format checks and ProRAG's
+``format_reward``; the ``<name>_small`` variants carry our looser check.
 
 Definitions (and where they come from):
 
