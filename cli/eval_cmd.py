@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 
+from benchmarks.profiles import PROFILES
 from cli.common import console, fail, say
 from cli.options import ConfigFiles, DataDir, JudgeKeyEnv, JudgeModel, JudgeUrl, Limit, Model, Overrides, TopK
 
@@ -56,7 +57,7 @@ def eval_command(
     metric_profile: str = typer.Option(
         None,
         "--metric-profile",
-        help="A paper's metric set: default, search_r1, r1_searcher, research, rag_r1, prorag, harr.",
+        help=f"A paper's metric set: {', '.join(PROFILES.names())}.",
     ),
     judge_url: JudgeUrl = None,
     judge_model: JudgeModel = None,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from benchmarks.profiles import PROFILES
 from cli.common import fail
 from cli.options import JudgeKeyEnv, JudgeModel, JudgeUrl
 
@@ -19,7 +20,7 @@ def score_command(
     metrics: str = typer.Option("em,f1,acc,cover_em", "--metrics", help="Comma-separated metric names."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: each metric's mean and n."),
     metric_profile: str = typer.Option(
-        None, "--metric-profile", help="A paper's metric set instead of --metrics (search_r1, r1_searcher, ...)."
+        None, "--metric-profile", help=f"A paper's metric set instead of --metrics ({', '.join(PROFILES.names())})."
     ),
     judge_url: JudgeUrl = None,
     judge_model: JudgeModel = None,

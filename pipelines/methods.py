@@ -14,6 +14,7 @@ from typing import Any
 from harness.config import from_dict
 from harness.registry import Registry
 from pipelines.baselines.flashrag_methods import BASELINES, WITHOUT_RETRIEVAL, BaselineConfig, FlashRAGBaseline
+from pipelines.dialects import SYSTEMS
 from pipelines.method import Method, check_schedule
 
 __all__ = [
@@ -29,7 +30,8 @@ __all__ = [
 
 METHODS: Registry = Registry("method")
 
-AGENT_METHODS = ("research", "search_r1", "r1_searcher", "rag_r1", "prorag", "harr")
+# One agent method per seed system (pipelines/dialects/<name>.py registers it), under its name.
+AGENT_METHODS = tuple(SYSTEMS.names())
 
 
 def _agent_builder(dialect: str):

@@ -5,10 +5,10 @@ is a dict of its components for logging. Format validity and answer extraction c
 trajectory's dialect (``pipelines.dialects``) and always look at the RESPONSE only
 (``traj.response_text``), never the prompt: Search-R1's own scorer decodes prompt + response and
 would otherwise pick up the prompt's example answer (REFERENCE §2, "Answer extraction trap").
-For the systems' own dialects these are the systems' exact checks (``pipelines.dialects.protocols``):
-Search-R1's ``is_valid_sequence``, ReSearch's ``validate_format`` (think/search/result order and
-``\boxed{}``), R1-Searcher's stage-2 format checks and ProRAG's ``format_reward``; the
-``<name>_small`` variants carry our looser check.
+For the systems' own dialects these are the systems' exact checks (each system's module under
+``pipelines.dialects``): Search-R1's ``is_valid_sequence``, ReSearch's ``validate_format``
+(think/search/result order and ``\boxed{}``), R1-Searcher's stage-2 format checks and ProRAG's
+``format_reward``; the ``<name>_small`` variants carry our looser check.
 
 Definitions (and where they come from):
 
@@ -46,12 +46,9 @@ from harness.config import ConfigError, from_dict
 from harness.registry import Registry
 from harness.types import Trajectory
 from pipelines.dialects import get_dialect
-from pipelines.dialects.protocols import (
-    qa_em_answer,
-    r1_searcher_solution,
-    r1_searcher_validate_llama,
-    research_scored_turn,
-)
+from pipelines.dialects.r1_searcher import r1_searcher_solution, r1_searcher_validate_llama
+from pipelines.dialects.research import research_scored_turn
+from pipelines.dialects.search_r1 import qa_em_answer
 from training.prm_window import ScoringWindow
 
 RewardOut = tuple[float, dict[str, float]]

@@ -32,7 +32,7 @@ from harness.eval_config import RetrieverConfig
 from harness.models import load_tokenizer
 from harness.retrieval.corpus import iter_corpus
 from harness.types import Doc, Example
-from pipelines.dialects import Dialect, resolve_dialect
+from pipelines.dialects import Dialect, resolve_dialect, synth_turns
 from pipelines.search_agent import cap_doc
 
 logger = logging.getLogger(__name__)
@@ -149,32 +149,17 @@ def _answer_block(d: Dialect, answer: str) -> str:
     return f"{d.answer_open} {inner} {d.answer_close}"
 
 
-# R1-Searcher's response is one thought opened by the prompt ("Assistant: <think>"): queries
-# sit inside it, and its only </think> comes before the answer (its stage-2 format check).
-ONE_THOUGHT = ("r1_searcher",)
-
-
 def search_turn(d: Dialect, hop: Hop, i: int, prev: str | None) -> str:
+    """The model turn that searches ``hop``, written as the dialect's system writes one
+    (:attr:`pipelines.dialects.System.turns`)."""
     lead = f"I need to find: {hop.query}" if prev is None else f"I found that {prev}. Next I need: {hop.query}"
-    query = f"{d.query_open} {hop.query} {d.query_close}"
-    if d.name in ONE_THOUGHT:
-        return f"{lead}\n{query}"
-    if d.name == "prorag":  # the prompt / observation already opened the <step>
-        return f"{lead} {d.think_close}\n{query}"
-    return f"{d.think_open} {lead} {d.think_close}\n{query}"
+    return synth_turns(d.name).search(d, lead, f"{d.query_open} {hop.query} {d.query_close}")
 
 
 def final_turn(d: Dialect, answer: str, prev: str | None) -> str:
+    """The answering model turn, written as the dialect's system writes one."""
     lead = (f"I found that {prev}. " if prev else "") + f"So the answer is {answer}."
-    if d.name in ONE_THOUGHT:
-        return f"{lead} {d.think_close}\n\n{_answer_block(d, answer)}"
-    if d.name == "prorag":
-        return f"{lead} {d.think_close}\n{_answer_block(d, answer)}"
-    return f"{d.think_open} {lead} {d.think_close}\n{_answer_block(d, answer)}"
-
-
-def prorag_subanswer(d: Dialect, fact: str) -> str:
-    return f"The retrieved passage answers the sub-question. {d.think_close}\n<subanswer> {fact} </subanswer>"
+    return synth_turns(d.name).final(d, lead, _answer_block(d, answer))
 
 
 @dataclass
@@ -229,8 +214,9 @@ class Synthesizer:
             turns.append({"role": "model", "text": text})
             turns.append({"role": "observation", "text": d.observation_text(action.queries, capped)})
             fact = hop.answer or _first_sentence(hit)
-            if d.name == "prorag":  # (step subquery retrieval step subanswer) per hop
-                sub = prorag_subanswer(d, fact)
+            sub_answer = synth_turns(d.name).sub_answer
+            if sub_answer is not None:  # ProRAG: (step subquery retrieval step subanswer) per hop
+                sub = sub_answer(d, fact)
                 if d.parse_action(sub, eos=False).kind != "continue":
                     self._drop("dialect does not parse the sub-answer turn")
                     return None

@@ -2,8 +2,8 @@
 
 A dialect is configuration: the template text (a data file under ``configs/dialects/``), where
 the prompt sits, the stops, and four small functions (parse a turn, build an observation,
-extract the answer, validate the format) chosen per system in :mod:`.protocols` or
-:mod:`.small`. The agent loop calls only the methods here.
+extract the answer, validate the format) chosen per system in its module (:mod:`.search_r1`, ...)
+or :mod:`.small`. The agent loop calls only the methods here.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class Dialect:
     and every original re-appends it). ``corrective`` follows an invalid action (``None``: the
     item ends); ``continue_text`` follows a ``continue`` action.
 
-    How a turn ends and what the answer is, per original (:mod:`.protocols`):
+    How a turn ends and what the answer is, per original (each system's module):
 
     - ``cut(text)``: where the original cuts a generated turn (Search-R1's
       ``_postprocess_responses``); ``None`` keeps it whole. The tokens after the cut are dropped.

@@ -3,7 +3,9 @@
 These are not any system's protocol. They keep each system's tags but use one instruction of
 ours, tolerant action parsing (the last query before the stop tag), observations with newlines
 inside the tags, and a loose format check. Small models (SmolLM2-135M on CPU) follow them with a
-one-shot demonstration, which is what the CPU demo and training recipe use.
+one-shot demonstration, which is what the CPU demo and training recipe use. A system's module
+registers its variant with :func:`register`, giving its tags and how our instruction ends (how the
+system answers).
 
 ``rag_r1_small`` parallel queries: separated by ``|`` (or one per line). The comma form is
 accepted only when unambiguous: every comma-separated piece is a quoted string (``"q1", "q2"``
@@ -15,9 +17,12 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
+from typing import Any
 
 from harness.types import Doc
 from pipelines.dialects.base import Action, Dialect, TurnEnd, closing_brace
+from pipelines.dialects.system import DIALECTS
 
 INSTRUCTION = (
     "Work out the answer step by step. Put your reasoning inside {think_open} {think_close}. "
@@ -25,24 +30,15 @@ INSTRUCTION = (
     "{query_close}; the search results will then appear inside {obs_open} {obs_close}. "
     "You may search as often as you need."
 )
-ENDINGS = {
-    "research": " When you are sure, give the final answer as {answer_open} \\boxed{{short answer}} {answer_close}.",
-    "search_r1": " When no more knowledge is needed, give only the short answer as "
-    "{answer_open} answer {answer_close}.",
-    "r1_searcher": " Finish with the short final answer as {answer_open} answer {answer_close}.",
-    "rag_r1": " One search may hold up to {max_queries} queries separated by | (for example "
-    "{query_open} first query | second query {query_close}). "
-    "Finish with the short final answer as {answer_open} answer {answer_close}.",
-}
 CORRECTIVE = (
     "\n\n{obs_open}\nYour last action was not valid: {reason}. Search with {query_open} query {query_close} "
     "or answer with {answer_open} answer {answer_close}.\n{obs_close}\n\n"
 )
 
 
-def instruction(system: str, tags: dict[str, str], max_queries: int) -> str:
-    """Our instruction for ``system``, with its tags filled in."""
-    return (INSTRUCTION + ENDINGS[system]).format(**tags, max_queries=max_queries)
+def instruction(ending: str, tags: dict[str, str], max_queries: int) -> str:
+    """Our instruction with a system's ``ending`` (how it answers), its tags filled in."""
+    return (INSTRUCTION + ending).format(**tags, max_queries=max_queries)
 
 
 def extract_boxed(text: str) -> str | None:
@@ -147,3 +143,33 @@ def observe(d: Dialect, queries: tuple[str, ...], results: list[list[Doc]]) -> s
     else:
         body = "\n".join(f"Query: {q}\n{format_docs(docs)}" for q, docs in zip(queries, results, strict=True))
     return f"\n\n{d.obs_open}\n{body}\n{d.obs_close}\n\n"
+
+
+def register(system: str, ending: str, **tags: Any) -> None:
+    """Register ``<system>_small``: ``system``'s tags (``tags``: the :class:`Dialect` tag fields
+    and ``max_queries`` / ``doc_style`` where they differ from the defaults) with our instruction
+    ending in ``ending`` (how the system answers; ``{answer_open}``-style fields are filled in)."""
+    probe = Dialect(
+        name="", system="", template="", placement="user", parse=parse, observe=observe,
+        extract=extract, validate=validate, search_stops=(), final_stops=(), raw_bos=False, **tags,
+    )  # fmt: skip
+    tag_values = {k: getattr(probe, k) for k in ("query_open", "query_close", "obs_open", "obs_close")}
+    tag_values |= {k: getattr(probe, k) for k in ("answer_open", "answer_close", "think_open", "think_close")}
+    text = instruction(ending, tag_values, probe.max_queries) + "{shot}\n\nQuestion: {question}"
+    name = f"{system}_small"
+    DIALECTS.register(
+        name,
+        replace(
+            probe,
+            name=name,
+            system=f"ours ({system} tags)",
+            template=text,
+            base_template=text + "\n",
+            search_stops=(probe.query_close, probe.answer_close),
+            final_stops=(probe.answer_close,),
+            final_turn=True,  # ours: small models get one more turn to answer
+            corrective=CORRECTIVE.replace("{obs_open}", probe.obs_open).replace("{obs_close}", probe.obs_close),
+            answer_rule="the last answer block of the response" + (", inside \\boxed{}" if probe.boxed_answer else ""),
+            source={"wording": "ours (pipelines/dialects/small.py)"},
+        ),
+    )

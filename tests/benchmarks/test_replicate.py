@@ -14,11 +14,12 @@ from typer.testing import CliRunner
 from benchmarks.profiles import get_profile
 from benchmarks.replicate import card_configs, card_names, card_reference_entries, load_card
 from cli.main import app
+from pipelines.dialects import SYSTEMS
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data"
 DEMO_CORPUS = ROOT / "benchmarks" / "demo_data" / "corpus.jsonl"
-CARDS = ["harr", "prorag", "r1_searcher", "rag_r1", "research", "search_r1"]
+CARDS = SYSTEMS.names()  # one card per seed system (pipelines/dialects/<name>.py)
 runner = CliRunner()
 needs_data = pytest.mark.skipif(not (DATA / "hotpotqa").is_dir(), reason="needs ../shared/data (hotpotqa)")
 
@@ -29,7 +30,7 @@ def test_every_seed_system_has_a_complete_card():
         card = load_card(name)
         assert (ROOT / card.template).is_file() and (ROOT / card.method_config).is_file()
         assert card.topk and card.max_turns and card.datasets
-        assert get_profile(card.metric_profile).name == name  # each card uses its own paper's profile
+        assert get_profile(card.metric_profile).name == SYSTEMS.get(name).profile  # its own paper's profile
         for p in card.paper:
             assert p.source and p.values
             assert p.metric in get_profile(card.metric_profile).metrics  # numbers are in the profile's metrics

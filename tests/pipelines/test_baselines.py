@@ -8,6 +8,7 @@ import pytest
 
 from harness.backends.scripted import ScriptedBackend
 from harness.types import Example
+from pipelines.dialects import SYSTEMS
 from pipelines.methods import METHODS, build_method, method_kind
 
 EXAMPLES = [
@@ -31,13 +32,7 @@ def tiny_model_dir(tmp_path_factory):
 
 
 def test_registry_lists_agents_and_baselines():
-    assert set(METHODS.names()) == {
-        "research",
-        "search_r1",
-        "harr",
-        "r1_searcher",
-        "rag_r1",
-        "prorag",
+    assert set(METHODS.names()) == set(SYSTEMS.names()) | {  # an agent per seed system, and the baselines
         "naive",
         "standard",
         "iter_retgen",

@@ -9,8 +9,8 @@ import pytest
 
 from harness.backends.scripted import ScriptedBackend
 from harness.types import Example
-from pipelines.dialects import DIALECTS, get_dialect, resolve_dialect
-from pipelines.dialects.protocols import qa_em_answer
+from pipelines.dialects import DIALECTS, SYSTEMS, get_dialect, resolve_dialect
+from pipelines.dialects.search_r1 import qa_em_answer
 from pipelines.search_agent import AgentConfig, SearchAgent
 
 Q = Example("q1", "Which river flows through Eddavik?", ("Lunne",))
@@ -226,14 +226,14 @@ def test_prorag_no_answer_within_max_hop_predicts_empty(toy_retriever):
 
 # ---- all seeds -----------------------------------------------------------------------------
 def test_the_final_answer_now_turn_is_off_where_the_original_has_none():
-    exact = {n: DIALECTS.get(n) for n in ("search_r1", "research", "r1_searcher", "rag_r1", "prorag")}
+    exact = {n: DIALECTS.get(n) for n in SYSTEMS}
     assert {n for n, d in exact.items() if d.final_turn} == {"search_r1"}  # generation.py's final turn
     assert resolve_dialect("rag_r1", mode="train").final_turn  # generation_mq.py is Search-R1's loop
     for d in exact.values():  # every seed dialect's file lists its known differences (the list may be empty)
         assert isinstance(d.differences, tuple)
 
 
-@pytest.mark.parametrize("name", ["search_r1", "research", "r1_searcher", "rag_r1", "prorag"])
+@pytest.mark.parametrize("name", SYSTEMS.names())
 def test_each_dialect_file_lists_its_known_differences_per_mode(name):
     from pipelines.dialects import shipped_template
 

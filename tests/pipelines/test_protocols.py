@@ -14,11 +14,10 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from harness.retrieval.corpus import read_corpus
-from pipelines.dialects import get_dialect, resolve_dialect
+from pipelines.dialects import SYSTEMS, get_dialect, resolve_dialect
 from pipelines.dialects.inspect import describe
 
 GOLDEN = Path(__file__).parent / "golden"
-SYSTEMS = ("search_r1", "research", "r1_searcher", "rag_r1", "prorag", "harr")
 runner = CliRunner()
 
 
@@ -32,7 +31,7 @@ def prompt_json(*args: str) -> dict:
     return json.loads(result.output.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", SYSTEMS)
+@pytest.mark.parametrize("name", SYSTEMS.names())  # every seed system has its golden files
 def test_harness_prompt_matches_the_golden_rendering(name):
     g = golden(name)
     args = ["--method", name, "--question", g["question"], "--docs", str(GOLDEN / "docs.jsonl"), "--model", "none"]
@@ -50,7 +49,7 @@ def test_harness_prompt_matches_the_golden_rendering(name):
     assert out["source"]["commit"] and out["source"]["repository"]
 
 
-@pytest.mark.parametrize("name", SYSTEMS)
+@pytest.mark.parametrize("name", SYSTEMS.names())  # every seed system has its golden files
 def test_a_checkpoints_typical_turns_parse_as_the_original_parses_them(name):
     d = resolve_dialect(name, mode=golden(name).get("mode"))
     for case in golden(name)["turns"]:
@@ -62,7 +61,7 @@ def test_a_checkpoints_typical_turns_parse_as_the_original_parses_them(name):
             assert action.answer == case["answer"], case["text"]
 
 
-@pytest.mark.parametrize("name", SYSTEMS)
+@pytest.mark.parametrize("name", SYSTEMS.names())  # every seed system has its golden files
 def test_answer_extraction_and_reward_format_check(name):
     d = resolve_dialect(name, mode=golden(name).get("mode"))
     for case in golden(name)["responses"]:

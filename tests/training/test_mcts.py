@@ -159,7 +159,7 @@ def test_pairs_as_prorag_filter_one_per_node_recursing_into_well_visited_well_fo
     # prorag/prm/filter.py traverse_and_collect_jobs, with the GPT-4o choice replaced by
     # highest-vs-lowest value (apart by more than the margin).
     from harness.types import Segment, Trajectory
-    from pipelines.dialects.protocols import prorag_step_ok
+    from pipelines.dialects.prorag import prorag_step_ok
     from training.mcts import Node, tree_records
 
     ex = EXAMPLES[0]

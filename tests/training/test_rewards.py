@@ -7,7 +7,7 @@ import re
 import pytest
 
 from harness.types import Doc, SearchRecord, Segment, Trajectory
-from pipelines.dialects import protocols as P
+from pipelines.dialects.r1_searcher import r1_searcher_solution, r1_searcher_validate
 from training.rewards import (
     EM,
     REWARDS,
@@ -265,9 +265,9 @@ def test_r1_searcher_qwen_server_scores_the_text_after_a_written_next_turn():
     # which passes every check (no "Assistant" left in it): F1 1, no penalty.
     written = "So.</think>\n\n<answer>Lyon</answer>\nAssistant: <think> Actually.</think>\n\n<answer>Paris</answer>"
     assert qwen(traj(written, dialect="r1_searcher")) == (1.0, {"f1": 1.0, "format_valid": 1.0})
-    assert P.r1_searcher_solution(written, "qwen") == "Actually.</think>\n\n<answer>Paris</answer><|endoftext|>"
+    assert r1_searcher_solution(written, "qwen") == "Actually.</think>\n\n<answer>Paris</answer><|endoftext|>"
     # The dialect's own check (evaluation's format) reads the same text.
-    assert P.r1_searcher_validate(None, written)[0]
+    assert r1_searcher_validate(None, written)[0]
 
 
 def test_r1_searcher_servers_read_an_unclosed_last_answer_to_the_eos_text():
@@ -280,7 +280,7 @@ def test_r1_searcher_servers_read_an_unclosed_last_answer_to_the_eos_text():
     llama = R1SearcherStage2(server="llama")(traj(text + "<|eot_id|>", dialect="r1_searcher"))
     assert llama[0] == pytest.approx(0.5 - 1) and llama[1]["f1"] == pytest.approx(0.5)
     # EOS runs at the end are stripped before the one EOS is appended.
-    assert P.r1_searcher_solution("a<|eot_id|><|eot_id|>", "llama") == "a<|eot_id|>"
+    assert r1_searcher_solution("a<|eot_id|><|eot_id|>", "llama") == "a<|eot_id|>"
     # Stage 1 (the Llama stage-1 server, cover-EM): "paris eot id" still covers "Paris".
     s1 = build_reward("r1_searcher_stage1")
     assert s1(traj(text, dialect="r1_searcher"))[1]["cover_em"] == 1.0
