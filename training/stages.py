@@ -17,10 +17,11 @@ A chain file (``configs/train/prorag/chain.yaml``)::
         args: [--model, "{stage.sft.output}/final", --n-samples, "4"]   # its other options
         output: "{workdir}/samples"
 
-A stage is data: ``command`` (its first word one that :data:`harness.commands.COMMANDS` registers
-as a stage), ``config`` and ``set`` (what a reader such as the memory planner loads through the
-config loader), ``args`` (the command's other options) and ``output``; the runner builds the
-argument list (:attr:`Stage.argv`: ``COMMAND -c CONFIG... ARGS... --out OUTPUT SET...``).
+A stage is data: ``command`` (its first word one of :data:`STAGE_COMMANDS`, the ``harness``
+commands that are finite runs leaving an output), ``config`` and ``set`` (what a reader such as
+the memory planner loads through the config loader), ``args`` (the command's other options) and
+``output``; the runner builds the argument list (:attr:`Stage.argv`:
+``COMMAND -c CONFIG... ARGS... --out OUTPUT SET...``).
 Placeholders, in any of them, are ``{workdir}``, ``{vars.NAME}``, ``{self.output}`` and
 ``{stage.NAME.output}`` of an EARLIER stage. Anything else in braces that looks like a placeholder
 is an error; braces with other text (``[{kind: run, path: X}]``) are left alone.
@@ -66,7 +67,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.commands import stage_commands
 from harness.config import ConfigError, not_a_string_key, read_yaml
 from harness.engines import _die_with_parent
 from harness.fsutil import write_json_atomic
@@ -80,6 +80,9 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w-]*(?:\.[\w-]+)*)\}")
 _NAME = re.compile(r"^[A-Za-z0-9_][\w-]*$")
 _STAGE_KEYS = {"name", "command", "config", "set", "args", "output", "rerun_args"}
 _CHAIN_KEYS = {"name", "workdir", "vars", "stages", "papers", "description"}
+# The harness commands a stage may run: finite runs that leave an output at --out (servers, the
+# demo and chains themselves are not stages). The CLI's command table is checked against it.
+STAGE_COMMANDS = ("data", "datasets", "eval", "index", "prompt", "replicate", "report", "score", "train")
 
 
 class StageError(RuntimeError):
@@ -208,10 +211,9 @@ def _read_stage(raw: Any, where: str, values: dict[str, str], earlier: set[str])
     if bad:
         raise StageError(f"{where}: {', '.join(bad)} must be list(s) of arguments")
     command = str(raw["command"]).split()
-    commands = stage_commands()
-    if not command or command[0] not in commands:
+    if not command or command[0] not in STAGE_COMMANDS:
         raise StageError(
-            f"{where}: command must be a harness stage command ({', '.join(commands)}), not {raw['command']!r}"
+            f"{where}: command must be a harness stage command ({', '.join(STAGE_COMMANDS)}), not {raw['command']!r}"
         )
     sets = [str(x) for x in lists["set"]]
     not_kv = [x for x in sets if "=" not in x]
