@@ -283,7 +283,7 @@ def test_a_second_runner_of_the_same_workdir_is_refused_with_the_holders_pid(tmp
     assert len(ex.calls) == 3
 
 
-# Nine levels of nine aliases (benchmarks.faults.ALIAS_BOMB): 9**9 values once expanded.
+# Nine levels of nine aliases (programs.faults.kit.ALIAS_BOMB): 9**9 values once expanded.
 _BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
     f"{c}: &{c} [{','.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
 )
