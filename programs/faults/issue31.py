@@ -23,6 +23,7 @@ from programs.faults.kit import (
     http,
     in_mount_namespace,
     namespaces_work,
+    overwrite_with_user_files,
     refused_cleanly,
     sft_recipe,
     sft_run,
@@ -35,19 +36,14 @@ from programs.faults.kit import (
     "refused naming both paths, nothing deleted",
 )
 def overwrite_nested(tmp: Path) -> tuple[bool, str]:
-    recipe, run, failed = sft_run(tmp, 2)
-    if failed:
-        return False, failed
-    (run / "checkpoints" / "my_analysis.md").write_text("notes\n")
-    (run / "final" / "exported_by_me").mkdir()
-    (run / "final" / "exported_by_me" / "model.gguf").write_bytes(b"GGUF")
-    before = snapshot(run)
-    r = harness("train", "-c", str(recipe), "--out", str(run), "--overwrite", "trainer.max_steps=2", cwd=tmp)
-    out = flat(r.stdout + r.stderr)
+    files = {"checkpoints/my_analysis.md": "notes\n", "final/exported_by_me/model.gguf": "GGUF"}
+    outcome = overwrite_with_user_files(tmp, 2, files)
+    if isinstance(outcome, str):
+        return False, outcome
+    code, out, untouched = outcome
     named = "checkpoints/my_analysis.md" in out and "final/exported_by_me/model.gguf" in out
-    untouched = snapshot(run) == before
-    ok = r.returncode != 0 and named and untouched
-    return ok, f"exit {r.returncode}; {'both named' if named else out[-90:]}; {'untouched' if untouched else 'CHANGED'}"
+    ok = code != 0 and named and untouched
+    return ok, f"exit {code}; {'both named' if named else out[-90:]}; {'untouched' if untouched else 'CHANGED'}"
 
 
 @fault("report --out over a hand-written leaderboard.md (issue 31)", "refused by name, nothing written")

@@ -16,10 +16,10 @@ from programs.faults.kit import (
     harness,
     in_mount_namespace,
     namespaces_work,
+    overwrite_with_user_files,
     refused_each,
     sft_recipe,
     sft_run,
-    snapshot,
 )
 
 # What a user keeps in a run folder under names that match harness's: --overwrite must refuse.
@@ -37,19 +37,13 @@ USER_FILES = {
     "refused naming each, nothing deleted",
 )
 def overwrite_user_files(tmp: Path) -> tuple[bool, str]:
-    recipe, run, failed = sft_run(tmp, 1)
-    if failed:
-        return False, failed
-    for rel, text in USER_FILES.items():
-        (run / rel).parent.mkdir(parents=True, exist_ok=True)
-        (run / rel).write_text(text)
-    before = snapshot(run)
-    r = harness("train", "-c", str(recipe), "--out", str(run), "--overwrite", "trainer.max_steps=1", cwd=tmp)
-    said = flat(r.stdout + r.stderr)
+    outcome = overwrite_with_user_files(tmp, 1, USER_FILES)
+    if isinstance(outcome, str):
+        return False, outcome
+    code, said, kept = outcome
     unnamed = [rel for rel in USER_FILES if rel not in said]
-    kept = snapshot(run) == before
-    ok = r.returncode != 0 and not unnamed and kept and "nothing was deleted" in said
-    return ok, f"exit {r.returncode}; {'kept' if kept else 'DELETED'}; " + (
+    ok = code != 0 and not unnamed and kept and "nothing was deleted" in said
+    return ok, f"exit {code}; {'kept' if kept else 'DELETED'}; " + (
         f"unnamed: {unnamed}" if unnamed else "all four named"
     )
 

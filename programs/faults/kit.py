@@ -215,6 +215,21 @@ def sft_run(tmp: Path, steps: int) -> tuple[Path, Path, str | None]:
     return recipe, run, failed
 
 
+def overwrite_with_user_files(tmp: Path, steps: int, files: dict[str, str]) -> tuple[int, str, bool] | str:
+    """Train the tiny SFT run ``steps`` steps, add the user's ``files`` (path in the run → text) to
+    it, then train again over it with ``--overwrite``: (its exit status, what it said, whether the
+    run's files are as they were), or why the first training failed."""
+    recipe, run, failed = sft_run(tmp, steps)
+    if failed:
+        return failed
+    for rel, text in files.items():
+        (run / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run / rel).write_text(text)
+    before = snapshot(run)
+    r = harness("train", "-c", str(recipe), "--out", str(run), "--overwrite", f"trainer.max_steps={steps}", cwd=tmp)
+    return r.returncode, flat(r.stdout + r.stderr), snapshot(run) == before
+
+
 # Nine levels of nine aliases: 9**9 values once expanded, from 300 bytes of YAML.
 ALIAS_BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
     f"{c}: &{c} [{','.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
