@@ -104,6 +104,9 @@ class Stage:
 
 @dataclass(frozen=True)
 class Chain:
+    """A resolved chain: its stages in order, the workdir their outputs and markers go under
+    (:attr:`state_dir`), its vars after ``--set``, and the file it was read from (``source``)."""
+
     name: str
     workdir: str
     stages: tuple[Stage, ...]
@@ -329,6 +332,9 @@ Executor = Callable[[list[str], Path], int]
 
 @dataclass
 class StageOutcome:
+    """What the runner did with one stage: its state before, whether it ran (and for how long),
+    and where a stale output was moved aside to."""
+
     name: str
     state_before: str
     ran: bool
