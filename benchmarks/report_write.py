@@ -20,7 +20,7 @@ from benchmarks import report_render
 from benchmarks.answerability import answerability_short
 from benchmarks.fmt import NAMES, pct
 from benchmarks.leaderboard_export import BOARDS, board_files
-from benchmarks.replicate import reference_entries
+from benchmarks.replication_cards import reference_entries
 from benchmarks.report import (
     METRICS,
     Leaderboard,

@@ -1,6 +1,6 @@
 """Tiny training recipes for checks that run ``harness train`` end to end in seconds on a CPU: a
 random one-layer Llama on the byte tokenizer (``model.tiny``), trained by GRPO on the packaged demo
-questions or by SFT on a few chat records. The fault battery (:mod:`benchmarks.faults`) and the
+questions or by SFT on a few chat records. The fault battery (a program) and the
 tests write them into their scratch folders; they check that training runs, not what it learns.
 
 Each takes ``key.path=value`` overrides, read as on the command line (:func:`harness.config.parse_overrides`),

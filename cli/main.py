@@ -1,7 +1,7 @@
 """``harness``: the command-line entry point.
 
 Each command lives in its own module under ``cli`` and is attached under its name in
-:data:`harness.commands.COMMANDS` (that table names each command's help text and function); heavy imports happen inside
+:data:`cli.commands.COMMANDS` (that table names each command's help text and function); heavy imports happen inside
 the command functions so that ``harness --help`` stays fast.
 """
 
@@ -15,7 +15,7 @@ import sys
 
 import typer
 
-from harness.commands import COMMANDS, HELP_ORDER
+from cli.commands import COMMANDS, HELP_ORDER
 
 app = typer.Typer(
     name="harness",
@@ -38,7 +38,7 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
     runlock.set_command(" ".join(["harness", *sys.argv[1:]]))
 
 
-for _name in HELP_ORDER:  # every command from the one table, harness.commands.COMMANDS
+for _name in HELP_ORDER:  # every command from the one table, cli.commands.COMMANDS
     _command = COMMANDS.get(_name)
     _module, _attr = _command.target.split(":")
     _target = getattr(importlib.import_module(f"cli.{_module}"), _attr)

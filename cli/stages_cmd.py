@@ -1,6 +1,7 @@
 """``harness stages run CHAIN.yaml [--workdir DIR] [--set NAME=VALUE ...] [--dry-run]`` and
 ``harness stages status CHAIN.yaml``: run a chain of harness stages (:mod:`training.stages`),
-resuming at the first stage that is not done; a failed stage stops the chain and says why.
+resuming at the first stage that is not done, each as its own ``harness`` process
+(:mod:`programs.stages.executor`); a failed stage stops the chain and says why.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def run_command(
     """Run the chain's unfinished stages in order."""
     # deferred: the command's library loads when it runs, not at every harness --help
     from harness.engines import sigterm_as_exit
+    from programs.stages.executor import subprocess_executor
     from training.stages import StageError, run_chain, stage_state
 
     ch = _load(chain, workdir, sets)
@@ -64,7 +66,7 @@ def run_command(
             _table(ch, {s.name: stage_state(ch, s) for s in ch.stages})
             return
         with sigterm_as_exit():  # SIGTERM stops the running stage too, not just the runner
-            outcomes = run_chain(ch)
+            outcomes = run_chain(ch, subprocess_executor)
     except StageError as e:
         fail(str(e), code=1)
     ran = [o for o in outcomes if o.ran]

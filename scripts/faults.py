@@ -1,5 +1,5 @@
 """The fault battery's command line: ``python -m scripts.faults [--only NAME ...] [--workers 2]
-[--keep DIR]``. The battery itself is :mod:`benchmarks.faults` (its docstring lists the faults)."""
+[--keep DIR]``. The battery itself is :mod:`programs.faults` (its docstring lists the faults)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import faults
-from benchmarks.faults import FAULTS, print_table, run_battery
+from programs import faults
+from programs.faults import FAULTS, print_table, run_battery
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,15 +1,17 @@
 """The house plan's one-way imports, checked on the source with ``ast``:
 
 library:   harness (core) ← pipelines ← benchmarks ← training
-programs:  programs (the demo) ← cli (the ``harness`` command), scripts/perf (performance scripts)
+programs:  programs (the demo, the stage executor, the fault battery) ← cli (the ``harness`` command),
+           scripts (the fault battery's entry, the demo data, performance scripts)
 
 ``benchmarks`` builds methods by name (``benchmarks.build``), so it may import ``pipelines``;
 ``pipelines`` never imports ``benchmarks``. The programs sit on top of the library in rooms of
 their own, so no library room imports upward and none is exempt: the CLI (``cli``) and the scripts
-(``scripts``) import the library and the programs (``programs``: the demo); nothing imports them
-(the CLI's stage runner spawns ``python -m cli.main`` and the command table names its modules as
-text). Imports inside functions
-count too: a lazy import is still a dependency. No module imports itself back through others (no
+(``scripts``) import the library and the programs (``programs``: the demo, the stage executor,
+the fault battery); nothing imports them. Nor does the library name them as text (a module path
+to spawn or import: ``python -m cli.main``, ``"cli.eval_cmd"``): a program the library must run
+is handed to it (the stage executor), and the CLI's command table lives in ``cli``. Imports inside
+functions count too: a lazy import is still a dependency. No module imports itself back through others (no
 circles, between rooms or within one), and every module under ``cli`` stays short: option
 declarations and one library call each.
 """
@@ -17,10 +19,13 @@ declarations and one library call each.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CLI_MAX_LINES = 200
+# What tests may import from the CLI: its app and entry point, and its command table.
+CLI_SURFACE = ("cli.main import app", "cli.main import main", "cli.commands import")
 
 # What each room (a top-level folder) may import from the project (besides itself).
 ALLOWED = {
@@ -35,6 +40,12 @@ ALLOWED = {
     "scripts": {"harness", "pipelines", "benchmarks", "training", "programs", "scripts"},
 }
 PACKAGES = tuple(ALLOWED)
+LIBRARY = ("harness", "pipelines", "benchmarks", "training")
+TOP_FLOOR = ("cli", "programs", "scripts")
+# A top-floor module named as text: ``cli.main``, ``programs.faults.kit``, ``-m scripts`` (not a file
+# path such as ``scripts/faults.py``, nor a word such as ``debug-cli.log``).
+_FLOOR = "|".join(TOP_FLOOR)
+_MODULE_TEXT = re.compile(rf"(?<![\w./-])(?:{_FLOOR})(?:\.[A-Za-z_]\w*)+|-m\s*(?:{_FLOOR})(?:\.\w+)*\b")
 
 
 def room_of(path: Path) -> str:
@@ -159,13 +170,14 @@ def test_cli_modules_are_short():
 
 
 def test_only_cli_tests_import_the_cli():
-    """Tests of other rooms use the library functions, not the CLI's internals."""
+    """Tests of other rooms use the library functions, not the CLI's internals (its app, entry point
+    and command table are its surface)."""
     bad = []
     for path in sorted((REPO / "tests").rglob("*.py")):
         for line, target in imported_rooms(ast.parse(path.read_text(encoding="utf-8"), str(path))):
             if target == "cli":
                 src = path.read_text(encoding="utf-8").splitlines()[line - 1]
-                if "cli.main import app" not in src and "cli.main import main" not in src:
+                if not any(ok in src for ok in CLI_SURFACE):
                     bad.append(f"{path.relative_to(REPO)}:{line}: {src.strip()}")
     assert not bad, "tests reaching into CLI internals:\n" + "\n".join(bad)
 
@@ -183,11 +195,63 @@ def test_the_checkers_see_a_violation():
     assert circles({"a": {"b"}, "b": set()}) == []
 
 
+def docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the module's, classes' and functions' docstring nodes."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def top_floor_texts(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, text) of each string that names a top-floor module (:data:`_MODULE_TEXT`). Every
+    string counts, f-strings' parts and docstrings included, except that a docstring may say how
+    to run a script or program (``python -m scripts.build_demo``): it spawns nothing. The CLI is
+    never named by module, docstrings included: the library speaks of its commands (``harness
+    eval``)."""
+    skip = docstrings(tree)
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            continue
+        found = [m.group(0) for m in _MODULE_TEXT.finditer(node.value)]
+        if id(node) in skip:
+            found = [f for f in found if re.search(r"\bcli\b", f)]
+        out += [(node.lineno, f) for f in found]
+    return out
+
+
+def test_the_library_names_no_program_as_text():
+    """Issue 47: no library module spawns or imports the CLI, the programs or the scripts by a
+    module path written as text (``[sys.executable, "-m", "cli.main"]``, a command table's
+    ``"cli.eval_cmd"``): the program it must run is handed to it."""
+    bad = []
+    for pkg in LIBRARY:
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            for line, text in top_floor_texts(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+                bad.append(f"{path.relative_to(REPO)}:{line}: names {text!r}")
+    assert not bad, "library modules naming a program's module as text:\n" + "\n".join(bad)
+
+
+def test_the_text_check_sees_a_program_named():
+    spawn = ast.parse('import sys\nCMD = [sys.executable, "-m", "cli.main", "eval"]\n')
+    assert [t for _, t in top_floor_texts(spawn)] == ["cli.main"]
+    shell = ast.parse('def f(x):\n    return f"python -m cli {x}"\n')
+    assert [t for _, t in top_floor_texts(shell)] == ["-m cli"]
+    doc = ast.parse('"""Run ``python -m scripts.build_demo``; the CLI is ``cli.main``."""\n')
+    assert [t for _, t in top_floor_texts(doc)] == ["cli.main"]
+    fine = ast.parse('"""``harness eval``; scripts/faults.py."""\nLOG = "debug-cli.*.log"\nX = "clip.5"\n')
+    assert top_floor_texts(fine) == []
+
+
 def test_the_library_parses_no_argv():
     """Command lines are the programs' business: no library module imports argparse or reads
     ``sys.argv`` (the CLI records the command line for the run lock, ``runlock.set_command``)."""
     bad = []
-    for pkg in ("harness", "pipelines", "benchmarks", "training"):
+    for pkg in LIBRARY:
         for path in sorted((REPO / pkg).rglob("*.py")):
             tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
             for line, name in imported_names(tree):

@@ -17,10 +17,11 @@ A chain file (``configs/train/prorag/chain.yaml``)::
         args: [--model, "{stage.sft.output}/final", --n-samples, "4"]   # its other options
         output: "{workdir}/samples"
 
-A stage is data: ``command`` (its first word one that :data:`harness.commands.COMMANDS` registers
-as a stage), ``config`` and ``set`` (what a reader such as the memory planner loads through the
-config loader), ``args`` (the command's other options) and ``output``; the runner builds the
-argument list (:attr:`Stage.argv`: ``COMMAND -c CONFIG... ARGS... --out OUTPUT SET...``).
+A stage is data: ``command`` (its first word one of :data:`STAGE_COMMANDS`, the ``harness``
+commands that are finite runs leaving an output), ``config`` and ``set`` (what a reader such as
+the memory planner loads through the config loader), ``args`` (the command's other options) and
+``output``; the runner builds the argument list (:attr:`Stage.argv`:
+``COMMAND -c CONFIG... ARGS... --out OUTPUT SET...``).
 Placeholders, in any of them, are ``{workdir}``, ``{vars.NAME}``, ``{self.output}`` and
 ``{stage.NAME.output}`` of an EARLIER stage. Anything else in braces that looks like a placeholder
 is an error; braces with other text (``[{kind: run, path: X}]``) are left alone.
@@ -40,25 +41,18 @@ State, per stage, from its marker ``WORKDIR/.stages/NAME.json`` (written atomica
 
 The runner walks the stages in order, runs every stage that is not done, and stops at the first
 failure with the stage name, exit status, command and log file (``WORKDIR/.stages/NAME.log``).
-Each stage runs as its own ``python -m cli.main`` process, so one stage's memory (a
-model, an engine) is gone before the next starts. The child runs in its own process group and
-dies with the runner: SIGTERM / Ctrl-C to the runner stops the group (SIGTERM, then SIGKILL after
-:data:`STOP_GRACE_S`), and Linux SIGKILLs the child if the runner itself is killed outright
-(``PR_SET_PDEATHSIG``). Everything a stage writes survives a kill (flushed appends, atomic
-renames), so the next run resumes it. One runner per workdir: ``WORKDIR/.stages/.harness.lock``.
+What runs a stage is the executor the program hands to :func:`run_chain`: ``harness stages run``
+runs each stage as its own ``harness`` process in a process group of its own that dies with the
+runner, so one stage's memory (a model, an engine) is gone before the next starts. Everything a
+stage writes survives a kill (flushed appends, atomic renames), so the next run resumes it. One
+runner per workdir: ``WORKDIR/.stages/.harness.lock``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
 import logging
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -66,9 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.commands import stage_commands
 from harness.config import ConfigError, not_a_string_key, read_yaml
-from harness.engines import _die_with_parent
 from harness.fsutil import write_json_atomic
 from harness.runlock import RunLockedError, run_lock
 from harness.safe_delete import move_aside
@@ -80,6 +72,9 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w-]*(?:\.[\w-]+)*)\}")
 _NAME = re.compile(r"^[A-Za-z0-9_][\w-]*$")
 _STAGE_KEYS = {"name", "command", "config", "set", "args", "output", "rerun_args"}
 _CHAIN_KEYS = {"name", "workdir", "vars", "stages", "papers", "description"}
+# The harness commands a stage may run: finite runs that leave an output at --out (servers, the
+# demo and chains themselves are not stages). The CLI's command table is checked against it.
+STAGE_COMMANDS = ("data", "datasets", "eval", "index", "prompt", "replicate", "report", "score", "train")
 
 
 class StageError(RuntimeError):
@@ -109,6 +104,9 @@ class Stage:
 
 @dataclass(frozen=True)
 class Chain:
+    """A resolved chain: its stages in order, the workdir their outputs and markers go under
+    (:attr:`state_dir`), its vars after ``--set``, and the file it was read from (``source``)."""
+
     name: str
     workdir: str
     stages: tuple[Stage, ...]
@@ -208,10 +206,9 @@ def _read_stage(raw: Any, where: str, values: dict[str, str], earlier: set[str])
     if bad:
         raise StageError(f"{where}: {', '.join(bad)} must be list(s) of arguments")
     command = str(raw["command"]).split()
-    commands = stage_commands()
-    if not command or command[0] not in commands:
+    if not command or command[0] not in STAGE_COMMANDS:
         raise StageError(
-            f"{where}: command must be a harness stage command ({', '.join(commands)}), not {raw['command']!r}"
+            f"{where}: command must be a harness stage command ({', '.join(STAGE_COMMANDS)}), not {raw['command']!r}"
         )
     sets = [str(x) for x in lists["set"]]
     not_kv = [x for x in sets if "=" not in x]
@@ -327,69 +324,17 @@ def _move_stale(chain: Chain, stage: Stage, stamp: str) -> Path:
 
 
 # ---- running ---------------------------------------------------------------------------------
+# Runs ``harness ARGV`` (the stage's :attr:`Stage.argv`) with its output into the log file; returns
+# the exit status. The program running the chain hands one in (``harness stages run``'s runs each
+# stage as a child process of its own); tests hand in fakes.
 Executor = Callable[[list[str], Path], int]
-
-
-STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL, when the runner stops a stage's process group
-
-
-def subprocess_executor(argv: list[str], log_path: Path) -> int:
-    """Run ``harness ARGV`` in a child Python (see :func:`run_child`)."""
-    return run_child([sys.executable, "-m", "cli.main", *argv], log_path)
-
-
-def run_child(cmd: list[str], log_path: Path) -> int:
-    """Run ``cmd`` streaming its output to stderr and ``log_path``; returns its exit status.
-
-    The child leads its own process group (its own children, an engine's workers, are in it) and
-    dies with the runner: when the runner is interrupted (Ctrl-C, or SIGTERM under
-    ``harness.engines.sigterm_as_exit``) the whole group gets SIGTERM, then SIGKILL after
-    :data:`STOP_GRACE_S`; when the runner dies outright (kill -9), Linux SIGKILLs the child."""
-
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a", encoding="utf-8") as log:
-        log.write(f"$ {' '.join(cmd)}\n")
-        log.flush()
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            start_new_session=True,  # own process group: stopping it stops the child's children too
-            # only a prctl before exec: the child is SIGKILLed if the runner dies first
-            preexec_fn=functools.partial(_die_with_parent, signal.SIGKILL, os.getpid()),
-        )
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                sys.stderr.write(line)
-                log.write(line)
-            return proc.wait()
-        except BaseException:  # Ctrl-C / SIGTERM: the child's group goes with us
-            _stop_group(proc)
-            raise
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the child's process group, SIGKILL it after :data:`STOP_GRACE_S`."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(timeout=STOP_GRACE_S)
-            if sig == signal.SIGTERM:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # the group's other members, if any lingered
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 @dataclass
 class StageOutcome:
+    """What the runner did with one stage: its state before, whether it ran (and for how long),
+    and where a stale output was moved aside to."""
+
     name: str
     state_before: str
     ran: bool
@@ -397,9 +342,10 @@ class StageOutcome:
     moved_aside: str | None = None  # where a stale output went
 
 
-def run_chain(chain: Chain, executor: Executor = subprocess_executor, dry_run: bool = False) -> list[StageOutcome]:
-    """Run every stage that is not done, in order; raises :class:`StageError` at the first failure,
-    or when another runner holds the workdir (its pid named)."""
+def run_chain(chain: Chain, executor: Executor, dry_run: bool = False) -> list[StageOutcome]:
+    """Run every stage that is not done, in order, each through ``executor``; raises
+    :class:`StageError` at the first failure, or when another runner holds the workdir (its pid
+    named)."""
     if dry_run:
         return _run_chain(chain, executor, dry_run)
 

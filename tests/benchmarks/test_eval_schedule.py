@@ -37,8 +37,8 @@ def test_every_pair_is_checked_before_the_first_runs(tmp_path):
     the baseline's pair was refused; now no pair starts."""
     from typer.testing import CliRunner
 
-    from benchmarks.faults import eval_script
     from cli.main import app
+    from programs.faults.kit import eval_script
 
     args = ["eval", "--method", "search_r1,naive", "--dataset", "demo", "--backend", "scripted", "--script"]
     args += [str(eval_script(tmp_path)), "--retriever", "memory", "--limit", "2", "--out", str(tmp_path / "runs")]

@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from benchmarks.profiles import get_profile
-from benchmarks.replicate import card_configs, card_names, card_reference_entries, load_card
+from benchmarks.replication_cards import card_configs, card_names, card_reference_entries, load_card
 from cli.main import app
 from pipelines.dialects import SYSTEMS
 

@@ -162,7 +162,7 @@ def test_reference_rows_are_labelled_published(tmp_path):
     assert "| FlashRAG IRCoT (published) |" in md and "| Search-R1 (SkyRL, 3 turns) (published) |" in md
     assert "independent reproduction, GRPO" in md and "NovaSky-AI/SkyRL docs/content/docs/recipes/overview.mdx" in md
     csv_lines = (tmp_path / "leaderboard.csv").read_text().splitlines()
-    from benchmarks.replicate import reference_entries
+    from benchmarks.replication_cards import reference_entries
 
     assert sum(line.startswith("published,") for line in csv_lines) == sum(
         len(e["values"]) for e in reference_entries(str(REFERENCE))

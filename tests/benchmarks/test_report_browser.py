@@ -87,7 +87,7 @@ def _check_tables(page) -> None:
     page.locator('#board th[data-col="demo EM"]').click()
     assert rows.nth(0).locator("td").first.inner_text() == "naive"
     assert page.locator("#cost-table tr").count() == 3
-    from benchmarks.replicate import reference_entries
+    from benchmarks.replication_cards import reference_entries
 
     published = page.locator("#pub tr")  # a header, then one row per published entry (cards first)
     reference = Path(__file__).resolve().parents[2] / "configs" / "reference" / "published.yaml"

@@ -13,7 +13,7 @@ runner = CliRunner()
 
 
 def test_help_lists_every_command():
-    from harness.commands import COMMANDS, stage_commands
+    from cli.commands import COMMANDS, stage_commands
 
     result = runner.invoke(app, ["--help"], terminal_width=200)
     assert result.exit_code == 0
@@ -22,6 +22,14 @@ def test_help_lists_every_command():
     for cmd in COMMANDS:  # the registry the CLI attaches by (and stage chains check against)
         assert f" {cmd} " in result.output and COMMANDS.get(cmd).help[:40] in result.output
     assert "serve" not in stage_commands() and "demo" not in stage_commands() and "train" in stage_commands()
+
+
+def test_every_stage_command_is_a_command():
+    """The library names the commands a chain stage may run (it cannot read the CLI's table)."""
+    from cli.commands import COMMANDS, stage_commands
+    from training.stages import STAGE_COMMANDS
+
+    assert sorted(stage_commands()) == sorted(STAGE_COMMANDS) and set(STAGE_COMMANDS) <= set(COMMANDS)
 
 
 def test_serve_model_rejects_bad_flags_by_name():

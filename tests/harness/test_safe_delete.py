@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.faults import foreign_project, snapshot
 from benchmarks.tiny_recipes import sft_recipe
 from cli.main import app
 from harness import safe_delete
 from harness.fsutil import atomic_dir
 from harness.runlog import RUN_ENTRIES
 from harness.safe_delete import MARKER, NotOursError, check_removable, claim, clear, remove
+from programs.faults.kit import foreign_project, snapshot
 
 runner = CliRunner()
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.faults import namespaces_work
 from harness.ports import child_env
+from programs.faults.kit import namespaces_work
 from tests.training.test_divergence import sft_recipe
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.faults import FAULTS, print_table, run_battery
+from programs.faults import FAULTS, print_table, run_battery
 
 
 @pytest.mark.slow

@@ -1,10 +1,12 @@
 """``harness``'s commands, in one table: each name with its help text and the dotted path of the
-function (or typer group) that runs it. The CLI (``cli.main``) attaches every command from
-this table, in its order; stage chains (:mod:`training.stages`) accept a stage's command only if it
-is registered here with ``stage=True``.
+function (or typer group) that runs it. The CLI (:mod:`cli.main`) attaches every command from
+this table, in its order.
 
-The table names its targets as text (``"eval_cmd:eval_command"``, under ``cli``), so the library can
-read it without importing ``cli``.
+The table names its targets as text (``"eval_cmd:eval_command"``, under ``cli``): :mod:`cli.main`
+imports each command's module to attach it (the modules defer their libraries' imports to the
+command's run, so ``harness --help`` stays fast). Which commands a stage
+chain may run is the library's word (:data:`training.stages.STAGE_COMMANDS`: finite runs that leave
+an output); :func:`stage_commands` reads it against this table.
 """
 
 from __future__ import annotations
@@ -17,13 +19,11 @@ from harness.registry import Registry
 @dataclass(frozen=True)
 class Command:
     """A command's one-line help; ``target``: ``"module:attribute"`` under ``cli`` of the
-    function (or, for a group, the ``typer.Typer``) that runs it; ``stage``: a chain stage may run it (a finite run
-    that leaves an output; servers, the demo and chains themselves are not stages); ``group``: it
-    groups subcommands (``harness data synthesize``, ...)."""
+    function (or, for a group, the ``typer.Typer``) that runs it; ``group``: it groups subcommands
+    (``harness data synthesize``, ...)."""
 
     help: str
     target: str
-    stage: bool = True
     group: bool = False
 
 
@@ -56,12 +56,11 @@ _TABLE = (
         Command(
             "Run a chain of harness stages (SFT → PRM → RFT → RL), resuming where it stopped.",
             "stages_cmd:app",
-            stage=False,
             group=True,
         ),
     ),
     ("index", Command("Build and inspect retrieval indexes.", "index_cmd:app", group=True)),
-    ("serve", Command("Serve a retriever or a model over HTTP.", "serve_cmd:app", stage=False, group=True)),
+    ("serve", Command("Serve a retriever or a model over HTTP.", "serve_cmd:app", group=True)),
     (
         "datasets",
         Command(
@@ -81,7 +80,6 @@ _TABLE = (
         Command(
             "The mission on the shipped demo: baselines, untrained agent, SFT warm-up, trained agent, report.",
             "demo_cmd:demo_command",
-            stage=False,
         ),
     ),
     ("score", Command("Score any JSONL prediction file (EM, F1, acc, cover_em).", "score_cmd:score_command")),
@@ -92,5 +90,9 @@ HELP_ORDER: tuple[str, ...] = tuple(name for name, _ in _TABLE)
 
 
 def stage_commands() -> list[str]:
-    """The commands a chain stage may run."""
-    return [n for n in COMMANDS.names() if COMMANDS.get(n).stage]
+    """The commands of this table a chain stage may run (servers, the demo and chains themselves
+    are not stages)."""
+    # deferred: the stage chains' library loads when a command needs it, not at every harness --help
+    from training.stages import STAGE_COMMANDS
+
+    return [n for n in COMMANDS.names() if n in STAGE_COMMANDS]
