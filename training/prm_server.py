@@ -1,5 +1,5 @@
-"""The app of ``harness serve prm`` (started by :func:`training.prm.serve`, and by local rank 0 for its
-node, :func:`training.prm.node_local_prm`): a trained PRM over loopback HTTP, for ``algo.step_scorer_url``.
+"""The app of ``harness serve prm`` (started by :func:`training.prm_scorer.serve`, and by local rank 0 for its
+node, :func:`training.prm_scorer.node_local_prm`): a trained PRM over loopback HTTP, for ``algo.step_scorer_url``.
 
 ``POST /score`` ``{"sequences": [[token ids], ...], "window": {"append_eos", "max_len", "keep"}}`` →
 ``{"scores": [raw head score, ...]}`` (without ``window``: EOS appended and the end kept as the
@@ -31,7 +31,7 @@ MAX_TOKENS = 8192  # per sequence, by default: a 60k-token sequence would take t
 
 
 class WindowRequest(BaseModel):
-    """:class:`training.prm.ScoringWindow`: what of each sequence the PRM scores."""
+    """:class:`training.prm_window.ScoringWindow`: what of each sequence the PRM scores."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -61,7 +61,7 @@ def _answer(status: int, payload: Any) -> tuple[int, bytes]:
 
 
 class PRMApp:
-    """The ASGI app over a :class:`~training.prm.PRM`."""
+    """The ASGI app over a :class:`~training.prm_scorer.PRM`."""
 
     def __init__(self, prm: Any, path: str = "", batch_size: int = 8, max_tokens: int = MAX_TOKENS) -> None:
         self.prm, self.path, self.batch_size, self.max_tokens = prm, path, batch_size, max_tokens

@@ -305,7 +305,7 @@ def test_one_prm_per_node_local_rank_0_serves_the_others(trained, monkeypatch):
     nothing and scores through local rank 0's server, with the same scores."""
     import socket
 
-    from training.prm import _rendezvous_file
+    from training.prm_scorer import _rendezvous_file
 
     _, _, final = trained
     with socket.socket() as s:
