@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from harness.registry import Registry
-from training.config import RolloutCorrectionConfig
+from training.algo_config import RolloutCorrectionConfig
 
 # ---- aggregations ------------------------------------------------------------------------------
 # Every aggregation is ``fn(loss [B, T] (0 where masked), mask [B, T] float, global_tokens, max_len) -> scalar``.
