@@ -24,7 +24,7 @@ PRM_LOSS_NAMES = "training.prm_loss:PRM_LOSSES"
 _STOP_RULE = re.compile(r"^\s*(>=|<=|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
 
 
-def parse_stop_on(rules: dict[str, Any]) -> dict[str, tuple[str, float]]:
+def parse_stop_on(rules: dict[str, str | float]) -> dict[str, tuple[str, float]]:
     """``trainer.stop_on`` read: ``{"health/empty_retrieval": "> 0.5"}`` → ``{metric: (op, threshold)}``;
     a bare number means ``>``. Raises ``ValueError`` naming the rule that does not read."""
     if not isinstance(rules, dict):

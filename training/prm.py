@@ -24,7 +24,7 @@ import time
 import uuid
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -50,10 +50,13 @@ from training.prm_scorer import save_prm, scores_of
 from training.prm_scorer import step_sequences as step_sequences
 from training.sft import sft_tokenizer
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 logger = logging.getLogger(__name__)
 
 
-def prm_tokenizer(cfg: TrainConfig) -> Any:
+def prm_tokenizer(cfg: TrainConfig) -> PreTrainedTokenizerBase:
     return sft_tokenizer(cfg)
 
 

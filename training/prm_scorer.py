@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import torch
@@ -39,11 +39,18 @@ from training.lora import merged_state_dict
 from training.prm_server import MAX_TOKENS, create_app
 from training.prm_window import ScoringWindow
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from harness.types import Trajectory
+
 logger = logging.getLogger(__name__)
 
 
 # ---- the model --------------------------------------------------------------------------------
-def pad_batch(seqs: list[list[int]], pad_id: int, max_len: int | None, device: Any = None) -> tuple[torch.Tensor, ...]:
+def pad_batch(
+    seqs: list[list[int]], pad_id: int, max_len: int | None, device: str | torch.device | None = None
+) -> tuple[torch.Tensor, ...]:
     """Right-padded ids, attention mask and last-token index; a sequence longer than ``max_len``
     keeps its END (the head reads the last token).  → [B, L], [B, L], [B]"""
     seqs = [s[-max_len:] if max_len else s for s in seqs]
@@ -57,7 +64,13 @@ def pad_batch(seqs: list[list[int]], pad_id: int, max_len: int | None, device: A
     return ids.to(device), mask.to(device), last.to(device)
 
 
-def scores_of(model: Any, seqs: list[list[int]], pad_id: int, max_len: int | None, device: Any = None) -> torch.Tensor:
+def scores_of(
+    model: torch.nn.Module,
+    seqs: list[list[int]],
+    pad_id: int,
+    max_len: int | None,
+    device: str | torch.device | None = None,
+) -> torch.Tensor:
     """The head's raw score (a logit) on the last token of each sequence.  → [B]"""
     ids, mask, last = pad_batch(seqs, pad_id, max_len, device)
     values = model(input_ids=ids, attention_mask=mask)  # [B, L]
@@ -65,7 +78,9 @@ def scores_of(model: Any, seqs: list[list[int]], pad_id: int, max_len: int | Non
 
 
 # ---- saving, loading, scoring -----------------------------------------------------------------
-def save_prm(model: Any, tokenizer: Any, out: Path, cfg: TrainConfig, metrics: dict[str, float]) -> Path:
+def save_prm(
+    model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out: Path, cfg: TrainConfig, metrics: dict[str, float]
+) -> Path:
     """The PRM folder (safetensors; LoRA merged into the body); see the module docstring."""
     m = unwrap(model)
     out = Path(out)
@@ -98,7 +113,9 @@ def save_prm(model: Any, tokenizer: Any, out: Path, cfg: TrainConfig, metrics: d
 class PRM:
     """A trained PRM in process: ``score(seqs)`` → raw head scores (logits), no gradients."""
 
-    def __init__(self, model: Any, tokenizer: Any, window: ScoringWindow | None = None) -> None:
+    def __init__(
+        self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, window: ScoringWindow | None = None
+    ) -> None:
         self.model, self.tokenizer = model.eval(), tokenizer
         self.window = window or ScoringWindow()  # as it was trained: EOS (prm.append_eos), the end kept
         # Local rank 0 scores in process while its server thread scores for the node's other ranks.
@@ -193,7 +210,7 @@ def prorag_step_format(step_text: str) -> float:
     return 1.0 if tags in _STEP_TAGS else -2.0
 
 
-def step_sequences(trajectory: Any) -> tuple[list[tuple[int, int]], list[list[int]], list[str]]:
+def step_sequences(trajectory: Trajectory) -> tuple[list[tuple[int, int]], list[list[int]], list[str]]:
     """Per model turn: its token span, the ids up to the end of its step (the turn and the
     observation after it), and the step's text."""
     spans, seqs, texts, pos = [], [], [], 0
@@ -251,7 +268,7 @@ class PRMStepScorer:
             raise RuntimeError(f"PRM server {self.url}: HTTP {r.status_code}: {r.text[:300]}")
         return [float(x) for x in r.json()["scores"]]
 
-    def score_many(self, trajectories: list[Any]) -> list[list[tuple[int, int, float]]]:
+    def score_many(self, trajectories: list[Trajectory]) -> list[list[tuple[int, int, float]]]:
         """:meth:`score_steps` of every trajectory, their turns scored together (one request or
         one batched pass over the step, not one per trajectory)."""
         parts = [step_sequences(t) for t in trajectories]
@@ -271,7 +288,7 @@ class PRMStepScorer:
             )
         return out
 
-    def score_steps(self, trajectory: Any) -> list[tuple[int, int, float]]:
+    def score_steps(self, trajectory: Trajectory) -> list[tuple[int, int, float]]:
         return self.score_many([trajectory])[0]
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -28,6 +28,15 @@ logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 << 20
 MAX_SEQUENCES = 1024
 MAX_TOKENS = 8192  # per sequence, by default: a 60k-token sequence would take the server's memory
+
+
+class Scorer(Protocol):
+    """What the app serves: a trained PRM in process (:class:`training.prm_scorer.PRM`)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def score(self, seqs: list[list[int]], batch_size: int = 8, window: ScoringWindow | None = None) -> list[float]: ...
 
 
 class WindowRequest(BaseModel):
@@ -63,7 +72,7 @@ def _answer(status: int, payload: Any) -> tuple[int, bytes]:
 class PRMApp:
     """The ASGI app over a :class:`~training.prm_scorer.PRM`."""
 
-    def __init__(self, prm: Any, path: str = "", batch_size: int = 8, max_tokens: int = MAX_TOKENS) -> None:
+    def __init__(self, prm: Scorer, path: str = "", batch_size: int = 8, max_tokens: int = MAX_TOKENS) -> None:
         self.prm, self.path, self.batch_size, self.max_tokens = prm, path, batch_size, max_tokens
         self.vocab_size = prm.vocab_size
         self.lock = threading.Lock()
@@ -145,5 +154,5 @@ class PRMApp:
             return self.prm.score(seqs, self.batch_size, w)
 
 
-def create_app(prm: Any, path: str = "", batch_size: int = 8, max_tokens: int = MAX_TOKENS) -> PRMApp:
+def create_app(prm: Scorer, path: str = "", batch_size: int = 8, max_tokens: int = MAX_TOKENS) -> PRMApp:
     return PRMApp(prm, path, batch_size, max_tokens)

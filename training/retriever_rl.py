@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TextIO
 
 import httpx
 import torch
@@ -50,6 +50,7 @@ import torch
 from benchmarks.datasets import corpus_path
 from harness import safe_delete
 from harness.backends import build_backend
+from harness.backends.base import Backend
 from harness.config import from_dict, to_dict
 from harness.fsutil import atomic_dir
 from harness.retrieval.factory import ensure_index
@@ -58,6 +59,7 @@ from harness.retrieval.state import RetrievalState, state_for
 from harness.retrieval.stochastic import QueryTower, StateFormat, StochasticDenseRetriever
 from harness.types import Example, SearchRecord, Trajectory
 from pipelines.baselines.flashrag_methods import BaselineConfig, FlashRAGBaseline
+from pipelines.method import Method
 from pipelines.methods import build_method, method_kind, validate_options
 from training.advantages import grpo
 from training.checkpoint import write_safetensors
@@ -73,10 +75,17 @@ logger = logging.getLogger(__name__)
 
 
 # ---- rollouts ----------------------------------------------------------------------------------
+class Runner(Protocol):
+    """Where retriever RL's rollouts come from: ``run(examples, n)`` → n trajectories per example,
+    example-major (:class:`AgentRunner`, :class:`BaselineRunner`)."""
+
+    def run(self, examples: Sequence[Example], n: int) -> list[Trajectory]: ...
+
+
 class AgentRunner:
     """Rollouts through THE search agent: ``run(examples, n)`` → n trajectories per example, in order."""
 
-    def __init__(self, agent: Any) -> None:
+    def __init__(self, agent: Method) -> None:
         self.agent = agent
 
     def run(self, examples: Sequence[Example], n: int) -> list[Trajectory]:
@@ -109,7 +118,9 @@ def _history(log: list[SearchRecord]) -> tuple:
 class BaselineRunner:
     """Rollouts through a FlashRAG baseline; the searches on each trajectory are the recorded calls."""
 
-    def __init__(self, name: str, backend: Any, retriever: StochasticDenseRetriever, options: dict[str, Any]) -> None:
+    def __init__(
+        self, name: str, backend: Backend, retriever: StochasticDenseRetriever, options: dict[str, Any]
+    ) -> None:
         self.recorder = _RecordingRetriever(retriever)
         opts = from_dict(BaselineConfig, {**options, "max_concurrency": 1}, where="baseline")
         self.baseline = FlashRAGBaseline(name, backend, self.recorder, opts)  # type: ignore[arg-type]
@@ -139,7 +150,7 @@ class RetrieverRL:
     def __init__(
         self,
         retriever: StochasticDenseRetriever,
-        runner: Any,
+        runner: Runner,
         cfg: RetrieverRLConfig,
         out: Path,
         max_nonfinite_steps: int = TrainerConfig.max_nonfinite_steps,
@@ -290,7 +301,7 @@ class RetrieverRL:
                     on_step(res)
         return self.finish()
 
-    def logged_step(self, examples: Sequence[Example], log: Any) -> StepResult:
+    def logged_step(self, examples: Sequence[Example], log: TextIO) -> StepResult:
         """The next ``questions_per_step`` questions of shuffled passes over ``examples``, one
         :meth:`step` on them, its metrics written to ``log``; stops a diverged run."""
         if not examples:
@@ -334,7 +345,7 @@ def reload_served_encoder(url: str, path: str, timeout: float = 300.0) -> dict[s
 
 # ---- data filtering ----------------------------------------------------------------------------
 def filter_examples(
-    runner: Any, examples: Sequence[Example], n: int, metric: str = "em", threshold: float = 1.0
+    runner: Runner, examples: Sequence[Example], n: int, metric: str = "em", threshold: float = 1.0
 ) -> tuple[list[Example], list[dict[str, Any]]]:
     """HARR's filter: keep questions where some of ``n`` sampled retrievals succeed (reward ≥
     ``threshold``) and some fail. Returns (kept examples, one stats row per question)."""
@@ -357,7 +368,7 @@ def rollout_options(cfg: TrainConfig) -> dict[str, Any]:
     return {"topk": r.sampling.topk, **(r.agent if method_kind(r.method) == "agent" else r.baseline)}
 
 
-def build_from_config(cfg: TrainConfig, backend: Any = None) -> tuple[StochasticDenseRetriever, Any]:
+def build_from_config(cfg: TrainConfig, backend: Backend | None = None) -> tuple[StochasticDenseRetriever, Runner]:
     """The stochastic retriever (tower + fixed index) and the rollout runner of an
     ``algo.kind: retriever`` recipe (its ``retriever_rl`` section; the corpus of ``data``)."""
     r = cfg.retriever_rl
@@ -406,7 +417,7 @@ class RetrieverTrainer:
     """``algo.kind: retriever``: GRPO (or PPO) on the query tower, generator frozen; the trained
     encoder lands in ``RUN/encoder`` (what :meth:`train` returns)."""
 
-    def __init__(self, cfg: TrainConfig, out: Path, backend: Any = None) -> None:
+    def __init__(self, cfg: TrainConfig, out: Path, backend: Backend | None = None) -> None:
         self.cfg, self.out = cfg, Path(out)
         # Built here, before the run folder is claimed: a recipe that fails to build leaves none.
         self.retriever, self.runner = build_from_config(cfg, backend)
@@ -414,7 +425,7 @@ class RetrieverTrainer:
         t = cfg.trainer
         r = cfg.retriever_rl
         self.rl = RetrieverRL(self.retriever, self.runner, r.rl, self.out, t.max_nonfinite_steps, r.sampling.topk)
-        self._log: Any = None  # metrics.jsonl, opened by the first step
+        self._log: TextIO | None = None  # metrics.jsonl, opened by the first step
 
     @property
     def step_no(self) -> int:

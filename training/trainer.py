@@ -29,15 +29,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from harness.backends.base import SamplingParams
 from harness.backends.vllm_sync import RL_ARGS as VLLM_RL_ARGS
+from harness.types import Example, Trajectory
 from training import losses
 from training.advantages import ADVANTAGES
 from training.async_rollout import AsyncRollouts
@@ -71,6 +73,10 @@ from training.rl_update import RLUpdate
 from training.rollout import PromptSampler, RolloutBatch, collect, sample_seed
 from training.weight_sync import rank_safe_sync, sync_weights
 
+if TYPE_CHECKING:
+    from harness.run_records import RunResults
+    from pipelines.search_agent import SearchAgent
+
 logger = logging.getLogger(__name__)
 
 
@@ -96,12 +102,17 @@ class RLTrainer:
 
     # Guards the sampler's position between the async producer and a checkpoint; a real lock only
     # once trainer.async's producer runs (:meth:`_start_async`).
-    _sampler_lock: Any = contextlib.nullcontext()
+    _sampler_lock: AbstractContextManager[object] = contextlib.nullcontext()
     # trainer.best_metric: the best validation so far (every rank knows its step; rank 0 its value)
     best: BestSelection | None = None
 
     def __init__(
-        self, cfg: TrainConfig, agent: Any, examples: list, out: Path, validate: Callable[[int], Any] | None = None
+        self,
+        cfg: TrainConfig,
+        agent: SearchAgent,
+        examples: list[Example],
+        out: Path,
+        validate: Callable[[int], RunResults] | None = None,
     ) -> None:
         self.cfg, self.agent, self.out, self.validate = cfg, agent, Path(out), validate
         self.backend, self.tokenizer = agent.backend, agent.tokenizer
@@ -324,7 +335,7 @@ class RLTrainer:
             return
         lock = threading.Lock()  # the producer draws prompts; a checkpoint reads the position
 
-        def next_prompt() -> Any:
+        def next_prompt() -> Example:
             with lock:
                 return self.sampler.next(1)[0]
 
@@ -338,7 +349,7 @@ class RLTrainer:
             version=self.step_no,
         ).start()
 
-    async def _run_group(self, example: Any, seq: int, version: int) -> list:
+    async def _run_group(self, example: Example, seq: int, version: int) -> list[Trajectory]:
         """One prompt's ``n_samples`` rollouts through THE agent (as ``collect`` makes them), seeded
         by the group's submission order, tagged with the version it started on."""
         n, params = self.cfg.rollout.n_samples, self.sampling.with_(logprobs=True)
@@ -419,7 +430,7 @@ class RLTrainer:
         # Asynchronous rollouts with interrupt=continue: completions in flight go on under the new weights.
         a = self.cfg.trainer.async_
         async_continue = a.enabled and a.interrupt == "continue"
-        box: dict[str, Any] = {}
+        box: dict[str, dict[str, torch.Tensor]] = {}
 
         def export() -> None:
             box["w"] = merged_state_dict(self.policy) if lora is not None else full_state_dict(self.policy)
