@@ -74,6 +74,8 @@ from training.rollout import PromptSampler, RolloutBatch, collect, sample_seed
 from training.weight_sync import rank_safe_sync, sync_weights
 
 if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
+
     from harness.run_records import RunResults
     from pipelines.search_agent import SearchAgent
 
@@ -118,6 +120,8 @@ class RLTrainer:
         self.backend, self.tokenizer = agent.backend, agent.tokenizer
         self.rank, self.world = rank_and_world()
         check_ranks(cfg, self.world)  # the rest was checked when the recipe loaded
+        loss_fn = losses.RLLoss.from_config(cfg.algo)
+        check_rollout_support(cfg, agent, loss_fn)  # before any model is built
         advantage_fn, adv_info = ADVANTAGES.get(cfg.algo.advantage), ADVANTAGES.info(cfg.algo.advantage)
         seed_everything(cfg.trainer.seed)
         if cfg.optim.threads:
@@ -131,11 +135,6 @@ class RLTrainer:
         lora = cfg.model.lora
         if lora is not None:
             model = apply_lora(model, lora)
-            if lora.sync == "adapter" and not hasattr(self.backend, "update_lora_adapter"):
-                raise ValueError(
-                    f"model.lora.sync=adapter needs a backend that loads LoRA adapters (sglang, openai on vLLM), "
-                    f"not {getattr(self.backend, 'name', type(self.backend).__name__)!r}; use sync: merged"
-                )
         # The KL reference: a frozen copy taken before any update, or with LoRA the policy itself
         # with its adapters disabled (the base; no second copy).
         ref = frozen_copy(model) if a.kl_coef > 0 and lora is None else None
@@ -153,23 +152,10 @@ class RLTrainer:
         self.critic = None
         # Built before the critic, as always: a step scorer that builds a model draws from the RNG.
         step_scorer = algo_step_scorer(a, self.device) if adv_info.get("needs_step_scores") else None
-        loss_fn = losses.RLLoss.from_config(a)
-        rewrite = getattr(getattr(agent, "dialect", None), "rewrite", None)
-        if loss_fn.corrects and rewrite is not None:
-            raise ValueError(
-                f"algo.rollout_correction.kind={a.rollout_correction.kind} needs the backend's logprob of every "
-                f"model token, but the {agent.dialect.name} dialect rewrites turns (re-encoded text has no "
-                "backend logprobs); set algo.rollout_correction.kind=none"
-            )
         if caveat := behaviour_logprobs_caveat(cfg):
             logger.warning(caveat)
         if adv_info.get("needs_critic"):  # PPO: a critic on the same LM architecture
-            critic = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))
-            if lora is not None:
-                critic = lora_critic(critic, lora)
-            self.critic = initialize(
-                critic, o, o.critic_lr, mini_all_ranks, o.critic_warmup_steps, self.updates_per_step, steps
-            )
+            self.critic = self._build_critic(mini_all_ranks)
         self.rl_update = RLUpdate(
             cfg,
             policy=self.policy,
@@ -203,6 +189,16 @@ class RLTrainer:
         self._synced: int | None = None  # the policy version the backend serves
         metric = cfg.trainer.best_metric
         self.best = BestSelection(BestValidation(metric), self.out, self.rank) if metric else None
+
+    def _build_critic(self, mini_all_ranks: int) -> DeepSpeedEngine:
+        """PPO's value model: a :class:`training.engine.ValueHead` on a fresh LM of the policy's
+        architecture (LoRA adapters in its body when the policy has them), in its own engine."""
+        cfg, o = self.cfg, self.cfg.optim
+        critic = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))
+        if cfg.model.lora is not None:
+            critic = lora_critic(critic, cfg.model.lora)
+        steps = cfg.trainer.max_steps
+        return initialize(critic, o, o.critic_lr, mini_all_ranks, o.critic_warmup_steps, self.updates_per_step, steps)
 
     # ---- the loop --------------------------------------------------------------------------
     def train(self) -> Path:
@@ -519,6 +515,26 @@ class RLTrainer:
         if self.best is not None:
             self.best.keep_if_best(val, self.step_no, lambda d: export_hf(self.policy, self.tokenizer, d), self.log)
         return val
+
+
+def check_rollout_support(cfg: TrainConfig, agent: SearchAgent, loss_fn: losses.RLLoss) -> None:
+    """What the recipe needs of the rollout side, checked before any model is built (``ValueError``
+    naming the key): ``model.lora.sync: adapter`` a backend that loads LoRA adapters, and a
+    rollout correction the backend's logprob of every model token, which a dialect that rewrites
+    its turns (and re-encodes them) cannot give."""
+    backend, lora = agent.backend, cfg.model.lora
+    if lora is not None and lora.sync == "adapter" and not hasattr(backend, "update_lora_adapter"):
+        raise ValueError(
+            f"model.lora.sync=adapter needs a backend that loads LoRA adapters (sglang, openai on vLLM), "
+            f"not {getattr(backend, 'name', type(backend).__name__)!r}; use sync: merged"
+        )
+    rewrite = getattr(getattr(agent, "dialect", None), "rewrite", None)
+    if loss_fn.corrects and rewrite is not None:
+        raise ValueError(
+            f"algo.rollout_correction.kind={cfg.algo.rollout_correction.kind} needs the backend's logprob of every "
+            f"model token, but the {agent.dialect.name} dialect rewrites turns (re-encoded text has no "
+            "backend logprobs); set algo.rollout_correction.kind=none"
+        )
 
 
 def informative_rows(group_ids: list[int], rewards: list[float]) -> list[int]:
