@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from harness.registry import Registry, resolve
+
 T = TypeVar("T")
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -331,6 +333,26 @@ def require_positive(obj: Any, *names: str) -> None:
         value = getattr(obj, name)
         if value is not None and value <= 0:
             raise ValueError(f"{name} must be greater than 0, got {value}")
+
+
+def require_registered(obj: Any, **registries: str) -> None:
+    """Name checks for ``__post_init__``: each named field's value is a name in the registry that
+    its ``"package.module:REGISTRY"`` target names, so the registry is the one list of what exists
+    (no ``Literal`` repeats it). Raises ``ValueError("<field>: <value> is not a registered <kind>;
+    one of <names>")`` with a did-you-mean hint. The registry's module is imported here, on first
+    use: a config module need not import the implementations (which import torch, or the config)."""
+    for name, target in registries.items():
+        registry = resolve(target)
+        if not isinstance(registry, Registry):
+            raise TypeError(f"{target!r} names a {type(registry).__name__}, not a Registry")
+        value = getattr(obj, name)
+        if value in registry:
+            continue
+        close = difflib.get_close_matches(str(value), registry.names(), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"{name}: {value!r} is not a registered {registry.kind}; one of {', '.join(registry.names())}{hint}"
+        )
 
 
 def config_key(f: dataclasses.Field) -> str:

@@ -21,7 +21,8 @@ class RegistryError(KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-def _resolve(target: str) -> Any:
+def resolve(target: str) -> Any:
+    """The object a ``"package.module:Object"`` target names (its module imported on first use)."""
     module_name, sep, attr = target.partition(":")
     if not sep:
         raise ValueError(f"registry target {target!r} must look like 'package.module:Object'")
@@ -61,7 +62,7 @@ class Registry(Generic[T]):
             raise RegistryError(f"unknown {self.kind} {name!r}{hint} (known: {', '.join(sorted(self._entries))})")
         entry = self._entries[name]
         if isinstance(entry, str):
-            entry = _resolve(entry)
+            entry = resolve(entry)
             self._entries[name] = entry
         return entry  # type: ignore[return-value]
 

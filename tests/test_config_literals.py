@@ -1,8 +1,9 @@
-"""Config ``Literal``s name what exists: each is the registry's names, or (a choice that is still a
-function of a name) exactly the names that function accepts.
+"""Config choices name what exists, and the registry is the one list of those names.
 
-Each choice is found as the ``Registry`` of its kind in its module and compared with it; the
-defaults must be registered names too.
+A key whose registry is light to import is a plain ``str`` checked against the registry when the
+recipe loads (``harness.config.require_registered``), so a new name is written once, where it is
+registered. A key that stays a ``Literal`` (its registry's module is heavy to import) is compared
+with its registry here, found as the ``Registry`` of its kind in its module.
 """
 
 from __future__ import annotations
@@ -31,18 +32,11 @@ def registry_in(module: str, kind_word: str) -> Registry | None:
 
 def cases():
     from harness.eval_config import BackendConfig, RetrieverConfig
-    from training.config import AlgoConfig, OptimConfig, PRMConfig, RolloutCorrectionConfig
+    from training.config import AlgoConfig
 
     yield "backend.kind", literal(BackendConfig, "kind"), "harness.backends", "backend"
     yield "retriever.kind", literal(RetrieverConfig, "kind"), "harness.retrieval.factory", "retriever"
     yield "algo.kind", literal(AlgoConfig, "kind"), "training.build", "trainer"
-    yield "algo.advantage", literal(AlgoConfig, "advantage"), "training.advantages", "advantage"
-    yield "algo.loss_agg", literal(AlgoConfig, "loss_agg"), "training.losses", "aggregation"
-    yield "algo.kl_estimator", literal(AlgoConfig, "kl_estimator"), "training.losses", "KL"
-    yield "prm.loss", literal(PRMConfig, "loss"), "training.prm", "PRM loss"
-    rc_kind = literal(RolloutCorrectionConfig, "kind")
-    yield "algo.rollout_correction.kind", rc_kind, "training.losses", "rollout correction"
-    yield "optim.schedule", literal(OptimConfig, "schedule"), "training.engine", "LR schedule"
 
 
 @pytest.mark.parametrize(
@@ -54,22 +48,54 @@ def test_literal_is_the_registry(path, names, module, kind):
     assert names == set(registry.names()), f"{path}: Literal {sorted(names)} vs registry {registry.names()}"
 
 
-def test_defaults_are_registered():
-    from training.advantages import ADVANTAGES
-    from training.config import AlgoConfig, OptimConfig
-    from training.engine import LR_SCHEDULES
-    from training.losses import AGGREGATIONS, KL_ESTIMATORS, ROLLOUT_CORRECTIONS
+# Keys whose names are a registry's, written only there: the config field is a plain ``str``,
+# checked against the registry when the recipe loads. (key, its section's class and field, registry)
+REGISTERED = [
+    ("algo.advantage", "training.algo_config:AlgoConfig", "advantage", "training.advantages:ADVANTAGES"),
+    ("algo.loss_agg", "training.algo_config:AlgoConfig", "loss_agg", "training.losses:AGGREGATIONS"),
+    ("algo.kl_estimator", "training.algo_config:AlgoConfig", "kl_estimator", "training.losses:KL_ESTIMATORS"),
+    (
+        "algo.rollout_correction.kind",
+        "training.algo_config:RolloutCorrectionConfig",
+        "kind",
+        "training.losses:ROLLOUT_CORRECTIONS",
+    ),
+    ("optim.schedule", "training.config:OptimConfig", "schedule", "training.engine:LR_SCHEDULES"),
+    ("prm.loss", "training.config:PRMConfig", "loss", "training.prm_loss:PRM_LOSSES"),
+    (
+        "retriever_rl.rl.loss_agg",
+        "training.retriever_config:RetrieverRLConfig",
+        "loss_agg",
+        "training.losses:AGGREGATIONS",
+    ),
+    (
+        "retriever_rl.rl.schedule",
+        "training.retriever_config:RetrieverRLConfig",
+        "schedule",
+        "training.engine:LR_SCHEDULES",
+    ),
+    ("retriever_rl.rl.reward", "training.retriever_config:RetrieverRLConfig", "reward", "benchmarks.metrics:METRICS"),
+]
 
-    algo = AlgoConfig()
-    assert algo.advantage in ADVANTAGES and algo.loss_agg in AGGREGATIONS and algo.kl_estimator in KL_ESTIMATORS
-    assert algo.rollout_correction.kind in ROLLOUT_CORRECTIONS and OptimConfig().schedule in LR_SCHEDULES
 
+@pytest.mark.parametrize(("path", "cls", "field", "target"), REGISTERED, ids=[r[0] for r in REGISTERED])
+def test_a_registered_name_is_written_once(path, cls, field, target):
+    """No second list: the field is a str, its default is registered, every registered name loads,
+    and another name is refused naming the key and the registry's names."""
+    from harness.config import ConfigError, compose
+    from harness.registry import resolve
+    from training.config import TrainConfig
 
-def test_retriever_rl_reward_is_a_metric():
-    from benchmarks.metrics import METRICS
-    from training.retriever_config import RetrieverRLConfig
-
-    assert literal(RetrieverRLConfig, "reward") <= set(METRICS.names())
+    section, registry = resolve(cls), resolve(target)
+    assert typing.get_type_hints(section)[field] is str, f"{path}: a Literal repeats the registry"
+    assert getattr(section(), field) in registry
+    for name in registry.names():
+        compose(TrainConfig, [], [f"{path}={name}"])
+    with pytest.raises(ConfigError) as e:
+        compose(TrainConfig, [], [f"{path}=not_registered"])
+    said = str(e.value)
+    assert said.startswith(f"{path}: 'not_registered' is not a registered {registry.kind}")
+    assert all(name in said for name in registry.names()), said
 
 
 def test_sft_source_kinds_are_a_registry():

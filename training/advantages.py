@@ -24,11 +24,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from harness.registry import Registry
+from training.algo_config import AlgoConfig
+
+if TYPE_CHECKING:  # the estimators stay light to import (the recipe's check loads this registry)
+    from harness.types import Trajectory
+    from training.rewards import StepScorer
 
 
 def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,7 +218,7 @@ def gae(
 
 
 # ---- ProRAG dual-granularity -------------------------------------------------------------------
-def step_score_tensor(trajs: list[Any], scorer: Any, T: int) -> torch.Tensor:
+def step_score_tensor(trajs: list[Trajectory], scorer: StepScorer, T: int) -> torch.Tensor:
     """Paint each step's score on its tokens, in the TARGET axis (token i is target i − 1).  → [B, T]
 
     ``scorer`` is a ``training.rewards.StepScorer`` (the rule scorer or a learned PRM)."""
@@ -273,34 +278,34 @@ class AdvantageInputs:
     step_scores: torch.Tensor | None = None
 
 
-AdvantageFn = Callable[[AdvantageInputs, Any], tuple[torch.Tensor, torch.Tensor | None]]
+AdvantageFn = Callable[[AdvantageInputs, AlgoConfig], tuple[torch.Tensor, torch.Tensor | None]]
 
 
-def adv_eps(algo: Any, name: str) -> float:
+def adv_eps(algo: AlgoConfig, name: str) -> float:
     """``algo.adv_eps``, or (null) estimator ``name``'s own ε, registered with it (``ADVANTAGES`` info ``eps``)."""
     return algo.adv_eps if algo.adv_eps is not None else ADVANTAGES.info(name)["eps"]
 
 
-def _grpo(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
+def _grpo(x: AdvantageInputs, algo: AlgoConfig) -> tuple[torch.Tensor, None]:
     scores = x.rewards.float()  # [B]
     if x.kl_reward is not None:  # verl normalises token_level_rewards.sum(-1): R − β·Σ_t KL_t
         scores = scores + x.kl_reward.sum(-1)
     return grpo(scores, x.group_ids, x.mask, adv_eps(algo, "grpo"), norm_by_std=algo.norm_by_std), None
 
 
-def _group_norm(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
+def _group_norm(x: AdvantageInputs, algo: AlgoConfig) -> tuple[torch.Tensor, None]:
     return group_norm(
         x.rewards, x.group_ids, x.mask, algo.gamma, adv_eps(algo, "group_norm"), token_penalty=x.kl_reward
     ), None
 
 
-def _reinforce_pp(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
+def _reinforce_pp(x: AdvantageInputs, algo: AlgoConfig) -> tuple[torch.Tensor, None]:
     return reinforce_pp(
         x.rewards, x.group_ids, x.mask, algo.gamma, adv_eps(algo, "reinforce_pp"), token_penalty=x.kl_reward
     ), None
 
 
-def _gae(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _gae(x: AdvantageInputs, algo: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor]:
     if x.values is None:
         raise ValueError("gae advantages need the critic's values")
     token_rewards = outcome_to_tokens(x.rewards, x.mask)  # [B, W] the outcome on the last model token
@@ -309,7 +314,7 @@ def _gae(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return gae(token_rewards, x.values, x.mask, algo.gamma, algo.lam, algo.whiten_advantages, adv_eps(algo, "gae"))
 
 
-def _dual_granularity(x: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
+def _dual_granularity(x: AdvantageInputs, algo: AlgoConfig) -> tuple[torch.Tensor, None]:
     if x.step_scores is None:
         raise ValueError("dual_granularity advantages need step scores (a step scorer)")
     if x.kl_reward is not None:

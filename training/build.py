@@ -24,12 +24,13 @@ from benchmarks.build import build_eval, dataset_retriever
 from benchmarks.evaluate import evaluate
 from harness import safe_delete
 from harness.backends import build_backend
+from harness.backends.base import Backend
 from harness.backends.dtype import choose_dtype
 from harness.backends.hf import HFBackend
 from harness.backends.vllm_sync import RL_ARGS as VLLM_RL_ARGS
 from harness.backends.vllm_sync import RL_ENV as VLLM_RL_ENV
 from harness.config import ConfigError, compose, from_dict, pop_paths, to_dict
-from harness.engines import ENGINE_LOGS, engine_for_backend, sigterm_as_exit, start_engine
+from harness.engines import ENGINE_LOGS, EngineConfig, engine_for_backend, sigterm_as_exit, start_engine
 from harness.eval_config import EvalConfig
 from harness.fsutil import write_json_atomic
 from harness.models import MODEL_FILES
@@ -39,6 +40,8 @@ from harness.runlock import run_lock
 from harness.runlog import RUN_ENTRIES
 from harness.safe_delete import FILE, OPAQUE, Folder, Layout
 from harness.tokenization import byte_tokenizer
+from harness.types import Example
+from pipelines.method import Method
 from pipelines.methods import build_method, method_kind, validate_options
 from training.config import TrainConfig, check_ranks
 from training.examples import first_dataset, merged_corpus_dataset, train_examples
@@ -69,7 +72,7 @@ class Trainer(Protocol):
     def close(self) -> None: ...
 
 
-def rollout_backend(cfg: TrainConfig) -> Any:
+def rollout_backend(cfg: TrainConfig) -> Backend:
     """The backend rollouts come from; its weights are synced from the policy after each update.
 
     It serves the policy, so its model is the policy's, and so is its dtype unless
@@ -105,8 +108,8 @@ def rollout_backend(cfg: TrainConfig) -> Any:
 class Validation:
     """Greedy evaluation of the current policy on the validation split, through ``evaluate``."""
 
-    method: Any
-    examples: list
+    method: Method
+    examples: list[Example]
     manifest: RunManifest
     metrics: tuple[str, ...]
     out: Path
@@ -117,7 +120,7 @@ class Validation:
         return evaluate(self.method, self.examples, self.out / f"step-{step}" / name, self.metrics, manifest)
 
 
-def build_validation(cfg: TrainConfig, backend: Any, out: Path) -> Validation | None:
+def build_validation(cfg: TrainConfig, backend: Backend | None, out: Path) -> Validation | None:
     """The validation of ``data.val_split`` (None without one), built like ``harness eval``
     builds a run: the split's own corpus, the rollout agent's options at temperature 0."""
     d = cfg.data
@@ -142,7 +145,7 @@ def build_validation(cfg: TrainConfig, backend: Any, out: Path) -> Validation | 
     return Validation(run.method, run.examples, run.manifest, tuple(ecfg.metrics), out / "validation")
 
 
-def rollout_agent_options(cfg: TrainConfig, validation: bool = False) -> dict[str, Any]:
+def rollout_agent_options(cfg: TrainConfig, validation: bool = False) -> dict[str, object]:
     """The agent options RL rollouts build the agent with: ``rollout.agent`` (validated when the
     recipe loaded) in the dialect's training mode (unless ``rollout.agent.mode`` says another),
     with ``rollout.sampling``'s temperature, top_p and max_new_tokens, the values the trainer
@@ -157,7 +160,7 @@ def rollout_agent_options(cfg: TrainConfig, validation: bool = False) -> dict[st
     return {**options, "mode": mode, "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p}
 
 
-def _rl_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
+def _rl_trainer(cfg: TrainConfig, out: Path, backend: Backend | None = None) -> Trainer:
     """``algo.kind: rl``: the search agent's rollouts (through ``build_method``) on the policy."""
     # deferred: training.trainer imports torch (~1.4 s), and so do these
     from training.health import preflight
@@ -179,21 +182,21 @@ def _rl_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
     return RLTrainer(cfg, agent, examples, out, validate=validation)
 
 
-def _sft_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
+def _sft_trainer(cfg: TrainConfig, out: Path, backend: Backend | None = None) -> Trainer:
     # deferred: training.sft imports torch (~1.4 s)
     from training.sft import SFTTrainer
 
     return SFTTrainer(cfg, out)
 
 
-def _prm_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
+def _prm_trainer(cfg: TrainConfig, out: Path, backend: Backend | None = None) -> Trainer:
     # deferred: training.prm imports torch (~1.4 s)
     from training.prm import PRMTrainer
 
     return PRMTrainer(cfg, out)
 
 
-def _retriever_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
+def _retriever_trainer(cfg: TrainConfig, out: Path, backend: Backend | None = None) -> Trainer:
     # deferred: training.retriever_rl imports torch (~1.4 s)
     from training.retriever_rl import RetrieverTrainer
 
@@ -220,7 +223,7 @@ TRAINERS.register(
 )
 
 
-def make_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
+def make_trainer(cfg: TrainConfig, out: Path, backend: Backend | None = None) -> Trainer:
     """The trainer of ``cfg.algo.kind`` (:data:`TRAINERS`), to write into ``out``; ``backend``: an
     already built rollout backend (e.g. one pointing at a launched engine). Building it checks the
     recipe and loads the data and the model, and writes nothing: a trainer writes its run folder
@@ -228,7 +231,7 @@ def make_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
     return TRAINERS.get(cfg.algo.kind)(cfg, Path(out), backend)
 
 
-def build_trainer(cfg: TrainConfig, out: Path, backend: Any = None) -> Trainer:
+def build_trainer(cfg: TrainConfig, out: Path, backend: Backend | None = None) -> Trainer:
     """:func:`make_trainer`, then a new (or empty) ``out`` is marked as harness's, so
     ``--overwrite`` can later prove what it deletes: a recipe that fails to build claims nothing."""
     trainer = make_trainer(cfg, out, backend)
@@ -464,7 +467,7 @@ def train_cached(cfg: TrainConfig, run: str | Path) -> tuple[Path, bool]:
         return final, True
 
 
-def rollout_engine(cfg: Any) -> tuple[str, Any]:
+def rollout_engine(cfg: TrainConfig) -> tuple[str, EngineConfig]:
     """The engine ``rollout.backend.launch`` starts and its launch config, with what weight sync
     needs: ``sglang`` → SGLang as configured; ``openai`` → vLLM with its RL endpoints
     (``VLLM_SERVER_DEV_MODE=1``) and log-probs of the distribution it samples from

@@ -32,7 +32,7 @@ import random
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -46,6 +46,37 @@ from training.divergence import DivergenceError, check_finite
 from training.engine import full_state_dict, load_full_state_dict, rank_and_world, unwrap
 from training.weight_sync import barrier
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from training.config import TrainConfig
+    from training.divergence import NonFiniteGuard
+
+# A checkpoint's trainer state (``trainer_state.json``): JSON values, read back from disk.
+TrainerState = dict[str, object]
+
+
+class DataPosition(Protocol):
+    """A trainer's data sampler, as a checkpoint keeps it (``training.rollout.PromptSampler``,
+    ``training.epochs.EpochSampler``)."""
+
+    def state(self) -> dict[str, int]: ...
+
+    def load(self, state: dict[str, int]) -> None: ...
+
+
+class Positioned(Protocol):
+    """What :func:`save_position` and :func:`restore_position` read and set on a trainer."""
+
+    cfg: TrainConfig
+    out: Path
+    step_no: int
+    _resumed: int | None
+    run_id: str
+    sampler: DataPosition
+    guard: NonFiniteGuard
+
+
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.json"
@@ -55,7 +86,7 @@ class CheckpointError(RuntimeError):
     """No usable checkpoint: the message names the checkpoint(s) and what is wrong with them."""
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, list[object]]:
     """Every RNG the trainer touches, as JSON-able lists."""
     py = random.getstate()
     np_state = np.random.get_state()
@@ -66,7 +97,7 @@ def rng_state() -> dict[str, Any]:
     }
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, list[object]]) -> None:
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     n = state["numpy"]
@@ -75,7 +106,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(
-    out_dir: Path, step: int, policy: Any, state: dict[str, Any], critic: Any = None, tokenizer: Any = None
+    out_dir: Path,
+    step: int,
+    policy: torch.nn.Module,
+    state: TrainerState,
+    critic: torch.nn.Module | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> Path:
     """Write ``out_dir/step-{step}`` atomically (every rank calls this; rank 0 writes the shared
     files, the ``tokenizer``'s among them when given)."""
@@ -158,7 +194,7 @@ def _unwritable(path: Path, why: str, code: int | None = None) -> OSError:
     return error
 
 
-def load_checkpoint(ckpt: Path, policy: Any, critic: Any = None) -> dict[str, Any]:
+def load_checkpoint(ckpt: Path, policy: torch.nn.Module, critic: torch.nn.Module | None = None) -> TrainerState:
     """Restore weights, optimizer/scheduler and RNG states; returns the trainer state. The
     optimizer's hyper-parameters stay the recipe's (the engines were built from the config the
     resumed run records): a ``--resume RUN optim.lr=X`` trains at X from the resumed step on,
@@ -261,7 +297,7 @@ def _deepspeed_safe_globals() -> list[Any]:
     return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
-def file_record(path: Path) -> dict[str, Any]:
+def file_record(path: Path) -> dict[str, int | str]:
     """Size and sha256 of one checkpoint file (read in 1 MiB chunks)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -270,7 +306,7 @@ def file_record(path: Path) -> dict[str, Any]:
     return {"size": path.stat().st_size, "sha256": h.hexdigest()}
 
 
-def read_state(ckpt: Path) -> dict[str, Any]:
+def read_state(ckpt: Path) -> TrainerState:
     """A checkpoint's ``trainer_state.json``; :class:`CheckpointError` when unreadable."""
     try:
         state = json.loads((ckpt / STATE_FILE).read_text(encoding="utf-8"))
@@ -335,7 +371,7 @@ def latest_checkpoint(out_dir: Path, verify: bool = True) -> Path | None:
     return None
 
 
-def export_hf(policy: Any, tokenizer: Any, out: Path) -> Path:
+def export_hf(policy: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out: Path) -> Path:
     """The trained policy as a Hugging Face model directory (safetensors + config + tokenizer)."""
     rank, _ = rank_and_world()
     weights = full_state_dict(policy)  # every rank (a collective under ZeRO-3)
@@ -349,7 +385,9 @@ def export_hf(policy: Any, tokenizer: Any, out: Path) -> Path:
     return out
 
 
-def resume_checkpoint(run_dir: str | Path, policy: Any, critic: Any = None) -> tuple[Path, dict[str, Any]]:
+def resume_checkpoint(
+    run_dir: str | Path, policy: torch.nn.Module, critic: torch.nn.Module | None = None
+) -> tuple[Path, TrainerState]:
     """Restore the newest intact checkpoint of the run ``run_dir`` (its ``checkpoints/``) into the
     engines; returns it and the trainer state. A run with no checkpoint is a FileNotFoundError.
     Nothing in the run folder is written: the trainer opens its records once the resumed run
@@ -363,7 +401,9 @@ def resume_checkpoint(run_dir: str | Path, policy: Any, critic: Any = None) -> t
     return ckpt, load_checkpoint(ckpt, policy, critic)
 
 
-def save_position(trainer: Any, engine: Any, kind: str, tokenizer: Any = None) -> Path:
+def save_position(
+    trainer: Positioned, engine: torch.nn.Module, kind: str, tokenizer: PreTrainedTokenizerBase | None = None
+) -> Path:
     """An SFT or PRM trainer's checkpoint of this step (:func:`save_and_prune` into
     ``trainer.out/checkpoints``, keeping ``cfg.trainer.keep_checkpoints``): ``engine``'s weights
     and, as trainer state, its ``kind``, the run id, the data position (``trainer.sampler``) and
@@ -378,7 +418,7 @@ def save_position(trainer: Any, engine: Any, kind: str, tokenizer: Any = None) -
     return save_and_prune(trainer.out / "checkpoints", trainer.step_no, engine, state, keep, tokenizer=tokenizer)
 
 
-def restore_position(trainer: Any, state: dict[str, Any]) -> None:
+def restore_position(trainer: Positioned, state: TrainerState) -> None:
     """Put a trainer (RL, SFT, PRM) back where a checkpoint's ``state`` left it: its step
     (``step_no``, and ``_resumed``, from which its log drops the steps that run again), the run
     id (the same run, continued), the data position and the non-finite guard."""
@@ -388,7 +428,7 @@ def restore_position(trainer: Any, state: dict[str, Any]) -> None:
     trainer.guard.load(state.get("nonfinite"))
 
 
-def _state_of(ckpt: Path) -> dict[str, Any]:
+def _state_of(ckpt: Path) -> TrainerState:
     """:func:`read_state`, or {} when unreadable (pruning goes on). Checkpoints written before run
     ids or interim flags lack those keys: no run id, and regular."""
     try:
@@ -431,11 +471,11 @@ def divergence_advice(out_dir: Path, first_nonfinite: int | None) -> str:
 def save_and_prune(
     out_dir: Path,
     step: int,
-    policy: Any,
-    state: dict[str, Any],
+    policy: torch.nn.Module,
+    state: TrainerState,
     keep: int,
-    critic: Any = None,
-    tokenizer: Any = None,
+    critic: torch.nn.Module | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
     interim: bool = False,
 ) -> Path:
     """The checkpoint policy of every trainer (RL, SFT, PRM): write ``out_dir/step-N`` (see

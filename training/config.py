@@ -1,4 +1,9 @@
-"""Typed training configuration (``harness train -c configs/train/NAME.yaml key=value ...``)."""
+"""Typed training configuration (``harness train -c configs/train/NAME.yaml key=value ...``).
+
+The ``algo`` section lives in :mod:`training.algo_config` and the ``retriever_rl`` section in
+:mod:`training.retriever_config`; :class:`AlgoConfig` and :class:`RolloutCorrectionConfig` are
+importable from here too.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +11,20 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from harness.config import require_at_least, require_between
+from harness.config import require_at_least, require_between, require_registered
 from harness.eval_config import BackendConfig, RetrieverConfig, check_run_name
+from training.algo_config import AlgoConfig
+from training.algo_config import RolloutCorrectionConfig as RolloutCorrectionConfig
 from training.retriever_config import RetrieverTrainConfig
+
+# Names that are registries' keys, checked when a recipe loads (see training.algo_config).
+LR_SCHEDULE_NAMES = "training.engine:LR_SCHEDULES"
+PRM_LOSS_NAMES = "training.prm_loss:PRM_LOSSES"
 
 _STOP_RULE = re.compile(r"^\s*(>=|<=|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
 
 
-def parse_stop_on(rules: dict[str, Any]) -> dict[str, tuple[str, float]]:
+def parse_stop_on(rules: dict[str, str | float]) -> dict[str, tuple[str, float]]:
     """``trainer.stop_on`` read: ``{"health/empty_retrieval": "> 0.5"}`` → ``{metric: (op, threshold)}``;
     a bare number means ``>``. Raises ``ValueError`` naming the rule that does not read."""
     if not isinstance(rules, dict):
@@ -183,137 +194,6 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
-class RolloutCorrectionConfig:
-    """``algo.rollout_correction``: the importance ratio ρ = π_old / π_behav of every model token,
-    from the trainer's pre-update log-probs and the backend's, and what the policy loss does with
-    it (see :mod:`training.losses`; docs/training.md has the table of which kind each framework
-    uses). ``none``: nothing (the mismatch is still logged); ``tis``: each token's loss term ×
-    min(ρ, ``cap``) (``cap: null``: × ρ); ``mask``: × ρ inside [``lo``, ``hi``], 0 outside (``hi:
-    null``: no upper bound; IcePop and OpenRLHF's ``icepop`` at ``level: token``). ``tis`` and
-    ``mask`` take ρ per token (``level: token``) or per row (``level: sequence``: exp Σ over the
-    row's model tokens). The rejections weigh a kept token 1 and a rejected one 0: ``geo_mask``
-    rejects a row whose geometric mean exp(mean log ρ) is outside [``lo``, ``hi``] (SkyRL's
-    ``sequence_mask_metric: geometric``, recommended [0.99, 1.01]); ``token_mask`` a token outside
-    the band (SkyRL's ``token_mask_is_threshold_*``); ``outlier_mask`` a row with any token outside
-    the band (SkyRL's ``outlier_token_is_threshold_*``). ``masked_in_denominator``: a token
-    weighted 0 still counts in the loss's denominators (TRL, AReaL, SkyRL, OpenRLHF); false: it
-    leaves them, as verl's rejection sampling rewrites ``response_mask``. TRL 0.26's
-    ``vllm_importance_sampling_mode`` maps as token_truncate → {tis, token}, sequence_mask → {mask,
-    sequence, hi: cap}, and so on."""
-
-    kind: Literal["none", "tis", "mask", "geo_mask", "token_mask", "outlier_mask"] = "none"
-    level: Literal["token", "sequence"] = "token"  # tis and mask; the rejections fix their own
-    cap: float | None = 2.0  # tis (verl's rollout_is_threshold default 2.0; TRL's cap is 3.0)
-    lo: float = 0.0  # mask and the rejections: the band [lo, hi] of kept ratios
-    hi: float | None = 2.0
-    masked_in_denominator: bool = True
-
-    def __post_init__(self) -> None:
-        if self.cap is not None and not self.cap > 0:
-            raise ValueError(f"algo.rollout_correction.cap must be > 0 (or null), got {self.cap}")
-        # The band keeps ratio 1 (engine and trainer agree) and is not empty.
-        if not (0 <= self.lo <= 1 and (self.hi is None or (self.hi >= 1 and self.hi > self.lo))):
-            raise ValueError(
-                f"algo.rollout_correction band [lo, hi] = [{self.lo}, {self.hi}] must hold 1, with 0 <= lo < hi"
-            )
-
-
-@dataclass(frozen=True)
-class AlgoConfig:
-    # The trainer (training.build.TRAINERS): rl; sft: supervised fine-tuning on ``sft.sources``
-    # (training.sft); prm: a process reward model on MCTS records ``prm.data`` (training.prm);
-    # retriever: RL on the retriever's query tower, generator frozen (``retriever_rl``).
-    kind: Literal["rl", "sft", "prm", "retriever"] = "rl"
-    # The Literals below name registered functions (training.advantages.ADVANTAGES,
-    # training.losses.AGGREGATIONS, KL_ESTIMATORS); tests keep them equal.
-    advantage: Literal["grpo", "group_norm", "reinforce_pp", "gae", "dual_granularity"] = "grpo"
-    reward: Any = "r1_searcher_stage1"  # a name, {name: ..., params}, or a list to compose
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "dapo", "dr_grpo"] = "token_mean"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    kl_coef: float = 0.0  # > 0 loads a frozen reference model
-    # the KL loss term's estimator: k3 is verl's low_var_kl (clamped to ±10), k3_unclamped TRL's
-    kl_estimator: Literal["k1", "k2", "k3", "k3_unclamped"] = "k3"
-    # Fold −kl_coef·k1 into every model token's reward instead of a KL loss term: PPO (verl), and
-    # OpenRLHF's group_norm / reinforce_pp; grpo adds the summed penalty to the score it
-    # group-normalises (verl). An estimator that cannot take it refuses the combination.
-    kl_in_reward: bool = False
-    entropy_coef: float = 0.0
-    # verl's update schedule: the step's rollouts (``prompts_per_step × n_samples`` rows, all ranks)
-    # are split into mini-batches of ``ppo_mini_batch_size`` ROWS (verl counts prompts: a verl
-    # value × rollout.n), each one optimizer step with gradient accumulation over micro-batches of
-    # ``optim.micro_batch_size``; ``ppo_epochs`` passes over the batch. None: one mini-batch.
-    # More than one update per batch moves the ratio away from 1, so clipping can act.
-    ppo_epochs: int = 1
-    ppo_mini_batch_size: int | None = None
-    whiten_advantages: bool = True  # GAE: whiten advantages over the batch (verl, Search-R1)
-    # GAE's tokens: "model" runs GAE, its whitening and the critic's loss over model tokens only
-    # (observations skipped, as verl's newer multi-turn GAE); "response" over every token after the
-    # prompt, observations included (their KL reward 0), as Search-R1's and RAG-R1's verl do
-    # (ray_trainer.py compute_advantage and dp_critic.py take the attention mask); the policy loss
-    # stays on model tokens either way. With gamma = lam = 1 the model tokens' advantages are the
-    # same; the whitening statistics and the critic's targets differ.
-    gae_over: Literal["model", "response"] = "model"
-    critic_warmup: int = 0  # PPO: the first N steps update only the critic (verl's trainer.critic_warmup)
-    gamma: float = 1.0
-    lam: float = 1.0
-    vf_coef: float = 0.5
-    vf_clip: float = 0.2
-    dual_beta: float = 0.3
-    step_scorer: str = "rule"  # dual_granularity: a training.rewards.STEP_SCORERS name (rule, prm)
-    step_scorer_path: str | None = None  # step_scorer prm: a trained PRM folder, scored in process
-    step_scorer_url: str | None = None  # step_scorer prm: a `harness serve prm` server instead
-    step_scorer_format: bool = False  # step_scorer prm: add ProRAG's step format term (training.prm)
-    # step_scorer prm: what the PRM scores of each prefix + step (training.prm_window.ScoringWindow),
-    # as ProRAG's RL scores it (prorag/rl/trainer.py get_prm_score: the tokenizer's truncation=True,
-    # max_length=4096 keeps the FIRST 4096 tokens, and no EOS is appended, though the PRM was trained
-    # with one, prorag/prm/train.py:32-33).
-    step_scorer_append_eos: bool = False
-    step_scorer_max_len: int | None = 4096
-    step_scorer_keep: Literal["first", "last"] = "first"
-    norm_by_std: bool = True
-    # ε of the advantage's normalisation; null: the estimator's own, registered with it
-    # (training.advantages.ADVANTAGES: grpo 1e-6 as verl, group_norm 1e-9 and reinforce_pp 1e-8 as
-    # OpenRLHF, gae 1e-8 as verl's masked_whiten, dual_granularity 1e-4 as ProRAG).
-    adv_eps: float | None = None
-    # dual_granularity: the step scores' σ is sqrt(var + step_eps) (ProRAG, prorag/rl/trainer.py:187)
-    step_eps: float = 1e-8
-    # DAPO's dynamic-sampling filter without the refill: groups whose rollouts all got the same
-    # reward (no group-relative signal) are left out of the step's update (logged groups/kept_frac).
-    filter_groups: bool = False
-    # Shuffle the step's rows before they are cut into mini-batches and micro-batches, as OpenRLHF's
-    # replay-buffer DataLoader (shuffle=True; R1-Searcher); false: rollout order, as verl splits.
-    shuffle_rows: bool = False
-    max_len: int | None = None  # truncate collated sequences (Dr. GRPO's constant denominator too)
-    # Rollout correction (training.losses.ROLLOUT_CORRECTIONS): weigh or drop tokens by how far the
-    # backend's sampling log-probs (the BEHAVIOUR policy, recorded at generation) are from the
-    # trainer's pre-update ones, in synchronous and asynchronous runs alike. AReaL's decoupled PPO
-    # is {kind: mask, level: token, hi: CAP} (its behav_imp_weight_cap), or {kind: tis, cap: null}
-    # without a cap: the trainer's old log-probs are always recomputed, so they are its proximal policy.
-    rollout_correction: RolloutCorrectionConfig = field(default_factory=lambda: RolloutCorrectionConfig())
-
-    def __post_init__(self) -> None:
-        if self.ppo_epochs < 1:
-            raise ValueError(f"algo.ppo_epochs must be >= 1, got {self.ppo_epochs}")
-        if self.ppo_mini_batch_size is not None and self.ppo_mini_batch_size < 1:
-            raise ValueError(f"algo.ppo_mini_batch_size must be >= 1, got {self.ppo_mini_batch_size}")
-        if self.critic_warmup < 0:
-            raise ValueError(f"algo.critic_warmup must be >= 0, got {self.critic_warmup}")
-        require_at_least(self, 0, "clip_low", "clip_high", "kl_coef", "entropy_coef", "vf_coef", "vf_clip", "dual_beta")
-        require_between(self, 0, 1, "gamma", "lam")
-        require_at_least(self, 1, "max_len")
-        if self.gae_over == "response" and self.advantage != "gae":
-            raise ValueError(f"algo.gae_over=response applies to algo.advantage=gae, not {self.advantage!r}")
-        if self.loss_agg == "dapo" and not self.rollout_correction.masked_in_denominator:
-            # dapo's denominator is the optimizer step's token count, taken before the micro-batches'
-            # old log-probs (and so the rejections) are known.
-            raise ValueError(
-                "algo.rollout_correction.masked_in_denominator=false does not apply to algo.loss_agg=dapo "
-                "(its step-wide token count is fixed before the rejections); use token_mean or seq_mean_token_mean"
-            )
-
-
-@dataclass(frozen=True)
 class OptimConfig:
     lr: float = 1e-6
     critic_lr: float = 1e-5
@@ -321,10 +201,10 @@ class OptimConfig:
     # critic use 1e-2 (fsdp_workers.py), so the recipes that follow verl set 0.01.
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW's (verl, HF); OpenRLHF's --adam_betas is (0.9, 0.95)
-    # The LR schedule (training.engine.LR_SCHEDULES), after a linear warmup from 0 over
+    # The LR schedule (a training.engine.LR_SCHEDULES name), after a linear warmup from 0 over
     # ``warmup_steps``: constant; linear decay to ``min_lr_ratio`` × lr (HF's "linear": to 0);
     # cosine decay to ``min_lr_ratio`` × lr (verl's min_lr_ratio, HF's cosine_with_min_lr).
-    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    schedule: str = "constant"
     min_lr_ratio: float = 0.0
     # What the warmup and the decay count: ``training_step`` (one rollout batch, however many
     # optimizer steps its mini-batches and epochs make: verl steps its scheduler once per
@@ -347,6 +227,7 @@ class OptimConfig:
     threads: int | None = None  # torch.set_num_threads (one is often fastest on 2-core machines)
 
     def __post_init__(self) -> None:
+        require_registered(self, schedule=LR_SCHEDULE_NAMES)
         if len(self.betas) != 2:
             raise ValueError(f"optim.betas must be two numbers, got {list(self.betas)}")
         if self.warmup_steps < 0 or self.critic_warmup_steps < 0:
@@ -462,7 +343,7 @@ class PRMConfig:
     """``algo.kind: prm``: the process reward model's data and loss (see :mod:`training.prm`)."""
 
     data: list[str] = field(default_factory=list)  # MCTS output folders (harness data mcts --out)
-    loss: Literal["pairwise", "pointwise"] = "pairwise"  # ProRAG: pairwise (TRL RewardTrainer)
+    loss: str = "pairwise"  # a training.prm_loss.PRM_LOSSES name; ProRAG: pairwise (TRL RewardTrainer)
     batch_size: int = 32  # pairs (or step records) per optimizer step; ProRAG 4 x 8 accumulation
     val_fraction: float = 0.02  # pairs held out for the logged pair accuracy (ProRAG: 2 %)
     append_eos: bool = True  # ProRAG trains on prefix + step + EOS (prorag/prm/train.py:32-33)
@@ -472,6 +353,7 @@ class PRMConfig:
     too_long: Literal["drop", "left"] = "drop"
 
     def __post_init__(self) -> None:
+        require_registered(self, loss=PRM_LOSS_NAMES)
         if self.batch_size < 1:
             raise ValueError(f"prm.batch_size must be >= 1, got {self.batch_size}")
         if not 0 <= self.val_fraction < 1:

@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:  # deferred at run time: optional extra (harness[train])
+    from deepspeed import DeepSpeedEngine
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ def poisoned(loss: torch.Tensor) -> torch.Tensor:
     return loss * float("nan")
 
 
-def update_applied(engine: Any) -> bool:
+def update_applied(engine: DeepSpeedEngine) -> bool:
     """Whether the engine's latest optimizer step changed the weights (False: skipped as non-finite)."""
     return bool(engine.was_step_applied())
 

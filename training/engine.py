@@ -26,7 +26,8 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,6 +35,10 @@ from harness.models import resolve_model
 from harness.ports import free_port
 from harness.registry import Registry
 from training.config import ModelConfig, OptimConfig
+
+if TYPE_CHECKING:  # deferred at run time: optional extras, ~1 s of imports
+    from deepspeed import DeepSpeedEngine
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +105,7 @@ def _end_single_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> Any:
+def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> PreTrainedModel:
     """The policy LM: a tiny random Llama from a config (tests, offline) or weights (safetensors only)."""
     # deferred: transformers costs ~0.8 s at import
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
@@ -144,7 +149,7 @@ def check_attn_implementation(name: str) -> str:
     raise ValueError(f"unknown model.attn_implementation {name!r}; use sdpa, eager or flash_attention_2")
 
 
-def engine_device(engine: Any) -> torch.device:
+def engine_device(engine: torch.nn.Module) -> torch.device:
     """The device a DeepSpeed engine (or a plain module) computes on."""
     dev = getattr(engine, "device", None)
     if dev is not None:
@@ -152,7 +157,7 @@ def engine_device(engine: Any) -> torch.device:
     return next(unwrap(engine).parameters()).device
 
 
-def autocast(device: torch.device, bf16: bool) -> Any:
+def autocast(device: torch.device, bf16: bool) -> AbstractContextManager[object]:
     """bf16 autocast for forwards DeepSpeed does not manage (the frozen reference) on CUDA; a no-op
     elsewhere (CPU runs stay fp32, the tested default)."""
     if bf16 and device.type == "cuda":
@@ -191,12 +196,12 @@ class ValueHead(torch.nn.Module):
         return self.head(h.to(self.head.weight.dtype)).squeeze(-1)  # [B, L]
 
 
-def ds_config(cfg: OptimConfig, batch_size: int, lr: float) -> dict[str, Any]:
+def ds_config(cfg: OptimConfig, batch_size: int, lr: float) -> dict[str, object]:
     """The DeepSpeed config for one optimisation step over ``batch_size`` rows (all ranks together):
     the trainer passes one MINI-batch (``algo.ppo_mini_batch_size``), so DeepSpeed's accumulation
     boundary falls at the end of each mini-batch's micro-batches."""
     _, world = rank_and_world()
-    config: dict[str, Any] = {
+    config: dict[str, object] = {
         "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
         # One optimizer step per mini-batch: its rows on this rank are split into micro-batches.
         "gradient_accumulation_steps": max(1, -(-batch_size // (cfg.micro_batch_size * world))),
@@ -210,14 +215,14 @@ def ds_config(cfg: OptimConfig, batch_size: int, lr: float) -> dict[str, Any]:
 
 
 def initialize(
-    model: Any,
+    model: torch.nn.Module,
     cfg: OptimConfig,
     lr: float,
     batch_size: int,
     warmup_steps: int | None = None,
     updates_per_step: int = 1,
     max_steps: int | None = None,
-) -> Any:
+) -> DeepSpeedEngine:
     """Wrap ``model`` in a DeepSpeed engine with our own AdamW (see the module docstring).
 
     The LR follows ``cfg.schedule`` after ``warmup_steps`` (default ``cfg.warmup_steps``) over a
@@ -254,7 +259,7 @@ class FiniteAdamW(torch.optim.AdamW):
     overflow = False
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         self.overflow = bool(grads) and not bool(torch.isfinite(torch.nn.utils.get_total_norm(grads)))
         if self.overflow:
@@ -302,7 +307,7 @@ def lr_factor(schedule: str, step: int, warmup_steps: int, total_steps: int, min
 
 def lr_schedule(
     cfg: OptimConfig, warmup_steps: int | None = None, updates_per_step: int = 1, max_steps: int | None = None
-) -> Any:
+) -> Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LambdaLR] | None:
     """DeepSpeed's ``lr_scheduler`` factory for ``cfg.schedule`` after ``warmup_steps`` (default
     ``cfg.warmup_steps``), or None when the LR never moves (constant, no warmup).
 
@@ -329,13 +334,13 @@ def lr_schedule(
     name, floor = cfg.schedule, cfg.min_lr_ratio
     LR_SCHEDULES.get(name)  # an unknown name fails here, not at the first optimizer step
 
-    def factory(optimizer: Any) -> Any:
+    def factory(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(name, s // per, warmup, total, floor))
 
     return factory
 
 
-def frozen_copy(model: Any) -> Any:
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A frozen reference model for KL (a deep copy taken before any update; no grad, eval mode)."""
     ref = copy.deepcopy(model)
     ref.eval()
@@ -344,12 +349,12 @@ def frozen_copy(model: Any) -> Any:
     return ref
 
 
-def unwrap(engine: Any) -> Any:
+def unwrap(engine: torch.nn.Module) -> torch.nn.Module:
     """The ``nn.Module`` inside a DeepSpeed engine (or the module itself)."""
     return engine.module if hasattr(engine, "module") else engine
 
 
-def _gathered(engine: Any, modifier_rank: int | None) -> Any:
+def _gathered(engine: torch.nn.Module, modifier_rank: int | None) -> AbstractContextManager[object]:
     """Under ZeRO-3 parameters are partitioned: gather them for the duration of the block."""
     if getattr(engine, "zero_optimization_stage", lambda: 0)() == 3:
         # deferred: optional extra (harness[train])
@@ -359,13 +364,13 @@ def _gathered(engine: Any, modifier_rank: int | None) -> Any:
     return contextlib.nullcontext()
 
 
-def full_state_dict(engine: Any) -> dict[str, torch.Tensor]:
+def full_state_dict(engine: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Full (gathered, detached, cloned) weights, for weight sync, checkpoints and export."""
     with _gathered(engine, None):
         return {k: v.detach().clone() for k, v in unwrap(engine).state_dict().items()}
 
 
-def load_full_state_dict(engine: Any, state: dict[str, torch.Tensor]) -> None:
+def load_full_state_dict(engine: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load full weights into the engine's module (gathering and re-partitioning under ZeRO-3).
 
     Tied embeddings are saved once (safetensors refuses shared storage), hence ``strict=False``
@@ -383,7 +388,7 @@ def load_full_state_dict(engine: Any, state: dict[str, torch.Tensor]) -> None:
         )
 
 
-def optimizer_step(engine: Any) -> float | None:
+def optimizer_step(engine: DeepSpeedEngine) -> float | None:
     """``engine.step()``; returns the global gradient norm (before clipping) when this micro-step
     was an accumulation boundary (the optimizer stepped), else None.
 

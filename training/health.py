@@ -24,13 +24,18 @@ import operator
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-from harness.types import Example, Segment, Trajectory
+from harness.retrieval.base import Retriever
+from harness.types import Doc, Example, SearchRecord, Segment, Trajectory
 from pipelines.dialects import Dialect
 from training.config import parse_stop_on
 from training.divergence import DivergenceError
 from training.synthesize import final_turn
+
+if TYPE_CHECKING:
+    from pipelines.search_agent import SearchAgent
+    from training.rewards import RewardFn
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +54,11 @@ class HealthStop(DivergenceError):
 
 
 # ---- before the first step ---------------------------------------------------------------------
-def _doc_text(doc: Any) -> str:
+def _doc_text(doc: Doc) -> str:
     return (getattr(doc, "text", "") or "").strip() or (getattr(doc, "title", "") or "").strip()
 
 
-def check_retriever(retriever: Any, questions: Sequence[str], k: int) -> None:
+def check_retriever(retriever: Retriever | None, questions: Sequence[str], k: int) -> None:
     """Raise :class:`PreflightError` unless every question gets at least one passage with text."""
     if retriever is None:
         raise PreflightError("preflight: the agent has no retriever (retriever.kind), so no search returns anything")
@@ -99,7 +104,7 @@ def gold_trajectory(example: Example, dialect: Dialect, prompt: str | None = Non
 
 
 def check_reward(
-    reward_fn: Callable[[Trajectory], Any],
+    reward_fn: RewardFn,
     examples: Sequence[Example],
     dialect: Dialect,
     render: Callable[[str], str] | None = None,
@@ -121,7 +126,7 @@ def check_reward(
         )
 
 
-def preflight(agent: Any, examples: Sequence[Example], reward_fn: Callable[[Trajectory], Any], k: int) -> None:
+def preflight(agent: SearchAgent, examples: Sequence[Example], reward_fn: RewardFn, k: int) -> None:
     """Both checks on the first :data:`PREFLIGHT_QUESTIONS` training questions (see the module docstring)."""
     chosen = [e for e in examples if e.answers][:PREFLIGHT_QUESTIONS]
     if not chosen:
@@ -131,7 +136,7 @@ def preflight(agent: Any, examples: Sequence[Example], reward_fn: Callable[[Traj
     logger.info("preflight passed: the retriever returns text and a gold answer scores > 0 (%d questions)", len(chosen))
 
 
-def _renderer(agent: Any) -> Callable[[str], str] | None:
+def _renderer(agent: SearchAgent) -> Callable[[str], str] | None:
     """The search agent's prompt text of a question (its dialect, tokenizer, chat and few-shot
     options), or None for an agent that does not say how it renders one."""
     tokenizer, config = getattr(agent, "tokenizer", None), getattr(agent, "config", None)
@@ -141,7 +146,7 @@ def _renderer(agent: Any) -> Callable[[str], str] | None:
 
 
 # ---- per step ----------------------------------------------------------------------------------
-def empty_search(search: Any) -> bool:
+def empty_search(search: SearchRecord) -> bool:
     """A search that failed or brought back no passage with text."""
     return bool(search.error) or not any(_doc_text(d) for d in search.docs)
 
@@ -219,7 +224,7 @@ class HealthGuard:
     :meth:`stop_if_unhealthy` raises :class:`HealthStop` once one has for ``steps`` steps. A step
     that did not log the metric (no search that step) breaks no streak and extends none."""
 
-    def __init__(self, rules: Mapping[str, Any], steps: int = 1) -> None:
+    def __init__(self, rules: dict[str, str | float], steps: int = 1) -> None:
         self.rules = parse_stop_on(rules)
         self.steps = max(1, steps)
         self.streak: dict[str, list[tuple[int, float]]] = {m: [] for m in self.rules}

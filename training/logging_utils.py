@@ -15,7 +15,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -23,8 +23,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from benchmarks.evaluate import score_trajectory
 from harness.config import to_dict
 from harness.textfiles import parse_json_line
+from harness.types import Trajectory
 from pipelines.dialects import get_dialect
 from training.health import health_metrics
+
+if TYPE_CHECKING:
+    from training.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +91,9 @@ class MetricsLog:
             logger.info("resume at step %d: dropped %d log records of later steps", step, dropped)
         return dropped
 
-    def write_rollouts(self, step: int, trajectories: list[Any], rewards: list[float], group_ids: list[int]) -> None:
+    def write_rollouts(
+        self, step: int, trajectories: list[Trajectory], rewards: list[float], group_ids: list[int]
+    ) -> None:
         """Every trajectory of a step, with its reward and group, appended to ``rollouts.jsonl``."""
         with open(self.rollouts_path, "a", encoding="utf-8") as f:
             for t, r, g in zip(trajectories, rewards, group_ids, strict=True):
@@ -101,7 +107,7 @@ class MetricsLog:
             self.wandb.finish()
 
 
-def open_run_records(out: Path, cfg: Any, resumed_step: int | None = None) -> MetricsLog:
+def open_run_records(out: Path, cfg: TrainConfig, resumed_step: int | None = None) -> MetricsLog:
     """A trainer's run records, opened when the run starts (its first step): ``config.json`` and
     the :class:`MetricsLog`. Not earlier: a run that fails to build or to resume (every checkpoint
     damaged, a foreign folder) leaves the records of the run it was meant to continue as they were.
@@ -141,7 +147,7 @@ def _truncate_jsonl(path: Path, step: int) -> int:
 
 
 def rollout_metrics(
-    trajectories: list[Any], rewards: list[float], parts: list[dict[str, float]], dialect: str
+    trajectories: list[Trajectory], rewards: list[float], parts: list[dict[str, float]], dialect: str
 ) -> dict[str, float]:
     """What the rollouts of a step did: reward, EM/F1, format validity, searches, lengths, and
     their health (``health/*``: :func:`training.health.health_metrics`).

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.autograd.function import FunctionCtx
 from torch.utils.checkpoint import checkpoint
 
 from training.batch import token_logprobs
@@ -42,7 +43,7 @@ class _LogProbEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):  # noqa: ANN205
+    def forward(ctx: FunctionCtx, logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):  # noqa: ANN205
         z = logits.float()  # [n, V] fp32, this chunk only (the same tensor when the model is fp32)
         logq = torch.log_softmax(z, dim=-1)  # [n, V]
         lse = z[:, 0] - logq[:, 0]  # [n] log-sum-exp, for the backward's softmax
@@ -61,7 +62,7 @@ class _LogProbEntropy(torch.autograd.Function):
         return logp, ent
 
     @staticmethod
-    def backward(ctx: Any, g_logp: torch.Tensor | None, g_ent: torch.Tensor | None):  # noqa: ANN205
+    def backward(ctx: FunctionCtx, g_logp: torch.Tensor | None, g_ent: torch.Tensor | None):  # noqa: ANN205
         logits, targets, lse, ent = ctx.saved_tensors
         g_ent = g_ent if ctx.with_entropy else None
         if g_logp is None and g_ent is None:
@@ -83,7 +84,7 @@ class _LogProbEntropy(torch.autograd.Function):
 
 def chunk_logprobs(
     hidden: torch.Tensor,
-    lm_head: Any,
+    lm_head: torch.nn.Module,
     targets: torch.Tensor,
     chunk_tokens: int,
     with_entropy: bool,
@@ -129,7 +130,7 @@ class TokenStats:
     entropy: torch.Tensor | None
 
 
-def _decoder(model: Any) -> Any:
+def _decoder(model: torch.nn.Module) -> torch.nn.Module:
     """The module whose output is the final hidden states (Llama/Qwen: ``model.model``), through
     DeepSpeed's engine and peft's wrappers."""
     inner = model.module if hasattr(model, "module") else model
@@ -142,7 +143,7 @@ def _decoder(model: Any) -> Any:
 _LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
 
 
-def supports_chunking(model: Any) -> bool:
+def supports_chunking(model: torch.nn.Module) -> bool:
     """Whether logits are exactly ``lm_head(hidden)`` for this model (no softcap or scale after it)."""
     inner = _decoder(model)
     cfg = getattr(inner, "config", None)
@@ -152,7 +153,7 @@ def supports_chunking(model: Any) -> bool:
 
 
 def window_token_stats(
-    model: Any,
+    model: torch.nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     targets: torch.Tensor,

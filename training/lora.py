@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,10 +34,16 @@ from harness.fsutil import atomic_dir
 from training.config import LoraConfig
 from training.engine import _gathered, unwrap
 
+if TYPE_CHECKING:  # deferred at run time: optional extra (harness[train])
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import PeftModel
+
+    from training.engine import ValueHead
+
 logger = logging.getLogger(__name__)
 
 
-def peft_config(cfg: LoraConfig) -> Any:
+def peft_config(cfg: LoraConfig) -> PeftLoraConfig:
     # deferred: optional extra (harness[train])
     from peft import LoraConfig as PeftLoraConfig
 
@@ -45,7 +52,7 @@ def peft_config(cfg: LoraConfig) -> Any:
     )
 
 
-def apply_lora(model: Any, cfg: LoraConfig) -> Any:
+def apply_lora(model: torch.nn.Module, cfg: LoraConfig) -> PeftModel:
     """The policy LM with LoRA adapters (a ``peft`` model); base weights frozen."""
     # deferred: optional extra (harness[train])
     from peft import get_peft_model
@@ -59,7 +66,7 @@ def apply_lora(model: Any, cfg: LoraConfig) -> Any:
     return peft_model
 
 
-def lora_critic(critic: Any, cfg: LoraConfig) -> Any:
+def lora_critic(critic: ValueHead, cfg: LoraConfig) -> ValueHead:
     """Inject adapters into a :class:`~training.engine.ValueHead`'s body; body frozen, head trains."""
     # deferred: optional extra (harness[train])
     from peft import inject_adapter_in_model
@@ -70,23 +77,23 @@ def lora_critic(critic: Any, cfg: LoraConfig) -> Any:
     return critic
 
 
-def is_lora(model: Any) -> bool:
+def is_lora(model: torch.nn.Module) -> bool:
     return hasattr(unwrap(model), "disable_adapter") and hasattr(unwrap(model), "get_base_model")
 
 
-def base_model(model: Any) -> Any:
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
     """The plain transformers model inside a peft model (adapter layers still in it)."""
     m = unwrap(model)
     return m.get_base_model() if hasattr(m, "get_base_model") else m
 
 
-def adapters_disabled(model: Any) -> Any:
+def adapters_disabled(model: torch.nn.Module) -> AbstractContextManager[object]:
     """Context in which the policy computes as its base (the KL reference); a no-op without LoRA."""
     return unwrap(model).disable_adapter() if is_lora(model) else contextlib.nullcontext()
 
 
 @torch.no_grad()
-def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
+def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Full weights W + ΔW under the base model's key names, computed beside the training weights
     (nothing is merged in place, so no unmerge rounding creeps into the adapters or the base)."""
     # deferred: optional extra (harness[train])
@@ -112,7 +119,7 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_adapter(model: Any, out: Path) -> Path:
+def save_adapter(model: torch.nn.Module, out: Path) -> Path:
     """peft's adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``), written
     atomically and marked as a harness model folder (a run's cleanup may then remove it)."""
     with atomic_dir(out, kind="model") as tmp:

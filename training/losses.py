@@ -43,12 +43,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from harness.registry import Registry
-from training.config import RolloutCorrectionConfig
+from training.algo_config import AlgoConfig, RolloutCorrectionConfig
 
 # ---- aggregations ------------------------------------------------------------------------------
 # Every aggregation is ``fn(loss [B, T] (0 where masked), mask [B, T] float, global_tokens, max_len) -> scalar``.
@@ -150,7 +149,7 @@ def policy_loss(
 # ``log_ratio`` = old − behaviour on valid tokens (0 elsewhere), ``rc`` the
 # ``algo.rollout_correction`` config (``level``, ``cap``, ``lo``, ``hi``); the weight and which
 # units were corrected (bool: capped or masked) are per token [B, T] or per row [B, 1].
-CorrectionFn = Callable[[torch.Tensor, torch.Tensor, Any], "tuple[torch.Tensor, torch.Tensor]"]
+CorrectionFn = Callable[[torch.Tensor, torch.Tensor, RolloutCorrectionConfig], "tuple[torch.Tensor, torch.Tensor]"]
 ROLLOUT_CORRECTIONS: Registry[CorrectionFn] = Registry("rollout correction")
 # verl's SAFETY_BOUND: log-ratios are clamped to ±20 before exp, so a sequence's summed ratio stays
 # finite (e^20 ≈ 4.9e8, past any cap); inside the bound the ratio is exact.
@@ -172,20 +171,24 @@ def level_ratio(log_ratio: torch.Tensor, level: str) -> torch.Tensor:
     return _exp(log_ratio)  # [B, T]
 
 
-def _outside(ratio: torch.Tensor, rc: Any) -> torch.Tensor:
+def _outside(ratio: torch.Tensor, rc: RolloutCorrectionConfig) -> torch.Tensor:
     """Which ratios fall outside the band [``lo``, ``hi``] (``hi`` None: no upper bound)."""
     out = ratio < rc.lo
     return out | (ratio > rc.hi) if rc.hi is not None else out
 
 
 @ROLLOUT_CORRECTIONS.register("none")
-def no_correction(log_ratio: torch.Tensor, mask: torch.Tensor, rc: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def no_correction(
+    log_ratio: torch.Tensor, mask: torch.Tensor, rc: RolloutCorrectionConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Weight 1: the loss ignores the mismatch (which is still measured and logged)."""
     return torch.ones_like(log_ratio), torch.zeros_like(mask)
 
 
 @ROLLOUT_CORRECTIONS.register("tis")
-def truncated_is(log_ratio: torch.Tensor, mask: torch.Tensor, rc: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def truncated_is(
+    log_ratio: torch.Tensor, mask: torch.Tensor, rc: RolloutCorrectionConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Truncated importance sampling: min(ρ, ``cap``) at ``rc.level`` (TRL's ``*_truncate``, verl's
     ``rollout_is``, SkyRL's ``tis_ratio_type``); ``cap`` None: ρ itself (AReaL's decoupled loss
     without ``behav_imp_weight_cap``)."""
@@ -196,7 +199,9 @@ def truncated_is(log_ratio: torch.Tensor, mask: torch.Tensor, rc: Any) -> tuple[
 
 
 @ROLLOUT_CORRECTIONS.register("mask")
-def masked_is(log_ratio: torch.Tensor, mask: torch.Tensor, rc: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def masked_is(
+    log_ratio: torch.Tensor, mask: torch.Tensor, rc: RolloutCorrectionConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked importance sampling: ρ inside [``lo``, ``hi``], 0 outside, at ``rc.level`` (TRL's
     ``*_mask``: ``masked_fill(ρ > cap, 0)``; AReaL keeps ``behav_imp_weight <= cap``; at token level
     IcePop's M(ρ; α, β), OpenRLHF's ``icepop``: ``vllm_is * ((vllm_is >= low) & (vllm_is <= high))``)."""
@@ -206,7 +211,9 @@ def masked_is(log_ratio: torch.Tensor, mask: torch.Tensor, rc: Any) -> tuple[tor
 
 
 @ROLLOUT_CORRECTIONS.register("geo_mask")
-def geometric_mask(log_ratio: torch.Tensor, mask: torch.Tensor, rc: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def geometric_mask(
+    log_ratio: torch.Tensor, mask: torch.Tensor, rc: RolloutCorrectionConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Reject a row whose geometric mean ratio exp(Σ log ρ / n), n its valid tokens, is outside
     [``lo``, ``hi``]; keep the others with weight 1 (SkyRL's ``compute_sequence_mask`` geometric,
     recommended band [0.99, 1.01]; verl's ``seq_mean_k1`` bounds the same mean of −log ρ).  [B, T] → [B, 1]"""
@@ -217,7 +224,9 @@ def geometric_mask(log_ratio: torch.Tensor, mask: torch.Tensor, rc: Any) -> tupl
 
 
 @ROLLOUT_CORRECTIONS.register("token_mask")
-def token_mask(log_ratio: torch.Tensor, mask: torch.Tensor, rc: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def token_mask(
+    log_ratio: torch.Tensor, mask: torch.Tensor, rc: RolloutCorrectionConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Reject each token whose ρ is outside [``lo``, ``hi``], weight 1 for the rest (SkyRL's
     ``compute_token_mask``, its IcePop; verl's ``token_k1`` rejection).  [B, T] → [B, T]"""
     out = _outside(_exp(log_ratio), rc) & mask
@@ -225,7 +234,9 @@ def token_mask(log_ratio: torch.Tensor, mask: torch.Tensor, rc: Any) -> tuple[to
 
 
 @ROLLOUT_CORRECTIONS.register("outlier_mask")
-def outlier_mask(log_ratio: torch.Tensor, mask: torch.Tensor, rc: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def outlier_mask(
+    log_ratio: torch.Tensor, mask: torch.Tensor, rc: RolloutCorrectionConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Reject a row in which any valid token's ρ is outside [``lo``, ``hi``], weight 1 for the rest
     (SkyRL's ``compute_outlier_token_mask``, suggested band [1e-4, 100]).  [B, T] → [B, 1]"""
     out = (_outside(_exp(log_ratio), rc) & mask).any(1, keepdim=True)  # [B, 1]
@@ -245,14 +256,14 @@ def correction_ratio(old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: tor
 
 
 @torch.no_grad()
-def _correct(old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, rc: Any):
+def _correct(old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, rc: RolloutCorrectionConfig):
     """The registered correction ``rc.kind``: its weight and corrected units, [B, T] or [B, 1]."""
     return ROLLOUT_CORRECTIONS.get(rc.kind)(_log_ratio(old_logp, behav_logp, mask), mask.bool(), rc)
 
 
 @torch.no_grad()
 def rollout_weights(
-    old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, rc: Any
+    old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, rc: RolloutCorrectionConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The correction ``rc.kind`` as per-token weights for :func:`policy_loss`: the weight [B, T]
     (0 off the mask; a row's weight spread over its tokens) and which valid tokens were corrected
@@ -264,7 +275,9 @@ def rollout_weights(
 
 
 @torch.no_grad()
-def mismatch_stats(old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, rc: Any) -> dict[str, float]:
+def mismatch_stats(
+    old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, rc: RolloutCorrectionConfig
+) -> dict[str, float]:
     """How far the backend's log-probs are from the trainer's, and what ``rc`` did about it:
 
     - ``mismatch/abs_log_ratio``: mean |old − behaviour| over valid tokens;
@@ -421,7 +434,7 @@ class RLLoss:
     correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
     @classmethod
-    def from_config(cls, algo: Any) -> RLLoss:
+    def from_config(cls, algo: AlgoConfig) -> RLLoss:
         """From a ``training.config.AlgoConfig``."""
         return cls(
             algo.clip_low,

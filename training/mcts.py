@@ -48,7 +48,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from benchmarks.build import build_eval
 from harness.config import compose, from_dict, require_at_least, to_dict
@@ -56,7 +56,10 @@ from harness.eval_config import BackendConfig, DatasetConfig, EvalConfig, Retrie
 from harness.textfiles import parse_json_line, read_jsonl
 from harness.types import Example, Segment, Trajectory
 from pipelines.concurrency import run_bounded
-from training.rewards import build_reward
+from training.rewards import RewardFn, build_reward
+
+if TYPE_CHECKING:
+    from pipelines.search_agent import SearchAgent
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +151,7 @@ class Budget:
 class TreeSearch:
     """MCTS for one question over ``agent`` (a :class:`~pipelines.search_agent.SearchAgent`)."""
 
-    def __init__(self, agent: Any, cfg: MCTSConfig, reward_fn: Any) -> None:
+    def __init__(self, agent: SearchAgent, cfg: MCTSConfig, reward_fn: RewardFn) -> None:
         self.agent, self.cfg, self.reward_fn = agent, cfg, reward_fn
 
     async def search(self, example: Example) -> tuple[Node, Budget]:
@@ -402,7 +405,7 @@ class MCTSStats:
         )
 
 
-def run_mcts(agent: Any, examples: Sequence[Example], cfg: MCTSConfig, out: str | Path) -> MCTSStats:
+def run_mcts(agent: SearchAgent, examples: Sequence[Example], cfg: MCTSConfig, out: str | Path) -> MCTSStats:
     """Search every example not yet done in ``out``; append each one's records when it finishes."""
     writer, stats = MCTSWriter(out), MCTSStats()
     todo = [e for e in examples if e.id not in writer.done]

@@ -1,5 +1,5 @@
-"""The app of ``harness serve prm`` (started by :func:`training.prm.serve`, and by local rank 0 for its
-node, :func:`training.prm.node_local_prm`): a trained PRM over loopback HTTP, for ``algo.step_scorer_url``.
+"""The app of ``harness serve prm`` (started by :func:`training.prm_scorer.serve`, and by local rank 0 for its
+node, :func:`training.prm_scorer.node_local_prm`): a trained PRM over loopback HTTP, for ``algo.step_scorer_url``.
 
 ``POST /score`` ``{"sequences": [[token ids], ...], "window": {"append_eos", "max_len", "keep"}}`` →
 ``{"scores": [raw head score, ...]}`` (without ``window``: EOS appended and the end kept as the
@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -30,8 +30,17 @@ MAX_SEQUENCES = 1024
 MAX_TOKENS = 8192  # per sequence, by default: a 60k-token sequence would take the server's memory
 
 
+class Scorer(Protocol):
+    """What the app serves: a trained PRM in process (:class:`training.prm_scorer.PRM`)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def score(self, seqs: list[list[int]], batch_size: int = 8, window: ScoringWindow | None = None) -> list[float]: ...
+
+
 class WindowRequest(BaseModel):
-    """:class:`training.prm.ScoringWindow`: what of each sequence the PRM scores."""
+    """:class:`training.prm_window.ScoringWindow`: what of each sequence the PRM scores."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -61,9 +70,9 @@ def _answer(status: int, payload: Any) -> tuple[int, bytes]:
 
 
 class PRMApp:
-    """The ASGI app over a :class:`~training.prm.PRM`."""
+    """The ASGI app over a :class:`~training.prm_scorer.PRM`."""
 
-    def __init__(self, prm: Any, path: str = "", batch_size: int = 8, max_tokens: int = MAX_TOKENS) -> None:
+    def __init__(self, prm: Scorer, path: str = "", batch_size: int = 8, max_tokens: int = MAX_TOKENS) -> None:
         self.prm, self.path, self.batch_size, self.max_tokens = prm, path, batch_size, max_tokens
         self.vocab_size = prm.vocab_size
         self.lock = threading.Lock()
@@ -145,5 +154,5 @@ class PRMApp:
             return self.prm.score(seqs, self.batch_size, w)
 
 
-def create_app(prm: Any, path: str = "", batch_size: int = 8, max_tokens: int = MAX_TOKENS) -> PRMApp:
+def create_app(prm: Scorer, path: str = "", batch_size: int = 8, max_tokens: int = MAX_TOKENS) -> PRMApp:
     return PRMApp(prm, path, batch_size, max_tokens)

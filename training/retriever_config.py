@@ -10,9 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from harness.config import require_at_least, require_between, require_positive
+from harness.config import require_at_least, require_between, require_positive, require_registered
 from harness.eval_config import BackendConfig
 from harness.retrieval.state import DEFAULT_STATE_TEMPLATE
+
+# Names that are registries' keys, checked when a recipe loads (``require_registered`` imports the
+# registry's module then): the registry is the one list of what each key accepts.
+REGISTERED = {
+    "schedule": "training.engine:LR_SCHEDULES",
+    "reward": "benchmarks.metrics:METRICS",
+    "loss_agg": "training.losses:AGGREGATIONS",
+}
 
 
 @dataclass(frozen=True)
@@ -73,7 +81,7 @@ class RetrieverRLConfig:
     # ``schedule_steps`` (null: the run's ``steps``): HARR's GRPO scripts pass --lr_scheduler_type
     # constant; its PPO script leaves TrainingArguments' linear, stepped once per batch over
     # num_total_batches = ceil(total_episodes / batch) = 313 (trl_hacked/trainer/ppo_trainer.py:244,263,930).
-    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    schedule: str = "constant"
     schedule_steps: int | None = None
     weight_decay: float = 0.0
     clip_eps: float = 0.2
@@ -82,8 +90,9 @@ class RetrieverRLConfig:
     # call's reward before GAE, as HARR's PPO trainer (TRL 0.18.1 PPOTrainer, kl_estimator k1);
     # false: a k3 KL loss term, as the GRPO path always has it.
     kl_in_reward: bool = False
-    # The answer's metric (benchmarks.metrics): HARR's f1_reward is SQuAD's F1 (f1_squad, no yes/no rule).
-    reward: Literal["f1", "f1_squad", "em"] = "f1_squad"
+    # The answer's metric (a benchmarks.metrics.METRICS name): HARR's f1_reward is SQuAD's F1
+    # (f1_squad, no yes/no rule).
+    reward: str = "f1_squad"
     norm_by_std: bool = True
     # A rollout that searched nothing is trained on a pseudo-call: the question, its greedy top-k
     # (HARR's generator.py: ``if not source_node`` retrieves the question itself).
@@ -92,7 +101,7 @@ class RetrieverRLConfig:
     # How the per-call policy loss is averaged (a training.losses.AGGREGATIONS name): token_mean
     # is TRL 0.18.1's default ``bnpo`` (the sum over every call of the batch / the number of
     # calls), what HARR's GRPO scripts run; seq_mean_token_mean is its ``grpo`` (per trajectory).
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "dapo", "dr_grpo"] = "token_mean"
+    loss_agg: str = "token_mean"
     grad_clip: float | None = 1.0  # None: no clipping (TRL's PPOTrainer clips nothing)
     seed: int = 0
     # ppo only
@@ -112,6 +121,7 @@ class RetrieverRLConfig:
     sync_timeout: float = 300.0
 
     def __post_init__(self) -> None:
+        require_registered(self, **REGISTERED)
         require_at_least(self, 1, "group_size", "questions_per_step", "steps", "epochs", "sync_every", "value_hidden")
         require_at_least(self, 0, "lr", "weight_decay", "clip_eps", "kl_coef", "grad_clip", "vf_coef", "vf_clip")
         require_at_least(self, 0, "value_lr")

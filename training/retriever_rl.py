@@ -29,6 +29,8 @@ dense :class:`~harness.retrieval.encoders.Encoder` loads as the query encoder of
 succeed and some fail under the frozen generator. :class:`RetrieverTrainer` is ``algo.kind:
 retriever`` in ``training.build.TRAINERS``. Evaluation is the eval path (``simple_evaluate``)
 with the retriever set to ``greedy`` (top-k), as ``harness eval --retriever harr`` runs it.
+The rewards and losses (steps 2 and 3, and PPO's) are :mod:`training.retriever_loss`; the names
+this module used to hold are importable from here too.
 """
 
 from __future__ import annotations
@@ -40,15 +42,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TextIO
 
 import httpx
 import torch
 
 from benchmarks.datasets import corpus_path
-from benchmarks.metrics import normalize_answer, score_prediction
 from harness import safe_delete
 from harness.backends import build_backend
+from harness.backends.base import Backend
 from harness.config import from_dict, to_dict
 from harness.fsutil import atomic_dir
 from harness.retrieval.factory import ensure_index
@@ -57,24 +59,33 @@ from harness.retrieval.state import RetrievalState, state_for
 from harness.retrieval.stochastic import QueryTower, StateFormat, StochasticDenseRetriever
 from harness.types import Example, SearchRecord, Trajectory
 from pipelines.baselines.flashrag_methods import BaselineConfig, FlashRAGBaseline
+from pipelines.method import Method
 from pipelines.methods import build_method, method_kind, validate_options
-from training.advantages import gae, grpo, outcome_to_tokens
+from training.advantages import grpo
 from training.checkpoint import write_safetensors
 from training.config import TrainConfig, TrainerConfig
 from training.divergence import NonFiniteGuard, check_finite, is_finite
 from training.engine import ValueHead, lr_factor
 from training.examples import first_dataset, train_examples
-from training.losses import aggregate, kl_loss, kl_penalty, policy_loss, value_loss
 from training.retriever_config import RetrieverRLConfig
+from training.retriever_loss import answer_recall, ppo_advantages, ppo_loss, retrieval_loss, reward_of, step_layout
+from training.retriever_loss import per_call_loss as per_call_loss
 
 logger = logging.getLogger(__name__)
 
 
 # ---- rollouts ----------------------------------------------------------------------------------
+class Runner(Protocol):
+    """Where retriever RL's rollouts come from: ``run(examples, n)`` → n trajectories per example,
+    example-major (:class:`AgentRunner`, :class:`BaselineRunner`)."""
+
+    def run(self, examples: Sequence[Example], n: int) -> list[Trajectory]: ...
+
+
 class AgentRunner:
     """Rollouts through THE search agent: ``run(examples, n)`` → n trajectories per example, in order."""
 
-    def __init__(self, agent: Any) -> None:
+    def __init__(self, agent: Method) -> None:
         self.agent = agent
 
     def run(self, examples: Sequence[Example], n: int) -> list[Trajectory]:
@@ -107,7 +118,9 @@ def _history(log: list[SearchRecord]) -> tuple:
 class BaselineRunner:
     """Rollouts through a FlashRAG baseline; the searches on each trajectory are the recorded calls."""
 
-    def __init__(self, name: str, backend: Any, retriever: StochasticDenseRetriever, options: dict[str, Any]) -> None:
+    def __init__(
+        self, name: str, backend: Backend, retriever: StochasticDenseRetriever, options: dict[str, Any]
+    ) -> None:
         self.recorder = _RecordingRetriever(retriever)
         opts = from_dict(BaselineConfig, {**options, "max_concurrency": 1}, where="baseline")
         self.baseline = FlashRAGBaseline(name, backend, self.recorder, opts)  # type: ignore[arg-type]
@@ -124,152 +137,6 @@ class BaselineRunner:
         return [out[j * len(examples) + i] for i in range(len(examples)) for j in range(n)]
 
 
-# ---- rewards and metrics -----------------------------------------------------------------------
-def reward_of(traj: Trajectory, metric: str) -> float:
-    """The answer's ``metric`` (em / f1) against the gold answers; errors score 0."""
-    if traj.finish_reason == "error":
-        return 0.0
-    return float(score_prediction(traj.prediction, traj.answers, [metric])[metric])
-
-
-def answer_recall(traj: Trajectory) -> float:
-    """1 if any retrieved document (any call) contains a gold answer (normalised), else 0."""
-    golds = [normalize_answer(a) for a in traj.answers if normalize_answer(a)]
-    for s in traj.searches:
-        for d in s.docs:
-            text = normalize_answer(f"{d.title} {d.text}")
-            if any(f" {g} " in f" {text} " for g in golds):
-                return 1.0
-    return 0.0
-
-
-# ---- the loss ----------------------------------------------------------------------------------
-def per_call_loss(
-    new: torch.Tensor,
-    old: torch.Tensor,
-    adv: torch.Tensor,
-    mask: torch.Tensor,
-    ref: torch.Tensor | None = None,
-    clip_eps: float = 0.2,
-    kl_coef: float = 0.0,
-    agg: str = "token_mean",
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """HARR's ``RetrieverGRPOTrainer._compute_loss``: every retrieval call is one "token".
-
-    ρ = exp(logπ − logπ_old) and PPO-clip per call with its trajectory's advantage, plus β·k3 per
-    call (unclamped, as HARR writes it) to the initial tower, aggregated by ``agg`` (a
-    ``training.losses.AGGREGATIONS`` name): ``token_mean`` is TRL 0.18.1's default ``bnpo``, the
-    sum over every call / the number of calls (``grpo_trainer.py`` 1281-1283), which HARR runs;
-    ``seq_mean_token_mean`` is its ``loss_type: grpo`` (per trajectory, then the mean). Clipping
-    each call's ratio is not clipping the ratio of the summed log-probs, which is the product of
-    the calls' ratios.
-
-    new/old/ref/mask [B, T] (T: the most calls in a trajectory), adv [B] → scalar, stats.
-    """
-    per_call_adv = adv[:, None] * mask  # [B, T]
-    loss, stats = policy_loss(new, old, per_call_adv, mask, clip_eps, clip_eps, agg)
-    out = {k: float(v) for k, v in stats.items()}
-    if kl_coef > 0 and ref is not None:
-        kl = kl_penalty(new, ref, "k3_unclamped")  # [B, T]
-        loss = loss + kl_coef * aggregate(kl, mask, agg)
-        out["kl"] = float(aggregate(kl.detach(), mask))  # mean over calls, as HARR logs it
-    return loss, out
-
-
-def retrieval_loss(
-    retriever: StochasticDenseRetriever, trajs: Sequence[Trajectory], adv: torch.Tensor, cfg: RetrieverRLConfig
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """GRPO on the retrieval calls of ``trajs`` (:func:`per_call_loss`), log-probs recomputed from
-    the calls' records under the current tower. adv [B] → scalar. A trajectory without a
-    retrieval call carries no gradient."""
-    layout = step_layout(trajs)
-    new = layout.grid(retriever.recompute_logprobs(layout.samples))  # [B, T]
-    ref = None
-    if cfg.kl_coef > 0:
-        ref = layout.grid(retriever.recompute_logprobs(layout.samples, reference=True)).detach()  # [B, T]
-    return per_call_loss(new, layout.old_logp, adv, layout.mask.float(), ref, cfg.clip_eps, cfg.kl_coef, cfg.loss_agg)
-
-
-# ---- PPO: one action per retrieval call, a value head on the query embedding -------------------
-@dataclass
-class StepLayout:
-    """A batch's retrieval calls as a [B, T] grid (T: the most calls in a trajectory)."""
-
-    samples: list[dict[str, Any]]  # [S] in trajectory order, calls in order
-    rows: torch.Tensor  # [S] trajectory of each sample
-    cols: torch.Tensor  # [S] its call number in that trajectory
-    mask: torch.Tensor  # [B, T] valid calls
-    old_logp: torch.Tensor  # [B, T] rollout-time log-probs (0 where masked)
-
-    def grid(self, per_sample: torch.Tensor) -> torch.Tensor:
-        """[S] → [B, T] (0 where masked), differentiable."""
-        out = per_sample.new_zeros(self.mask.shape)
-        return out.index_put((self.rows, self.cols), per_sample)
-
-
-def step_layout(trajs: Sequence[Trajectory]) -> StepLayout:
-    samples, rows, cols = [], [], []
-    for i, t in enumerate(trajs):
-        for j, sample in enumerate(s.sample for s in t.searches if s.sample is not None):
-            rows.append(i)
-            cols.append(j)
-            samples.append(sample)
-    T = max(cols, default=-1) + 1
-    r, c = torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)
-    mask = torch.zeros(len(trajs), max(T, 1), dtype=torch.bool)  # [B, T]
-    mask[r, c] = True
-    layout = StepLayout(samples, r, c, mask, torch.zeros(mask.shape))
-    layout.old_logp = layout.grid(torch.tensor([s["logprob"] for s in samples], dtype=torch.float32))
-    return layout
-
-
-def ppo_advantages(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    mask: torch.Tensor,
-    gamma: float,
-    lam: float,
-    whiten: bool,
-    call_rewards: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The answer's reward on each trajectory's last retrieval call (plus ``call_rewards`` [B, T]
-    on every call: HARR's −β·k1), then GAE over the calls.
-
-    rewards [B], values/mask [B, T] → (advantages, returns) [B, T]; whitened over the batch's
-    calls when ``whiten`` (returns, the value targets, are not).
-    """
-    token_rewards = outcome_to_tokens(rewards, mask)  # [B, T]
-    if call_rewards is not None:
-        token_rewards = token_rewards + call_rewards * mask
-    return gae(token_rewards, values, mask.float(), gamma, lam, whiten)
-
-
-def ppo_loss(
-    retriever: StochasticDenseRetriever,
-    head: ValueHead,
-    layout: StepLayout,
-    adv: torch.Tensor,
-    returns: torch.Tensor,
-    old_values: torch.Tensor,
-    cfg: RetrieverRLConfig,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip per retrieval call + vf_coef · clipped value loss + β·KL (k3) to the initial tower."""
-    lp, q = retriever.recompute(layout.samples)  # [S], [S, H]
-    new = layout.grid(lp)  # [B, T]
-    m = layout.mask.float()  # [B, T]
-    loss, stats = policy_loss(new, layout.old_logp, adv, m, cfg.clip_eps, cfg.clip_eps, cfg.loss_agg)
-    # the value loss is averaged as the policy loss (HARR's PPO: both masked_mean over one trajectory's calls)
-    vloss, vstats = value_loss(layout.grid(head(q)), old_values, returns, m, cfg.vf_clip, cfg.loss_agg)
-    out = {**{k: float(v) for k, v in stats.items()}, **vstats, "value_loss": float(vloss.detach())}
-    loss = loss + cfg.vf_coef * vloss
-    if cfg.kl_coef > 0 and not cfg.kl_in_reward:
-        ref = layout.grid(retriever.recompute(layout.samples, reference=True)[0])  # [B, T]
-        kl = kl_loss(new, ref, m, "k3_unclamped")
-        loss = loss + cfg.kl_coef * kl
-        out["kl"] = float(kl.detach())
-    return loss, out
-
-
 # ---- the trainer -------------------------------------------------------------------------------
 @dataclass
 class StepResult:
@@ -283,7 +150,7 @@ class RetrieverRL:
     def __init__(
         self,
         retriever: StochasticDenseRetriever,
-        runner: Any,
+        runner: Runner,
         cfg: RetrieverRLConfig,
         out: Path,
         max_nonfinite_steps: int = TrainerConfig.max_nonfinite_steps,
@@ -434,7 +301,7 @@ class RetrieverRL:
                     on_step(res)
         return self.finish()
 
-    def logged_step(self, examples: Sequence[Example], log: Any) -> StepResult:
+    def logged_step(self, examples: Sequence[Example], log: TextIO) -> StepResult:
         """The next ``questions_per_step`` questions of shuffled passes over ``examples``, one
         :meth:`step` on them, its metrics written to ``log``; stops a diverged run."""
         if not examples:
@@ -478,7 +345,7 @@ def reload_served_encoder(url: str, path: str, timeout: float = 300.0) -> dict[s
 
 # ---- data filtering ----------------------------------------------------------------------------
 def filter_examples(
-    runner: Any, examples: Sequence[Example], n: int, metric: str = "em", threshold: float = 1.0
+    runner: Runner, examples: Sequence[Example], n: int, metric: str = "em", threshold: float = 1.0
 ) -> tuple[list[Example], list[dict[str, Any]]]:
     """HARR's filter: keep questions where some of ``n`` sampled retrievals succeed (reward ≥
     ``threshold``) and some fail. Returns (kept examples, one stats row per question)."""
@@ -501,7 +368,7 @@ def rollout_options(cfg: TrainConfig) -> dict[str, Any]:
     return {"topk": r.sampling.topk, **(r.agent if method_kind(r.method) == "agent" else r.baseline)}
 
 
-def build_from_config(cfg: TrainConfig, backend: Any = None) -> tuple[StochasticDenseRetriever, Any]:
+def build_from_config(cfg: TrainConfig, backend: Backend | None = None) -> tuple[StochasticDenseRetriever, Runner]:
     """The stochastic retriever (tower + fixed index) and the rollout runner of an
     ``algo.kind: retriever`` recipe (its ``retriever_rl`` section; the corpus of ``data``)."""
     r = cfg.retriever_rl
@@ -550,7 +417,7 @@ class RetrieverTrainer:
     """``algo.kind: retriever``: GRPO (or PPO) on the query tower, generator frozen; the trained
     encoder lands in ``RUN/encoder`` (what :meth:`train` returns)."""
 
-    def __init__(self, cfg: TrainConfig, out: Path, backend: Any = None) -> None:
+    def __init__(self, cfg: TrainConfig, out: Path, backend: Backend | None = None) -> None:
         self.cfg, self.out = cfg, Path(out)
         # Built here, before the run folder is claimed: a recipe that fails to build leaves none.
         self.retriever, self.runner = build_from_config(cfg, backend)
@@ -558,7 +425,7 @@ class RetrieverTrainer:
         t = cfg.trainer
         r = cfg.retriever_rl
         self.rl = RetrieverRL(self.retriever, self.runner, r.rl, self.out, t.max_nonfinite_steps, r.sampling.topk)
-        self._log: Any = None  # metrics.jsonl, opened by the first step
+        self._log: TextIO | None = None  # metrics.jsonl, opened by the first step
 
     @property
     def step_no(self) -> int:

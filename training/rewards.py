@@ -39,24 +39,30 @@ import inspect
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from benchmarks.metrics import cover_em, exact_match, f1_r1_searcher, f1_score, normalize_answer
 from harness.config import ConfigError, from_dict
 from harness.registry import Registry
 from harness.types import Trajectory
-from pipelines.dialects import get_dialect
+from pipelines.dialects import Dialect, get_dialect
 from pipelines.dialects.r1_searcher import r1_searcher_solution, r1_searcher_validate_llama
 from pipelines.dialects.research import research_scored_turn
 from pipelines.dialects.search_r1 import qa_em_answer
+from training.algo_config import AlgoConfig
 from training.prm_window import ScoringWindow
+
+if TYPE_CHECKING:
+    import torch
 
 RewardOut = tuple[float, dict[str, float]]
 RewardFn = Callable[[Trajectory], RewardOut]
+# What checks a response's format: a dialect, or a plain callable ``text -> (ok, reason)``.
+Validator = Dialect | Callable[[str], tuple[bool, str]]
 
 
 # ---- format validity and answer extraction (from the dialect, or an injected validator) ------
-def _dialect(traj: Trajectory, validator: Any) -> Any:
+def _dialect(traj: Trajectory, validator: Validator | None) -> Validator:
     """The object that validates/extracts: ``validator`` if given, else the trajectory's dialect."""
     if validator is not None:
         return validator
@@ -64,7 +70,7 @@ def _dialect(traj: Trajectory, validator: Any) -> Any:
     return get_dialect(traj.metadata.get("dialect", "search_r1"))
 
 
-def format_ok(traj: Trajectory, validator: Any = None, text: str | None = None) -> bool:
+def format_ok(traj: Trajectory, validator: Validator | None = None, text: str | None = None) -> bool:
     """Is the response (or ``text``, the part of it a reward scores) well formed for its dialect?
     ``validator`` may be a dialect-like object (with ``validate_format``) or a plain callable
     ``text -> (ok, reason)``."""
@@ -73,7 +79,7 @@ def format_ok(traj: Trajectory, validator: Any = None, text: str | None = None) 
     return bool(check(traj.response_text if text is None else text)[0])
 
 
-def extract_answer(traj: Trajectory, validator: Any = None, text: str | None = None) -> str | None:
+def extract_answer(traj: Trajectory, validator: Validator | None = None, text: str | None = None) -> str | None:
     """The last answer of the RESPONSE (or of ``text``); falls back to ``traj.prediction`` when
     there is no response text (e.g. baselines) or the validator cannot extract."""
     v = _dialect(traj, validator)
@@ -362,7 +368,7 @@ class StepScorer(Protocol):
     """Scores the reasoning steps of a rollout (ProRAG). A step is a half-open span of token
     positions in ``trajectory.token_ids``. A learned PRM plugs in by implementing this."""
 
-    def score_steps(self, trajectory: Any) -> list[Step]: ...
+    def score_steps(self, trajectory: Trajectory) -> list[Step]: ...
 
 
 class RuleStepScorer:
@@ -380,7 +386,9 @@ class RuleStepScorer:
     def __init__(self, hit: float = 1.0, format_score: float = 0.5) -> None:
         self.hit, self.format_score = hit, format_score
 
-    def score_steps(self, trajectory: Any, positions: list[tuple[int, int]] | None = None) -> list[Any]:
+    def score_steps(
+        self, trajectory: Trajectory, positions: list[tuple[int, int]] | None = None
+    ) -> list[Step] | list[float]:
         """Returns [(token_start, token_end, score)] per model turn. Legacy form: given target
         ``positions`` (one span per model turn, as ``Batch.step_spans``), returns the scores only."""
         golds = [g for g in (normalize_answer(a) for a in trajectory.answers) if g]
@@ -406,7 +414,7 @@ class RuleStepScorer:
 STEP_SCORERS: Registry = Registry("step scorer")
 STEP_SCORERS.register("rule", RuleStepScorer)
 # A learned PRM (training.prm, trained with algo.kind=prm on MCTS records), in process or served.
-STEP_SCORERS.register("prm", "training.prm:PRMStepScorer")
+STEP_SCORERS.register("prm", "training.prm_scorer:PRMStepScorer")
 
 
 def build_step_scorer(name: str, options: dict[str, Any] | None = None) -> StepScorer:
@@ -426,7 +434,7 @@ def build_step_scorer(name: str, options: dict[str, Any] | None = None) -> StepS
     return cls(**options)
 
 
-def algo_step_scorer(algo: Any, device: Any = None) -> StepScorer:
+def algo_step_scorer(algo: AlgoConfig, device: str | torch.device | None = None) -> StepScorer:
     """The step scorer of a training recipe: ``algo.step_scorer``, and for ``prm`` its
     ``algo.step_scorer_path`` (a PRM folder, loaded on ``device``, the policy's, once per node)
     or ``algo.step_scorer_url`` (``harness serve prm``), ``algo.step_scorer_format`` and what the

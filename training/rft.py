@@ -46,7 +46,7 @@ from harness.fsutil import atomic_dir, write_json_atomic
 from harness.run_records import RunManifest
 from harness.runlog import MANIFEST, RunDir
 from harness.types import Segment, Trajectory
-from training.rewards import build_step_scorer
+from training.rewards import StepScorer, build_step_scorer
 from training.sft_data import parse_filter, score_env
 
 logger = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ def _failing_segments(traj: Trajectory, steps: list[tuple[int, int, float]], thr
 class _Filter:
     """Applies one config to trajectories in turn, remembering the kept responses per question."""
 
-    def __init__(self, cfg: RFTFilterConfig, scorer: Any) -> None:
+    def __init__(self, cfg: RFTFilterConfig, scorer: StepScorer | None) -> None:
         self.cfg, self.scorer = cfg, scorer
         self.where = parse_filter(cfg.where) if cfg.where else None
         self.seen: dict[str, set[str]] = {}
@@ -213,7 +213,9 @@ def expand_run_dirs(paths: list[str | Path]) -> list[Path]:
     return out
 
 
-def rft_filter(run_dirs: list[str | Path], out: str | Path, cfg: RFTFilterConfig, scorer: Any = None) -> RFTSummary:
+def rft_filter(
+    run_dirs: list[str | Path], out: str | Path, cfg: RFTFilterConfig, scorer: StepScorer | None = None
+) -> RFTSummary:
     """Filter the trajectories of ``run_dirs`` (run directories, or folders of them) into the run
     directory ``out`` (see the module docstring). ``scorer``: a built step scorer (default: built
     from ``cfg``). ``out`` is replaced only when it is empty or a previous filter output."""

@@ -4,8 +4,9 @@ no-grad forwards (reference log-probs for the KL, the critic's values, the pre-u
 log-probs once before any update) → advantages (the registered estimator) → ``ppo_epochs`` passes
 over ``ppo_mini_batch_size`` mini-batches, one DeepSpeed optimizer step each (gradient
 accumulation over micro-batches of ``optim.micro_batch_size``), the critic's value loss beside the
-policy's. :class:`RLUpdate` is this half of :class:`training.trainer.RLTrainer`, which builds the
-models and runs the step around it (rollouts, sync, records, checkpoints).
+policy's. :class:`RLUpdate` is a collaborator that :class:`training.trainer.RLTrainer` builds and
+holds: the trainer builds the models and hands them over, and runs the step around the update
+(rollouts, sync, records, checkpoints).
 
 Shapes: ``B`` rows of the step's batch, ``T`` target positions, ``W`` = T − offset positions of the
 response window (targets before ``offset`` carry no model token in any row).
@@ -15,19 +16,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from harness.types import Trajectory
 from training import losses
-from training.advantages import AdvantageInputs, step_score_tensor
+from training.advantages import AdvantageFn, AdvantageInputs, step_score_tensor
 from training.batch import Batch
 from training.config import TrainConfig
 from training.divergence import poisoned, update_applied
 from training.engine import autocast, optimizer_step
 from training.logprobs import window_token_stats
 from training.lora import adapters_disabled
+from training.rewards import StepScorer
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
 
 
 @dataclass
@@ -40,29 +46,30 @@ class Forward:
     old_logp: torch.Tensor | None  # [B, W] pre-update policy log-probs, when advantages need them
 
 
+@dataclass(eq=False)
 class RLUpdate:
     """Forwards, advantages and the update schedule of one RL step (see the module docstring).
 
-    A base of :class:`training.trainer.RLTrainer`: it reads the attributes below, which the
-    trainer sets when it is built, and keeps no state of its own across steps.
+    Everything it works with is handed to it by the trainer that builds it; the training step
+    it updates for is an argument. Its one piece of state, ``skipped_updates``, counts the
+    optimizer steps of the last :meth:`update` that were skipped as non-finite.
     """
 
     cfg: TrainConfig
-    policy: Any  # the policy's DeepSpeed engine
-    critic: Any  # PPO's value engine (training.engine.ValueHead), or None
-    ref: Any  # a frozen reference model for the KL, or None
+    policy: DeepSpeedEngine  # the policy's DeepSpeed engine
+    critic: DeepSpeedEngine | None  # PPO's value engine (over a training.engine.ValueHead), or None
+    ref: torch.nn.Module | None  # a frozen reference model for the KL, or None
     ref_is_base: bool  # LoRA's KL reference: the policy with its adapters disabled
     loss_fn: losses.RLLoss
-    advantage_fn: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
-    step_scorer: Any  # per-step scores for dual-granularity advantages, or None
+    advantage_fn: AdvantageFn
+    step_scorer: StepScorer | None  # per-step scores for dual-granularity advantages, or None
     device: torch.device
     mini_rows: int  # rows per optimizer step on this rank
     updates_per_step: int  # optimizer steps one training step makes
-    step_no: int  # training steps taken (the step being trained is step_no + 1)
-    _skipped_updates: int  # optimizer steps skipped as non-finite in the current step
+    skipped_updates: int = 0  # optimizer steps skipped as non-finite in the last update
 
     def _logprobs(
-        self, model: Any, batch: Batch, rows: slice, offset: int, entropy: bool = False
+        self, model: torch.nn.Module, batch: Batch, rows: slice, offset: int, entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs of the targets in the window, and the entropy if asked.  → [b, W], [b, W] | None
 
@@ -146,7 +153,9 @@ class RLUpdate:
             out.append([slice(i, min(i + mb, end)) for i in range(start, end, mb)])
         return out
 
-    def advantages(self, batch: Batch, trajs: list, fwd: Forward) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def advantages(
+        self, batch: Batch, trajs: list[Trajectory], fwd: Forward
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token advantages [B, W] (and returns [B, W] for PPO's critic), from the registered estimator."""
         a, m = self.cfg.algo, batch.mask[:, fwd.offset :]  # [B, W]
         over = batch.response_mask[:, fwd.offset :] if a.gae_over == "response" else m  # [B, W] GAE's tokens
@@ -158,16 +167,21 @@ class RLUpdate:
             x.step_scores = scores.to(self.device)
         return self.advantage_fn(x, a)
 
-    def update(self, batch: Batch, fwd: Forward, adv: torch.Tensor, returns: torch.Tensor | None) -> dict[str, float]:
+    def update(
+        self, batch: Batch, fwd: Forward, adv: torch.Tensor, returns: torch.Tensor | None, step_no: int
+    ) -> dict[str, float]:
         """verl's schedule: ``ppo_epochs`` passes over the batch's mini-batches, one optimizer step per
-        mini-batch (DeepSpeed accumulates its micro-batches). During ``critic_warmup`` steps only
+        mini-batch (DeepSpeed accumulates its micro-batches). ``step_no`` is the training steps
+        taken (the step being trained is ``step_no + 1``): during the first ``critic_warmup`` only
         the critic learns. Stats are means over micro-batches; ``clip_frac/epoch_k`` per epoch."""
         a, o = self.cfg.algo, fwd.offset
+        self.skipped_updates = 0
         mask = batch.mask[:, o:]  # [B, W]
         old = fwd.old_logp.clone() if fwd.old_logp is not None else torch.zeros_like(mask)  # [B, W]
         have_old = fwd.old_logp is not None
         value_mask = batch.response_mask[:, o:] if a.gae_over == "response" else mask  # [B, W] the critic's tokens
-        train_policy = self.step_no >= a.critic_warmup
+        train_policy = step_no >= a.critic_warmup
+        entropy = self._wants_entropy(step_no)
         gas = self.policy.gradient_accumulation_steps()
         # The LRs this training step runs at (the schedule moves once per training step), logged as verl does.
         lrs = {"lr": float(self.policy.get_lr()[0])}
@@ -182,7 +196,7 @@ class RLUpdate:
                 for s in mini:
                     st: dict[str, float] = {}
                     if train_policy:
-                        st = self._policy_micro_step(batch, s, fwd, adv, old, have_old, mask, mini_tokens, gas)
+                        st = self._policy_micro_step(batch, s, fwd, adv, old, have_old, mask, mini_tokens, gas, entropy)
                         policy_steps += int("grad_norm" in st)
                         if a.ppo_epochs > 1:
                             st[f"clip_frac/epoch_{epoch + 1}"] = st["clip_frac"]
@@ -214,10 +228,11 @@ class RLUpdate:
         mask: torch.Tensor,
         mini_tokens: float,
         gas: int,
+        entropy: bool,
     ) -> dict[str, float]:
         """Forward, loss and backward of one micro-batch; DeepSpeed steps on the mini-batch's last."""
         o = fwd.offset
-        logp, ent = self._logprobs(self.policy, batch, s, o, self._wants_entropy())  # [b, W], [b, W] | None
+        logp, ent = self._logprobs(self.policy, batch, s, o, entropy)  # [b, W], [b, W] | None
         if not have_old:
             old[s] = logp.detach()  # one update per batch: this forward precedes the only optimizer step
         ref = fwd.ref_logp[s] if fwd.ref_logp is not None else None
@@ -231,13 +246,15 @@ class RLUpdate:
         st["loss"] = float(loss.detach())
         return st
 
-    def _wants_entropy(self) -> bool:
+    def _wants_entropy(self, step_no: int) -> bool:
         """Entropy is computed when the loss has a term for it, else on logging steps only
         (``trainer.entropy_every``; the step being trained is ``step_no + 1``)."""
         every = self.cfg.trainer.entropy_every
-        return self.loss_fn.needs_entropy or (every > 0 and (self.step_no + 1) % every == 0)
+        return self.loss_fn.needs_entropy or (every > 0 and (step_no + 1) % every == 0)
 
-    def _critic_step(self, batch: Batch, s: slice, fwd: Forward, returns: torch.Tensor, mask: torch.Tensor) -> dict:
+    def _critic_step(
+        self, batch: Batch, s: slice, fwd: Forward, returns: torch.Tensor, mask: torch.Tensor
+    ) -> dict[str, float]:
         """One micro-batch of PPO's clipped value loss."""
         v = self.critic(batch.input_ids[s], batch.attention_mask[s])[:, fwd.offset : -1]  # [b, W]
         vloss, st = losses.value_loss(v, fwd.values[s], returns[s], mask[s], self.cfg.algo.vf_clip)
@@ -245,9 +262,9 @@ class RLUpdate:
         self._optimizer_step(self.critic)
         return {**st, "value_loss": float(vloss.detach())}
 
-    def _optimizer_step(self, engine: Any) -> float | None:
+    def _optimizer_step(self, engine: DeepSpeedEngine) -> float | None:
         """:func:`training.engine.optimizer_step`, counting a step skipped as non-finite."""
         gn = optimizer_step(engine)
         if gn is not None and not update_applied(engine):
-            self._skipped_updates += 1
+            self.skipped_updates += 1
         return gn

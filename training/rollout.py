@@ -16,11 +16,11 @@ needs on top:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from harness.backends.base import SamplingParams, run_sync
 from harness.types import Example, Trajectory
 from pipelines.concurrency import run_bounded
+from pipelines.method import Method
 from training.epochs import EpochSampler
 
 
@@ -65,7 +65,7 @@ def sample_seed(seed: int, prompt_index: int, sample_index: int, n_samples: int)
 
 
 def collect(
-    agent: Any,
+    agent: Method,
     prompts: list[Example],
     n_samples: int,
     sampling: SamplingParams,

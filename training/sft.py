@@ -15,7 +15,7 @@ import time
 import uuid
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,10 +34,13 @@ from training.logprobs import window_token_stats
 from training.sft_data import load_sources
 from training.sft_weights import tag_id_weights, token_weights, weighted_token_mean
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 logger = logging.getLogger(__name__)
 
 
-def sft_tokenizer(cfg: TrainConfig) -> Any:
+def sft_tokenizer(cfg: TrainConfig) -> PreTrainedTokenizerBase:
     """The policy's tokenizer: the byte tokenizer for ``model.tiny``, else the model's own."""
     if cfg.model.tiny is not None:
         return byte_tokenizer()

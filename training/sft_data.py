@@ -32,7 +32,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.config import ConfigError, require_at_least
 from harness.config import from_dict as config_from_dict
@@ -41,6 +41,9 @@ from harness.runlog import RunDir
 from harness.textfiles import read_jsonl
 from harness.types import Segment, Trajectory
 from pipelines.dialects import resolve_dialect
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -86,12 +89,12 @@ class SFTSource:
 
 
 # ---- pieces → segments -------------------------------------------------------------------------
-def encode_piece(tokenizer: Any, text: str) -> list[int]:
+def encode_piece(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def trajectory_from_pieces(
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     pieces: list[tuple[str, str]],
     example_id: str,
     question: str = "",
@@ -193,7 +196,9 @@ def _messages(rec: dict[str, Any], where: str) -> list[dict[str, str]]:
     return out
 
 
-def _chat_pieces(tokenizer: Any, msgs: list[dict[str, str]], use_template: bool) -> list[tuple[str, str]]:
+def _chat_pieces(
+    tokenizer: PreTrainedTokenizerBase, msgs: list[dict[str, str]], use_template: bool
+) -> list[tuple[str, str]]:
     """(role, text) pieces of a conversation. With a chat template, each turn's text is the
     difference between the template applied to the conversation up to and through it (so the
     template's own markers land where the model would see them); the assistant's piece includes
@@ -221,7 +226,9 @@ def _chat_pieces(tokenizer: Any, msgs: list[dict[str, str]], use_template: bool)
     return pieces
 
 
-def load_chat(path: str | Path, tokenizer: Any, limit: int | None = None, chat: bool = True) -> list[Trajectory]:
+def load_chat(
+    path: str | Path, tokenizer: PreTrainedTokenizerBase, limit: int | None = None, chat: bool = True
+) -> list[Trajectory]:
     """Source (b): chat-messages JSONL (see the module docstring for the layouts)."""
     path = Path(path)
     use_template = chat and bool(getattr(tokenizer, "chat_template", None))
@@ -250,7 +257,9 @@ def load_chat(path: str | Path, tokenizer: Any, limit: int | None = None, chat: 
 
 
 # ---- (c) synthesized trajectories ---------------------------------------------------------------
-def load_synth(path: str | Path, tokenizer: Any, limit: int | None = None, chat: bool = True) -> list[Trajectory]:
+def load_synth(
+    path: str | Path, tokenizer: PreTrainedTokenizerBase, limit: int | None = None, chat: bool = True
+) -> list[Trajectory]:
     """Source (c): ``harness data synthesize`` output. The prompt is rendered by the record's
     dialect with THIS tokenizer (``Dialect.prompt_ids``, as the agent does)."""
     path = Path(path)
@@ -380,7 +389,7 @@ def score_env(score: Any) -> dict[str, Any]:
 
 
 def load_run(
-    run_dir: str | Path, tokenizer: Any, where: str | None = None, limit: int | None = None
+    run_dir: str | Path, tokenizer: PreTrainedTokenizerBase, where: str | None = None, limit: int | None = None
 ) -> list[Trajectory]:
     """Source (a): a run directory's trajectories whose scores pass ``where`` (all without one).
     Failed items are never kept. Segments are re-tokenized from their text, segment by segment."""
@@ -410,7 +419,9 @@ def load_run(
     return out
 
 
-def load_sources(sources: list[dict[str, Any]], tokenizer: Any, chat: bool = True) -> list[Trajectory]:
+def load_sources(
+    sources: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, chat: bool = True
+) -> list[Trajectory]:
     """Every configured source, in order."""
     if not sources:
         raise SFTDataError("algo.kind=sft needs sft.sources: [{kind: run|chat|synth, path: ...}]")

@@ -12,12 +12,17 @@ context tokenizes differently is not found and keeps weight 1).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-def tag_id_weights(tokenizer: Any, tag_weights: Mapping[str, float]) -> list[tuple[list[int], float]]:
+
+def tag_id_weights(
+    tokenizer: PreTrainedTokenizerBase, tag_weights: Mapping[str, float]
+) -> list[tuple[list[int], float]]:
     """Each tag's token ids (``tokenizer.encode(tag)``, no special tokens) with its weight,
     longest first so that a longer tag wins where tags overlap (``</answer>`` over ``answer>``)."""
     pairs = []

@@ -6,7 +6,8 @@ ids) → forward (reference log-probs, values, old log-probs once before any upd
 each (gradient accumulation over micro-batches) → weight sync into the rollout backend → log →
 checkpoint → periodic validation (the eval path, ``benchmarks.evaluate``; see ``training.build``).
 This module builds the trainer and runs the step around the update; the update itself (forwards,
-advantages, mini-batches, losses) is :class:`training.rl_update.RLUpdate`, its base.
+advantages, mini-batches, losses) is :class:`training.rl_update.RLUpdate`, a collaborator the
+trainer builds from its models and holds as ``rl_update``.
 
 Asynchronously (``trainer.async``; :mod:`training.async_rollout`) the first two steps become a
 take of finished groups from a producer that keeps generating during the update, at most
@@ -28,15 +29,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from harness.backends.base import SamplingParams
 from harness.backends.vllm_sync import RL_ARGS as VLLM_RL_ARGS
+from harness.types import Example, Trajectory
 from training import losses
 from training.advantages import ADVANTAGES
 from training.async_rollout import AsyncRollouts
@@ -70,6 +73,12 @@ from training.rl_update import RLUpdate
 from training.rollout import PromptSampler, RolloutBatch, collect, sample_seed
 from training.weight_sync import rank_safe_sync, sync_weights
 
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
+
+    from harness.run_records import RunResults
+    from pipelines.search_agent import SearchAgent
+
 logger = logging.getLogger(__name__)
 
 
@@ -89,46 +98,46 @@ def behaviour_logprobs_caveat(cfg: TrainConfig) -> str | None:
     )
 
 
-class RLTrainer(RLUpdate):
+class RLTrainer:
     """``algo.kind: rl`` (a :class:`training.build.Trainer`): holds the collaborators (agent,
-    engines, reward, sampler, log); see the module docstring."""
+    engines, the update, reward, sampler, log); see the module docstring."""
 
     # Guards the sampler's position between the async producer and a checkpoint; a real lock only
     # once trainer.async's producer runs (:meth:`_start_async`).
-    _sampler_lock: Any = contextlib.nullcontext()
+    _sampler_lock: AbstractContextManager[object] = contextlib.nullcontext()
     # trainer.best_metric: the best validation so far (every rank knows its step; rank 0 its value)
     best: BestSelection | None = None
 
     def __init__(
-        self, cfg: TrainConfig, agent: Any, examples: list, out: Path, validate: Callable[[int], Any] | None = None
+        self,
+        cfg: TrainConfig,
+        agent: SearchAgent,
+        examples: list[Example],
+        out: Path,
+        validate: Callable[[int], RunResults] | None = None,
     ) -> None:
         self.cfg, self.agent, self.out, self.validate = cfg, agent, Path(out), validate
         self.backend, self.tokenizer = agent.backend, agent.tokenizer
         self.rank, self.world = rank_and_world()
         check_ranks(cfg, self.world)  # the rest was checked when the recipe loaded
-        self.advantage_fn = ADVANTAGES.get(cfg.algo.advantage)
-        adv_info = ADVANTAGES.info(cfg.algo.advantage)
+        loss_fn = losses.RLLoss.from_config(cfg.algo)
+        check_rollout_support(cfg, agent, loss_fn)  # before any model is built
+        advantage_fn, adv_info = ADVANTAGES.get(cfg.algo.advantage), ADVANTAGES.info(cfg.algo.advantage)
         seed_everything(cfg.trainer.seed)
         if cfg.optim.threads:
             torch.set_num_threads(cfg.optim.threads)
         a, o = cfg.algo, cfg.optim
-        self.mini_rows = mini_batch_rows(cfg, self.world)  # rows per optimizer step on this rank
-        mini_all_ranks = self.mini_rows * self.world  # DeepSpeed: gradient_accumulation = micro-batches per mini-batch
+        mini_rows = mini_batch_rows(cfg, self.world)  # rows per optimizer step on this rank
+        mini_all_ranks = mini_rows * self.world  # DeepSpeed: gradient_accumulation = micro-batches per mini-batch
         # The LR warmup counts training steps, as verl's scheduler does: tell it how many optimizer steps one makes.
         self.updates_per_step = updates_per_training_step(cfg, self.world)
         model = build_model(cfg.model, vocab_size=len(self.tokenizer))
         lora = cfg.model.lora
         if lora is not None:
             model = apply_lora(model, lora)
-            if lora.sync == "adapter" and not hasattr(self.backend, "update_lora_adapter"):
-                raise ValueError(
-                    f"model.lora.sync=adapter needs a backend that loads LoRA adapters (sglang, openai on vLLM), "
-                    f"not {getattr(self.backend, 'name', type(self.backend).__name__)!r}; use sync: merged"
-                )
         # The KL reference: a frozen copy taken before any update, or with LoRA the policy itself
         # with its adapters disabled (the base; no second copy).
-        self.ref = frozen_copy(model) if a.kl_coef > 0 and lora is None else None
-        self.ref_is_base = a.kl_coef > 0 and lora is not None
+        ref = frozen_copy(model) if a.kl_coef > 0 and lora is None else None
         steps = cfg.trainer.max_steps  # the LR schedule decays over the run
         self.policy = initialize(model, o, o.lr, mini_all_ranks, o.warmup_steps, self.updates_per_step, steps)
         self.dist_sync = None  # rollout.weight_sync: distributed (one SGLang server, by broadcast)
@@ -137,28 +146,29 @@ class RLTrainer(RLUpdate):
                 raise ValueError("rollout.weight_sync=distributed needs the sglang backend")
             self.dist_sync = DistributedWeightSync(self.backend)
         self.device = engine_device(self.policy)  # batches, reference, critic, rollout model live here
-        if self.ref is not None:  # DeepSpeed moved the policy; the frozen copy is ours to place
-            self.ref.to(self.device, dtype=torch.bfloat16 if o.bf16 else None)
+        if ref is not None:  # DeepSpeed moved the policy; the frozen copy is ours to place
+            ref.to(self.device, dtype=torch.bfloat16 if o.bf16 else None)
         self._place_rollout_model()
         self.critic = None
-        self.step_scorer = algo_step_scorer(a, self.device) if adv_info.get("needs_step_scores") else None
-        self.loss_fn = losses.RLLoss.from_config(a)
-        rewrite = getattr(getattr(agent, "dialect", None), "rewrite", None)
-        if self.loss_fn.corrects and rewrite is not None:
-            raise ValueError(
-                f"algo.rollout_correction.kind={a.rollout_correction.kind} needs the backend's logprob of every "
-                f"model token, but the {agent.dialect.name} dialect rewrites turns (re-encoded text has no "
-                "backend logprobs); set algo.rollout_correction.kind=none"
-            )
+        # Built before the critic, as always: a step scorer that builds a model draws from the RNG.
+        step_scorer = algo_step_scorer(a, self.device) if adv_info.get("needs_step_scores") else None
         if caveat := behaviour_logprobs_caveat(cfg):
             logger.warning(caveat)
         if adv_info.get("needs_critic"):  # PPO: a critic on the same LM architecture
-            critic = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))
-            if lora is not None:
-                critic = lora_critic(critic, lora)
-            self.critic = initialize(
-                critic, o, o.critic_lr, mini_all_ranks, o.critic_warmup_steps, self.updates_per_step, steps
-            )
+            self.critic = self._build_critic(mini_all_ranks)
+        self.rl_update = RLUpdate(
+            cfg,
+            policy=self.policy,
+            critic=self.critic,
+            ref=ref,
+            ref_is_base=a.kl_coef > 0 and lora is not None,
+            loss_fn=loss_fn,
+            advantage_fn=advantage_fn,
+            step_scorer=step_scorer,
+            device=self.device,
+            mini_rows=mini_rows,
+            updates_per_step=self.updates_per_step,
+        )
         self.reward_fn = build_reward(a.reward)
         self.sampler = PromptSampler(examples, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
         s = cfg.rollout.sampling  # the agent was built with the same values (training.build.rollout_agent_options)
@@ -172,7 +182,6 @@ class RLTrainer(RLUpdate):
             cfg.trainer.max_nonfinite_steps, partial(divergence_advice, self.out / "checkpoints")
         )
         self.health = HealthGuard(cfg.trainer.stop_on, cfg.trainer.stop_on_steps)  # trainer.stop_on
-        self._skipped_updates = 0  # optimizer steps skipped as non-finite in the current step
         # Nothing is written and nothing synced until the run starts (the first step, after any
         # resume): a build or a resume that fails leaves the run folder as it was.
         self.log: MetricsLog | None = None
@@ -180,6 +189,16 @@ class RLTrainer(RLUpdate):
         self._synced: int | None = None  # the policy version the backend serves
         metric = cfg.trainer.best_metric
         self.best = BestSelection(BestValidation(metric), self.out, self.rank) if metric else None
+
+    def _build_critic(self, mini_all_ranks: int) -> DeepSpeedEngine:
+        """PPO's value model: a :class:`training.engine.ValueHead` on a fresh LM of the policy's
+        architecture (LoRA adapters in its body when the policy has them), in its own engine."""
+        cfg, o = self.cfg, self.cfg.optim
+        critic = ValueHead(build_model(cfg.model, vocab_size=len(self.tokenizer)))
+        if cfg.model.lora is not None:
+            critic = lora_critic(critic, cfg.model.lora)
+        steps = cfg.trainer.max_steps
+        return initialize(critic, o, o.critic_lr, mini_all_ranks, o.critic_warmup_steps, self.updates_per_step, steps)
 
     # ---- the loop --------------------------------------------------------------------------
     def train(self) -> Path:
@@ -210,7 +229,7 @@ class RLTrainer(RLUpdate):
         self._start()
         c, t0 = self.cfg, time.perf_counter()
         stats: dict[str, float] = {}
-        self._skipped_updates = 0
+        skipped = 0  # optimizer steps skipped as non-finite in this step
         if not c.trainer.async_.enabled:
             # 1. prompts: the step's prompts on every rank; this rank rolls out its slice (whole groups)
             per_rank = c.rollout.prompts_per_step // self.world
@@ -247,11 +266,12 @@ class RLTrainer(RLUpdate):
                 trajs, [rewards[i] for i in keep], [rollout.group_ids[i] for i in keep], self.pad_id, c.algo.max_len
             ).to(self.device)
             # 5. no-grad forwards: reference log-probs (KL), values (PPO), old log-probs if advantages need them
-            fwd = self.forward(batch)
+            fwd = self.rl_update.forward(batch)
             # 6. advantages (and returns for the critic)
-            adv, returns = self.advantages(batch, trajs, fwd)
+            adv, returns = self.rl_update.advantages(batch, trajs, fwd)
             # 7. loss, backward, DeepSpeed steps: ppo_epochs × mini-batches optimizer steps (verl's schedule)
-            stats.update(self.update(batch, fwd, adv, returns))
+            stats.update(self.rl_update.update(batch, fwd, adv, returns, self.step_no))
+            skipped = self.rl_update.skipped_updates
             trained_tokens, seen_tokens = float(batch.n_tokens), float(batch.attention_mask.sum())
         else:  # every group was uniform: no update this step (the policy is unchanged)
             logger.info("step %d: every group scored uniformly; no update", self.step_no + 1)
@@ -273,7 +293,7 @@ class RLTrainer(RLUpdate):
         metrics = {
             **rollout_metrics(rollout.trajectories, rewards, [p for _, p in scored], self.agent.dialect.name),
             **stats,
-            **self.guard.record(self.step_no, self._skipped_updates),
+            **self.guard.record(self.step_no, skipped),
             "policy_version": float(rollout.policy_version),
             "time/rollout_s": t_rollout - t0,
             "time/reward_s": t_reward - t_rollout,
@@ -311,7 +331,7 @@ class RLTrainer(RLUpdate):
             return
         lock = threading.Lock()  # the producer draws prompts; a checkpoint reads the position
 
-        def next_prompt() -> Any:
+        def next_prompt() -> Example:
             with lock:
                 return self.sampler.next(1)[0]
 
@@ -325,7 +345,7 @@ class RLTrainer(RLUpdate):
             version=self.step_no,
         ).start()
 
-    async def _run_group(self, example: Any, seq: int, version: int) -> list:
+    async def _run_group(self, example: Example, seq: int, version: int) -> list[Trajectory]:
         """One prompt's ``n_samples`` rollouts through THE agent (as ``collect`` makes them), seeded
         by the group's submission order, tagged with the version it started on."""
         n, params = self.cfg.rollout.n_samples, self.sampling.with_(logprobs=True)
@@ -406,7 +426,7 @@ class RLTrainer(RLUpdate):
         # Asynchronous rollouts with interrupt=continue: completions in flight go on under the new weights.
         a = self.cfg.trainer.async_
         async_continue = a.enabled and a.interrupt == "continue"
-        box: dict[str, Any] = {}
+        box: dict[str, dict[str, torch.Tensor]] = {}
 
         def export() -> None:
             box["w"] = merged_state_dict(self.policy) if lora is not None else full_state_dict(self.policy)
@@ -495,6 +515,26 @@ class RLTrainer(RLUpdate):
         if self.best is not None:
             self.best.keep_if_best(val, self.step_no, lambda d: export_hf(self.policy, self.tokenizer, d), self.log)
         return val
+
+
+def check_rollout_support(cfg: TrainConfig, agent: SearchAgent, loss_fn: losses.RLLoss) -> None:
+    """What the recipe needs of the rollout side, checked before any model is built (``ValueError``
+    naming the key): ``model.lora.sync: adapter`` a backend that loads LoRA adapters, and a
+    rollout correction the backend's logprob of every model token, which a dialect that rewrites
+    its turns (and re-encodes them) cannot give."""
+    backend, lora = agent.backend, cfg.model.lora
+    if lora is not None and lora.sync == "adapter" and not hasattr(backend, "update_lora_adapter"):
+        raise ValueError(
+            f"model.lora.sync=adapter needs a backend that loads LoRA adapters (sglang, openai on vLLM), "
+            f"not {getattr(backend, 'name', type(backend).__name__)!r}; use sync: merged"
+        )
+    rewrite = getattr(getattr(agent, "dialect", None), "rewrite", None)
+    if loss_fn.corrects and rewrite is not None:
+        raise ValueError(
+            f"algo.rollout_correction.kind={cfg.algo.rollout_correction.kind} needs the backend's logprob of every "
+            f"model token, but the {agent.dialect.name} dialect rewrites turns (re-encoded text has no "
+            "backend logprobs); set algo.rollout_correction.kind=none"
+        )
 
 
 def informative_rows(group_ids: list[int], rewards: list[float]) -> list[int]:

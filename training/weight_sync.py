@@ -24,20 +24,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from harness.backends.base import WeightUpdate
+from harness.backends.base import Backend, BackendBase, WeightUpdate
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 
 def sync_weights(
-    backend: Any,
-    state_dict: dict[str, Any],
+    backend: BackendBase,
+    state_dict: dict[str, torch.Tensor],
     version: int,
     scratch: Path | None = None,
-    tokenizer: Any = None,
-    model_config: Any = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    model_config: PretrainedConfig | None = None,
     in_flight: str = "drain",
 ) -> None:
     """Push ``state_dict`` (full weights) into ``backend`` as policy version ``version``;
@@ -45,7 +48,7 @@ def sync_weights(
     backend.update_weights(WeightUpdate(state_dict, version, model_config, tokenizer, scratch, in_flight))
 
 
-def is_shared(backend: Any) -> bool:
+def is_shared(backend: Backend) -> bool:
     """A server every rank talks to (HTTP backends list their ``urls``), not a per-rank copy."""
     return getattr(backend, "urls", None) is not None
 
@@ -56,12 +59,12 @@ def barrier() -> None:
 
 
 def rank_safe_sync(
-    backend: Any,
+    backend: Backend,
     push: Callable[[], None],
     version: int,
     rank: int,
     world: int,
-    gather: Callable[[], Any] | None = None,
+    gather: Callable[[], object] | None = None,
     adapter: bool = False,
 ) -> None:
     """Run ``push`` (export the weights and post them) once for a shared server, on rank 0 behind

@@ -143,8 +143,8 @@ BASELINE_OPTIONS = {
 def heldout_eval(method: str, backend: Any, retriever: Any, heldout: list[Example], args: Any, out: Path) -> dict:
     """Greedy (top-k) retrieval through the eval path (``simple_evaluate``, as ``harness eval
     --retriever harr`` runs it): EM, F1 and answer-recall over the held-out questions."""
-    # deferred: training.retriever_rl imports torch (~1.4 s)
-    from training.retriever_rl import answer_recall
+    # deferred: training.retriever_loss imports torch (~1.4 s)
+    from training.retriever_loss import answer_recall
 
     for old in sorted(out.iterdir()) if out.is_dir() else []:  # a run of an older tower must not be resumed
         safe_delete.remove(old, RUN_ENTRIES, kind="eval", why="harr_train")

@@ -180,7 +180,7 @@ def _time_prep(trainer: Any) -> None:
         return inner(trajs, rewards, group_ids, *a, **kw)
 
     tt.collate = collate
-    trainer.advantages = wrap(trainer.advantages, "advantages")
+    trainer.rl_update.advantages = wrap(trainer.rl_update.advantages, "advantages")
 
 
 def harness_step(trainer: Any, clock: BusyClock) -> dict[str, float]:

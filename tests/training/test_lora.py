@@ -50,7 +50,7 @@ def test_lora_grpo_trains_adapters_only_and_syncs_into_hf(tmp_path):
     from tests.training.test_trainer import make
 
     trainer = make(tmp_path, LORA, "algo.reward=test_length", "algo.kl_coef=0.05", "algo.ppo_epochs=2")
-    assert trainer.ref is None and trainer.ref_is_base  # no second copy for the KL reference
+    assert trainer.rl_update.ref is None and trainer.rl_update.ref_is_base  # no second copy for the KL reference
     before = {k: v.detach().clone() for k, v in trainer.policy.module.named_parameters()}
     trainable = {k for k, p in trainer.policy.module.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in k for k in trainable)

@@ -180,8 +180,8 @@ def test_dual_granularity_step_advantages_come_from_the_prm(trained, tmp_path):
         "trainer.save_every=0",
         "trainer.tensorboard=false",
     )
-    assert isinstance(trainer.step_scorer, PRMStepScorer)
-    adv_t, _ = trainer.advantages(batch.to(trainer.device), trajs, Forward(0, None, None, None))
+    assert isinstance(trainer.rl_update.step_scorer, PRMStepScorer)
+    adv_t, _ = trainer.rl_update.advantages(batch.to(trainer.device), trajs, Forward(0, None, None, None))
     assert torch.allclose(adv_t.cpu(), adv, atol=1e-5)
 
 
@@ -305,7 +305,7 @@ def test_one_prm_per_node_local_rank_0_serves_the_others(trained, monkeypatch):
     nothing and scores through local rank 0's server, with the same scores."""
     import socket
 
-    from training.prm import _rendezvous_file
+    from training.prm_scorer import _rendezvous_file
 
     _, _, final = trained
     with socket.socket() as s:

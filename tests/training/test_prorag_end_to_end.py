@@ -134,16 +134,16 @@ def test_prorag_four_stages_end_to_end(tmp_path):
     (tmp_path / "rl.yaml").write_text(RL.replace("PLACEHOLDER", str(rft_final)))
     cfg = compose(TrainConfig, [tmp_path / "rl.yaml"], [f"algo.step_scorer_path={prm_final}"])
     rl = build_trainer(cfg, tmp_path / "rl")
-    assert isinstance(rl.step_scorer, PRMStepScorer)
+    assert isinstance(rl.rl_update.step_scorer, PRMStepScorer)
     seen: list[list[float]] = []
-    score_many = rl.step_scorer.score_many
+    score_many = rl.rl_update.step_scorer.score_many
 
     def recorded(trajs):  # the scores the step's advantages are computed from, all turns at once
         out = score_many(trajs)
         seen.extend([sc for _, _, sc in per] for per in out)
         return out
 
-    rl.step_scorer.score_many = recorded
+    rl.rl_update.step_scorer.score_many = recorded
     m = rl.step()
     assert m["grad_norm"] > 0 and all(v == v for v in m.values()), m
     assert len(seen) == 4, "every rollout of the step is scored by the learned PRM"

@@ -165,8 +165,8 @@ def test_cli_trains_resumes_and_validates_into_the_run_folder(tmp_path):
 def test_every_estimator_trains_a_step(tmp_path, overrides):
     trainer = make(tmp_path, "trainer.save_every=0", "trainer.tensorboard=false", *overrides)
     seen = []
-    estimator = trainer.advantage_fn
-    trainer.advantage_fn = lambda x, algo: seen.append(x) or estimator(x, algo)
+    estimator = trainer.rl_update.advantage_fn
+    trainer.rl_update.advantage_fn = lambda x, algo: seen.append(x) or estimator(x, algo)
     m = trainer.step()
     kl_in_reward = "algo.kl_in_reward=true" in overrides
     # The KL reaches the estimator as −β·k1 per model token, and then not as a loss term too.
@@ -177,7 +177,7 @@ def test_every_estimator_trains_a_step(tmp_path, overrides):
     assert all(v == v for v in m.values()), m  # no NaN
     assert m["grad_norm"] > 0
     if "algo.advantage=gae" in overrides:
-        assert "value_loss" in m and trainer.critic is not None and trainer.ref is not None
+        assert "value_loss" in m and trainer.critic is not None and trainer.rl_update.ref is not None
     if "algo.ppo_epochs=2" in overrides:
         assert m["clip_frac"] >= 0 and "kl" in m
 
@@ -241,7 +241,7 @@ def test_windowed_logprobs_match_a_full_forward(tmp_path):
         ]  # [B, T, V]
         expect = token_logprobs(full, batch.targets)[:, offset:] * batch.mask[:, offset:]  # [B, W]
         for rows in (slice(0, 1), slice(1, 4)):
-            got, _ = trainer._logprobs(trainer.policy, batch, rows, offset)
+            got, _ = trainer.rl_update._logprobs(trainer.policy, batch, rows, offset)
             assert got.shape == expect[rows].shape
             torch.testing.assert_close(got * batch.mask[rows, offset:], expect[rows], atol=1e-5, rtol=1e-5)
 
@@ -345,7 +345,7 @@ def test_a_rollout_correction_trains_a_step_and_logs_the_mismatch(tmp_path, temp
     another policy)."""
     overrides = [f"algo.rollout_correction.{c}" for c in correction]
     trainer = make(tmp_path, *overrides, "trainer.save_every=0", f"rollout.sampling.temperature={temperature}")
-    assert trainer.loss_fn.corrects == (correction != ["kind=none"])
+    assert trainer.rl_update.loss_fn.corrects == (correction != ["kind=none"])
     m = trainer.step()
     assert m["grad_norm"] > 0 and m["loss"] == m["loss"]
     assert m["mismatch/abs_log_ratio"] < 1e-3 and abs(m["mismatch/kl_k3"]) < 1e-5
@@ -391,9 +391,9 @@ def test_a_mask_drops_each_token_by_its_own_behaviour_logprob(tmp_path):
     batch = collate(rollout.trajectories, [1.0, 0.0, 1.0, 0.0], rollout.group_ids, trainer.pad_id)
     batch = batch.to(trainer.device)
     batch.old_logprobs[0] -= math.log(10.0) * batch.loss_mask[0]  # [L]: model tokens only
-    fwd = trainer.forward(batch)
-    adv, returns = trainer.advantages(batch, rollout.trajectories, fwd)
-    st = trainer.update(batch, fwd, adv, returns)
+    fwd = trainer.rl_update.forward(batch)
+    adv, returns = trainer.rl_update.advantages(batch, rollout.trajectories, fwd)
+    st = trainer.rl_update.update(batch, fwd, adv, returns, trainer.step_no)
     n = batch.mask.sum(1)  # [B] model tokens per row
     assert st["mismatch/corrected_frac"] == pytest.approx(float(n[0] / n.sum()), abs=1e-6)
     assert st["mismatch/weight_mean"] == pytest.approx(1.0, abs=1e-2)  # the kept tokens are on-policy
@@ -416,7 +416,7 @@ def test_a_rollout_correction_refuses_rollouts_without_backend_logprobs(tmp_path
     trajs[0].segments[i] = replace(trajs[0].segments[i], logprobs=None)
     batch = collate(trajs, [0.0] * 4, rollout.group_ids, trainer.pad_id)
     with pytest.raises(ValueError, match="rollout_correction.kind=tis needs the backend's logprob"):
-        trainer.forward(batch)
+        trainer.rl_update.forward(batch)
 
 
 def test_a_rollout_correction_is_refused_for_a_dialect_that_rewrites_turns(tmp_path):
@@ -489,8 +489,9 @@ def test_shuffle_rows_cuts_mini_batches_from_shuffled_rows(tmp_path):
         trainer = make(tmp_path / str(shuffle), "trainer.save_every=0", "trainer.tensorboard=false",
                        f"algo.shuffle_rows={str(shuffle).lower()}")  # fmt: skip
         seen = []
-        estimator = trainer.advantage_fn
-        trainer.advantage_fn = lambda x, algo, seen=seen, estimator=estimator: seen.append(x) or estimator(x, algo)
+        update = trainer.rl_update
+        estimator = update.advantage_fn
+        update.advantage_fn = lambda x, algo, seen=seen, estimator=estimator: seen.append(x) or estimator(x, algo)
         trainer.step()
         orders[shuffle] = seen[0].group_ids.tolist()
     rows = list(range(4))
@@ -507,10 +508,11 @@ def test_gae_over_the_response_includes_observation_tokens(tmp_path):
     trainer = make(tmp_path, "trainer.save_every=0", "trainer.tensorboard=false", "algo.advantage=gae",
                    "algo.gae_over=response", "rollout.agent.max_turns=2")  # fmt: skip
     seen, critic_masks, batches = [], [], []
-    estimator, critic_step, advantages = trainer.advantage_fn, trainer._critic_step, trainer.advantages
-    trainer.advantage_fn = lambda x, algo: seen.append(x) or estimator(x, algo)
-    trainer._critic_step = lambda b, s, f, r, m: critic_masks.append(m) or critic_step(b, s, f, r, m)
-    trainer.advantages = lambda b, t, f: batches.append((b, f.offset)) or advantages(b, t, f)
+    update = trainer.rl_update  # the trainer's collaborator: forwards, advantages, optimizer steps
+    estimator, critic_step, advantages = update.advantage_fn, update._critic_step, update.advantages
+    update.advantage_fn = lambda x, algo: seen.append(x) or estimator(x, algo)
+    update._critic_step = lambda b, s, f, r, m: critic_masks.append(m) or critic_step(b, s, f, r, m)
+    update.advantages = lambda b, t, f: batches.append((b, f.offset)) or advantages(b, t, f)
     assert "value_loss" in trainer.step()
     (batch, o), x = batches[0], seen[0]
     model, response = batch.mask[:, o:], batch.response_mask[:, o:]  # [B, W]
