@@ -13,15 +13,12 @@ import functools
 import time
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from harness.backends.base import BackendError, SamplingParams
 from harness.backends.hf_prefix import common_prefix
-
-if TYPE_CHECKING:
-    from harness.backends.hf import HFBackend
 
 # Requests admitted together are prefilled in a second round from another's KV only when that
 # saves at least this many tokens each: a round costs a forward call (tens of ms on a CPU).
@@ -63,7 +60,7 @@ class _Running:
     unread (see the module docstring); ``live_rows`` are the others.
     """
 
-    def __init__(self, backend: HFBackend) -> None:
+    def __init__(self, backend: Any) -> None:  # the HFBackend that owns it (hf imports this module)
         self.b = backend
         self.torch = backend.torch
         self.reset()
