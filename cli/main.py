@@ -36,6 +36,10 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
     from harness import runlock  # deferred: it imports harness.safe_delete (~20 ms), which harness --help does not need
 
     runlock.set_command(" ".join(["harness", *sys.argv[1:]]))
+    # Freed tensors go back to the OS instead of staying in glibc's arenas (harness.memory).
+    from harness.memory import tune_allocator
+
+    tune_allocator()
 
 
 for _name in HELP_ORDER:  # every command from the one table, cli.commands.COMMANDS

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -50,6 +51,7 @@ from harness import safe_delete
 from harness.config import compose, deep_merge, from_dict, load_yaml, to_dict
 from harness.eval_config import EvalConfig, RetrieverConfig
 from harness.fsutil import write_json_atomic
+from harness.memory import release_memory, rss_mb
 from harness.models import load_tokenizer
 from harness.runlog import RUN_ENTRIES, file_hash
 from harness.safe_delete import FILE
@@ -109,8 +111,9 @@ def seeded(name: str, seed: int) -> str:
 
 
 class Timings:
-    """Each stage's wall time, written to ``timings.json`` as it goes (``cached``: the stage found
-    its output and ran nothing)."""
+    """Each stage's wall time, written to ``timings.json`` as it goes, with the process's memory:
+    ``peak_rss_mb`` is the peak so far (the stage's own when it is the largest yet), ``rss_mb``
+    what is held once the stage's memory has been given back (:func:`harness.memory.release_memory`)."""
 
     def __init__(self, path: Path) -> None:
         self.path, self.stages = path, {}
@@ -119,7 +122,10 @@ class Timings:
     def stage(self, name: str) -> Iterator[None]:
         start = time.monotonic()
         yield
-        self.stages[name] = {"seconds": round(time.monotonic() - start, 1)}
+        seconds = round(time.monotonic() - start, 1)
+        release_memory()  # the stage's models and caches are gone: their pages go back to the OS
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
+        self.stages[name] = {"seconds": seconds, "peak_rss_mb": round(peak), "rss_mb": round(rss_mb())}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.path, self.stages)
 
