@@ -185,3 +185,11 @@ class BestSelection:
             self.best.to_final(self.out, final)
         barrier()
         return final
+
+
+def write_final(best: BestSelection | None, export: Callable[[Path], Path], out: Path) -> Path:
+    """``out/final``: the validated step that ``trainer.best_metric`` chose, else the policy as it
+    is now (``export`` writes it into the folder it is given)."""
+    if best is not None and best.chosen:
+        return best.finish(out / "final")
+    return export(out / "final")

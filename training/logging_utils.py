@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -214,15 +213,3 @@ def memory_metrics() -> dict[str, float]:
     except OSError:
         pass
     return out
-
-
-def release_freed_memory() -> None:
-    """Hand memory freed by the step back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
-
-    Each step allocates tensors of new shapes (rollout lengths vary); glibc keeps the freed
-    chunks in per-thread arenas, so a CPU run's RSS creeps up step after step without it.
-    """
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

@@ -23,7 +23,7 @@ from harness.models import load_tokenizer
 from harness.tokenization import byte_tokenizer
 from harness.types import Trajectory
 from training.batch import Batch, collate
-from training.best_val import BestSelection, BestValidation
+from training.best_val import BestSelection, BestValidation, write_final
 from training.checkpoint import divergence_advice, export_hf, restore_position, resume_checkpoint, save_position
 from training.config import TrainConfig
 from training.divergence import NonFiniteGuard, poisoned, update_applied
@@ -94,10 +94,7 @@ class SFTTrainer:
                 bar.update(self.step_no + 1, self.step())
         if not c.save_every or self.step_no % c.save_every:
             self.save()
-        if self.best is not None and self.best.chosen:  # trainer.best_metric: the lowest val/loss
-            final = self.best.finish(self.out / "final")
-        else:
-            final = export_hf(self.policy, self.tokenizer, self.out / "final")
+        final = write_final(self.best, lambda d: export_hf(self.policy, self.tokenizer, d), self.out)
         if self.log is not None:
             self.log.close()
         return final

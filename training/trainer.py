@@ -39,12 +39,13 @@ import torch
 
 from harness.backends.base import SamplingParams
 from harness.backends.vllm_sync import RL_ARGS as VLLM_RL_ARGS
+from harness.memory import release_memory
 from harness.types import Example, Trajectory
 from training import losses
 from training.advantages import ADVANTAGES
 from training.async_rollout import AsyncRollouts
 from training.batch import collate
-from training.best_val import BestSelection, BestValidation, from_rank0
+from training.best_val import BestSelection, BestValidation, from_rank0, write_final
 from training.checkpoint import divergence_advice, export_hf, restore_position, resume_checkpoint, save_and_prune
 from training.config import TrainConfig, check_ranks, mini_batch_rows, updates_per_training_step
 from training.dist_sync import DistributedWeightSync
@@ -64,7 +65,6 @@ from training.logging_utils import (
     ProgressBar,
     memory_metrics,
     open_run_records,
-    release_freed_memory,
     rollout_metrics,
 )
 from training.lora import apply_lora, base_model, lora_critic, merged_state_dict, save_adapter
@@ -216,10 +216,7 @@ class RLTrainer:
             self.close()
         if self._saved_step != self.step_no:
             self.save()  # the last step is always resumable
-        if self.best is not None and self.best.chosen:  # trainer.best_metric: validation chose
-            final = self.best.finish(self.out / "final")
-        else:
-            final = export_hf(self.policy, self.tokenizer, self.out / "final")
+        final = write_final(self.best, lambda d: export_hf(self.policy, self.tokenizer, d), self.out)
         if self.log is not None:
             self.log.close()
         return final
@@ -303,7 +300,7 @@ class RLTrainer:
             "tokens/generated": float(sum(t.generated_tokens for t in rollout.trajectories)),
             "tokens/trained": trained_tokens,
         }
-        release_freed_memory()
+        release_memory()
         metrics.update(memory_metrics())
         metrics["rollout_tokens_per_s"] = metrics["tokens/generated"] / max(1e-9, t_rollout - t0)
         metrics["update_tokens_per_s"] = seen_tokens / max(1e-9, t_update - t_reward)
