@@ -89,7 +89,7 @@ FIXED = (
     Panel("health/broken_tags", "health: share of responses with malformed or unbalanced reasoning tags", "fraction"),
     Panel("health/think_words", "health: mean words inside <think> per response", "words"),
     Panel("loss", "training loss", "loss"),
-    # trainer.async (training/async_rollout.py): drawn only for asynchronous runs
+    # trainer.async (training/rl/async_rollout.py): drawn only for asynchronous runs
     Panel("async/staleness_mean", "staleness of the step's groups (versions behind the trainer)", "versions"),
     Panel("async/trainer_wait_s", "trainer idle: seconds waiting for finished groups", "seconds"),
     Panel("async/buffer_depth", "finished groups left in the buffer after the step's take", "groups"),

@@ -6,7 +6,7 @@ dialect, kept only when retrieval surfaced each hop's gold. Prints how many it k
 
 ``harness data rft-filter RUN_DIR... --out DIR [--step-scorer NAME --step-scorer-arg k=v ...]``
 
-RFT's filter (:mod:`training.rft`): of the sampled trajectories of ``harness eval --n-samples K``
+RFT's filter (:mod:`training.data.rft`): of the sampled trajectories of ``harness eval --n-samples K``
 runs, keep those with a right outcome and step scores that pass a threshold, as a run directory
 that ``algo.kind: sft`` reads (``{kind: run, path: DIR}``), with a summary of what it kept and why.
 
@@ -72,13 +72,13 @@ def mcts_command(
     limit: int = typer.Option(None, "--limit", help="At most N questions."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. mcts.num_simulations=20"),
 ) -> None:
-    """MCTS step values and contrastive step pairs for a PRM (training.mcts), through the agent loop.
+    """MCTS step values and contrastive step pairs for a PRM (training.data.mcts), through the agent loop.
 
     Appends per question to OUT/steps.jsonl, OUT/pairs.jsonl and OUT/done.jsonl; a rerun skips the
     finished questions (resume after an interrupt)."""
     # deferred: the command's library loads when it runs, not at every harness --help
     from harness.config import ConfigError
-    from training.mcts import run_mcts_recipe
+    from training.data.mcts import run_mcts_recipe
 
     extra = list(overrides or [])
     extra += [f"dataset.data_dir={data_dir}"] if data_dir else []
@@ -127,10 +127,10 @@ def rft_filter_command(
     step_threshold: float = typer.Option(0.5, "--step-threshold", help="In the scorer's units (PRM sigmoid: 0.5)."),
     dedupe: bool = typer.Option(True, "--dedupe/--no-dedupe", help="Drop repeated responses to one question."),
 ) -> None:
-    """RFT: keep sampled trajectories with a right outcome and good step scores (training.rft)."""
+    """RFT: keep sampled trajectories with a right outcome and good step scores (training.data.rft)."""
     # deferred: the command's library loads when it runs, not at every harness --help
     from harness.runlog import RunDirError
-    from training.rft import SUMMARY, RFTFilterConfig, rft_filter
+    from training.data.rft import SUMMARY, RFTFilterConfig, rft_filter
 
     try:
         cfg = RFTFilterConfig(
@@ -161,11 +161,12 @@ def harr_filter_command(
     data_dir: DataDir = None,
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides of the recipe."),
 ) -> None:
-    """HARR: keep the training questions where sampled retrievals change the outcome (training.retriever_rl)."""
+    """HARR: keep the training questions where sampled retrievals change the outcome
+    (training.retriever.retriever_rl)."""
     # deferred: the command's library loads when it runs, not at every harness --help
     from harness.config import ConfigError
     from training.build import train_config
-    from training.retriever_rl import harr_filter
+    from training.retriever.retriever_rl import harr_filter
 
     try:
         cfg = train_config(list(config or []), list(overrides or []), data_dir)

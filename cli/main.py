@@ -63,7 +63,7 @@ def _train_then_exit() -> None:
     interpreter's finalization. A training that finished well (final/ written, exit hooks run)
     could still die of SIGABRT while C++ statics were destroyed ("terminate called without an
     active exception"): 1 run in 4 of a 2-step async run on this VM, 5 in 6 under the exit test of
-    tests/training/test_async_train.py. The root cause is not found; this keeps the run's exit
+    tests/training/rl/test_async_train.py. The root cause is not found; this keeps the run's exit
     code the run's own. Everything harness writes is closed before this point."""
     code: int = 0
     try:

@@ -129,7 +129,7 @@ def prm(
 ) -> None:
     """Serve a process reward model: POST /score {"sequences": [[ids]]} → {"scores": [...]} (algo.step_scorer_url)."""
     # deferred: the command's library loads when it runs, not at every harness --help
-    from training.prm_scorer import serve
+    from training.prm.prm_scorer import serve
 
     if not (Path(path) / "prm.json").exists():
         fail(f"--path {path}: not a PRM folder (no prm.json; train one with algo.kind=prm)")

@@ -42,7 +42,7 @@ ItemRunner = Callable[[Example, int, SamplingParams | None, int], Awaitable[Traj
 
 @runtime_checkable
 class Method(Protocol):
-    """What ``harness eval`` (``benchmarks.evaluate``) and RL rollouts (``training.rollout``) call.
+    """What ``harness eval`` (``benchmarks.evaluate``) and RL rollouts (``training.rl.rollout``) call.
 
     ``arun`` runs one (example, sample) and never raises (errors are recorded on the trajectory);
     ``run_examples`` runs many concurrently, calling ``on_done`` as each finishes and skipping

@@ -159,7 +159,7 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
             seed=None if c.temperature == 0 else c.seed + sample_index,
             # Evaluation reads no logprobs (no metric uses them); asking costs the engine a
             # log-softmax per token and the wire a float per token. RL rollouts ask for them
-            # (training.rollout.collect sets logprobs=True).
+            # (training.rl.rollout.collect sets logprobs=True).
             logprobs=False,
         )
         return params.with_(**overrides) if overrides else params
@@ -179,7 +179,7 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
     ) -> Trajectory:
         """One item, start to finish. Never raises: errors are recorded on the trajectory.
 
-        Resuming (MCTS, training.mcts): ``prefix`` is an earlier trajectory of this example whose
+        Resuming (MCTS, training.data.mcts): ``prefix`` is an earlier trajectory of this example whose
         loop stopped between steps (``finish_reason == "paused"``); the loop continues from its
         segments, counters and searches, exactly as if it had never stopped. ``max_steps`` stops
         the loop after that many steps (a step is one model turn plus its observation) with

@@ -61,7 +61,7 @@ REGISTERED = [
         "training.losses:ROLLOUT_CORRECTIONS",
     ),
     ("optim.schedule", "training.config:OptimConfig", "schedule", "training.engine:LR_SCHEDULES"),
-    ("prm.loss", "training.config:PRMConfig", "loss", "training.prm_loss:PRM_LOSSES"),
+    ("prm.loss", "training.config:PRMConfig", "loss", "training.prm.prm_loss:PRM_LOSSES"),
     (
         "retriever_rl.rl.loss_agg",
         "training.retriever_config:RetrieverRLConfig",
@@ -99,7 +99,7 @@ def test_a_registered_name_is_written_once(path, cls, field, target):
 
 
 def test_sft_source_kinds_are_a_registry():
-    from training.sft_data import SFT_SOURCES, SFTDataError, SFTSource
+    from training.sft.sft_data import SFT_SOURCES, SFTDataError, SFTSource
 
     assert set(SFT_SOURCES.names()) == {"run", "chat", "synth"}
     with pytest.raises(SFTDataError, match="kind must be one of chat, run, synth"):

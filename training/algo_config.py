@@ -58,7 +58,7 @@ class RolloutCorrectionConfig:
 @dataclass(frozen=True)
 class AlgoConfig:
     # The trainer (training.build.TRAINERS): rl; sft: supervised fine-tuning on ``sft.sources``
-    # (training.sft); prm: a process reward model on MCTS records ``prm.data`` (training.prm);
+    # (training.sft.sft); prm: a process reward model on MCTS records ``prm.data`` (training.prm.prm);
     # retriever: RL on the retriever's query tower, generator frozen (``retriever_rl``).
     kind: Literal["rl", "sft", "prm", "retriever"] = "rl"
     # advantage, loss_agg and kl_estimator name registered functions (training.advantages.ADVANTAGES,
@@ -100,7 +100,7 @@ class AlgoConfig:
     step_scorer: str = "rule"  # dual_granularity: a training.rewards.STEP_SCORERS name (rule, prm)
     step_scorer_path: str | None = None  # step_scorer prm: a trained PRM folder, scored in process
     step_scorer_url: str | None = None  # step_scorer prm: a `harness serve prm` server instead
-    step_scorer_format: bool = False  # step_scorer prm: add ProRAG's step format term (training.prm)
+    step_scorer_format: bool = False  # step_scorer prm: add ProRAG's step format term (training.prm.prm)
     # step_scorer prm: what the PRM scores of each prefix + step (training.prm_window.ScoringWindow),
     # as ProRAG's RL scores it (prorag/rl/trainer.py get_prm_score: the tokenizer's truncation=True,
     # max_length=4096 keeps the FIRST 4096 tokens, and no EOS is appended, though the PRM was trained

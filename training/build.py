@@ -162,10 +162,10 @@ def rollout_agent_options(cfg: TrainConfig, validation: bool = False) -> dict[st
 
 def _rl_trainer(cfg: TrainConfig, out: Path, backend: Backend | None = None) -> Trainer:
     """``algo.kind: rl``: the search agent's rollouts (through ``build_method``) on the policy."""
-    # deferred: training.trainer imports torch (~1.4 s), and so do these
+    # deferred: training.rl.trainer imports torch (~1.4 s), and so do these
     from training.health import preflight
     from training.rewards import build_reward
-    from training.trainer import RLTrainer
+    from training.rl.trainer import RLTrainer
 
     d = cfg.data
     if method_kind(cfg.rollout.method) != "agent":
@@ -183,22 +183,22 @@ def _rl_trainer(cfg: TrainConfig, out: Path, backend: Backend | None = None) -> 
 
 
 def _sft_trainer(cfg: TrainConfig, out: Path, backend: Backend | None = None) -> Trainer:
-    # deferred: training.sft imports torch (~1.4 s)
-    from training.sft import SFTTrainer
+    # deferred: training.sft.sft imports torch (~1.4 s)
+    from training.sft.sft import SFTTrainer
 
     return SFTTrainer(cfg, out)
 
 
 def _prm_trainer(cfg: TrainConfig, out: Path, backend: Backend | None = None) -> Trainer:
-    # deferred: training.prm imports torch (~1.4 s)
-    from training.prm import PRMTrainer
+    # deferred: training.prm.prm imports torch (~1.4 s)
+    from training.prm.prm import PRMTrainer
 
     return PRMTrainer(cfg, out)
 
 
 def _retriever_trainer(cfg: TrainConfig, out: Path, backend: Backend | None = None) -> Trainer:
-    # deferred: training.retriever_rl imports torch (~1.4 s)
-    from training.retriever_rl import RetrieverTrainer
+    # deferred: training.retriever.retriever_rl imports torch (~1.4 s)
+    from training.retriever.retriever_rl import RetrieverTrainer
 
     return RetrieverTrainer(cfg, out, backend)
 

@@ -57,7 +57,7 @@ TrainerState = dict[str, object]
 
 
 class DataPosition(Protocol):
-    """A trainer's data sampler, as a checkpoint keeps it (``training.rollout.PromptSampler``,
+    """A trainer's data sampler, as a checkpoint keeps it (``training.rl.rollout.PromptSampler``,
     ``training.epochs.EpochSampler``)."""
 
     def state(self) -> dict[str, int]: ...

@@ -19,7 +19,7 @@ from training.retriever_config import RetrieverTrainConfig
 
 # Names that are registries' keys, checked when a recipe loads (see training.algo_config).
 LR_SCHEDULE_NAMES = "training.engine:LR_SCHEDULES"
-PRM_LOSS_NAMES = "training.prm_loss:PRM_LOSSES"
+PRM_LOSS_NAMES = "training.prm.prm_loss:PRM_LOSSES"
 
 _STOP_RULE = re.compile(r"^\s*(>=|<=|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
 
@@ -120,7 +120,7 @@ class SamplingConfig:
     Rollouts sample at ``temperature`` and ``top_p`` and generate at most ``max_new_tokens`` a
     turn; the trainer scores tokens at the same temperature (:mod:`training.logprobs`). Each
     rollout gets its own seed from ``seed`` (None: ``trainer.seed``), the step, the prompt and the
-    sample (:func:`training.rollout.sample_seed`). Validation is greedy with the same ``max_new_tokens``.
+    sample (:func:`training.rl.rollout.sample_seed`). Validation is greedy with the same ``max_new_tokens``.
     """
 
     temperature: float = 1.0
@@ -186,7 +186,7 @@ class RolloutConfig:
     agent: RolloutAgentConfig = field(default_factory=RolloutAgentConfig)
     # How weights reach a server: "disk" (a model directory + /update_weights_from_disk, tested
     # against real SGLang) or "distributed" (broadcast over NCCL/gloo, SGLang's
-    # /update_weights_from_distributed; tested only against a stand-in, see training.dist_sync).
+    # /update_weights_from_distributed; tested only against a stand-in, see training.rl.dist_sync).
     weight_sync: Literal["disk", "distributed"] = "disk"
 
     def __post_init__(self) -> None:
@@ -241,7 +241,7 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class AsyncConfig:
-    """``trainer.async``: rollouts that never wait for the trainer (:mod:`training.async_rollout`).
+    """``trainer.async``: rollouts that never wait for the trainer (:mod:`training.rl.async_rollout`).
 
     A producer keeps rollout groups (a prompt's ``n_samples``) in flight through the same agent
     into a buffer; each step trains on ``prompts_per_step`` finished groups. AReaL's staleness
@@ -296,7 +296,7 @@ class TrainerConfig:
     # With algo.entropy_coef = 0 the policy entropy is only a metric: compute and log it every N
     # training steps (1: every step, 0: never). A nonzero coefficient computes it every step.
     entropy_every: int = 10
-    # Asynchronous rollouts (``trainer.async`` in YAML; see training.async_rollout).
+    # Asynchronous rollouts (``trainer.async`` in YAML; see training.rl.async_rollout).
     async_: AsyncConfig = field(default_factory=lambda: AsyncConfig(), metadata={"key": "async"})
     # RL: before the first step, check that the retriever returns text for a few training
     # questions and that a gold answer's reward is positive; stop with what failed otherwise.
@@ -316,10 +316,10 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class SFTConfig:
-    """``algo.kind: sft``: where the trajectories come from (see :mod:`training.sft`).
+    """``algo.kind: sft``: where the trajectories come from (see :mod:`training.sft.sft`).
 
     Each source is ``{kind: run | chat | synth, path: ..., where: "em >= 1", limit: N}`` (``kind``: a
-    ``training.sft_data.SFT_SOURCES`` name).
+    ``training.sft.sft_data.SFT_SOURCES`` name).
     """
 
     sources: list[dict[str, Any]] = field(default_factory=list)
@@ -328,7 +328,7 @@ class SFTConfig:
     # Trajectories held out for the logged val/loss (every trainer.eval_every steps) and for
     # trainer.best_metric: loss (ProRAG: train_test_split(test_size=0.01), best by eval_loss).
     val_fraction: float = 0.0
-    # Cross-entropy weight of each tag's tokens (training.sft_weights), others 1; the loss is then
+    # Cross-entropy weight of each tag's tokens (training.sft.sft_weights), others 1; the loss is then
     # Σ w·nll / Σ w, as ProRAG's SFT ({"<answer>": 5, "<subquery>": 3, "</step>": 2, ...}). {}: plain mean.
     tag_weights: dict[str, float] = field(default_factory=dict)
 
@@ -340,10 +340,10 @@ class SFTConfig:
 
 @dataclass(frozen=True)
 class PRMConfig:
-    """``algo.kind: prm``: the process reward model's data and loss (see :mod:`training.prm`)."""
+    """``algo.kind: prm``: the process reward model's data and loss (see :mod:`training.prm.prm`)."""
 
     data: list[str] = field(default_factory=list)  # MCTS output folders (harness data mcts --out)
-    loss: str = "pairwise"  # a training.prm_loss.PRM_LOSSES name; ProRAG: pairwise (TRL RewardTrainer)
+    loss: str = "pairwise"  # a training.prm.prm_loss.PRM_LOSSES name; ProRAG: pairwise (TRL RewardTrainer)
     batch_size: int = 32  # pairs (or step records) per optimizer step; ProRAG 4 x 8 accumulation
     val_fraction: float = 0.02  # pairs held out for the logged pair accuracy (ProRAG: 2 %)
     append_eos: bool = True  # ProRAG trains on prefix + step + EOS (prorag/prm/train.py:32-33)

@@ -1,5 +1,5 @@
-"""What a process reward model scores of a prefix + step (shared by :mod:`training.prm` and its
-server, :mod:`training.prm_server`)."""
+"""What a process reward model scores of a prefix + step (shared by :mod:`training.prm.prm` and its
+server, :mod:`training.prm.prm_server`)."""
 
 from __future__ import annotations
 

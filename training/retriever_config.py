@@ -2,7 +2,7 @@
 recipe with ``algo.kind: retriever`` (its questions come from the recipe's ``data`` section).
 
 The generator is frozen (any harness backend); the policy is the dense retriever's query tower.
-See :mod:`training.retriever_rl` for what each part does.
+See :mod:`training.retriever.retriever_rl` for what each part does.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class RetrieverRLConfig:
-    """The policy-gradient update of the query tower (see :mod:`training.retriever_rl`).
+    """The policy-gradient update of the query tower (see :mod:`training.retriever.retriever_rl`).
 
     ``algo: grpo``: one action per trajectory (the sum of its retrievals' log-probs), advantages
     normalised within each question's group of G samples. ``algo: ppo``: one action per retrieval

@@ -413,8 +413,8 @@ class RuleStepScorer:
 
 STEP_SCORERS: Registry = Registry("step scorer")
 STEP_SCORERS.register("rule", RuleStepScorer)
-# A learned PRM (training.prm, trained with algo.kind=prm on MCTS records), in process or served.
-STEP_SCORERS.register("prm", "training.prm_scorer:PRMStepScorer")
+# A learned PRM (training.prm.prm, trained with algo.kind=prm on MCTS records), in process or served.
+STEP_SCORERS.register("prm", "training.prm.prm_scorer:PRMStepScorer")
 
 
 def build_step_scorer(name: str, options: dict[str, Any] | None = None) -> StepScorer:

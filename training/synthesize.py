@@ -10,7 +10,7 @@ observation is the dialect's ``observation_text`` of what came back. A trajector
 when every hop's search surfaced its gold paragraph (or, without one, its gold answer), and the
 whole response passes the dialect's format check and yields the gold answer.
 
-Records are JSON lines read by :func:`training.sft_data.load_synth`: the dialect and question
+Records are JSON lines read by :func:`training.sft.sft_data.load_synth`: the dialect and question
 (the prompt is rendered at training time with the policy's tokenizer) and the turns as
 ``{role: model | observation, text}``.
 """

@@ -69,7 +69,7 @@ class EncoderSpec:
     base: str | None = None  # a LoRA adapter dir: the base model it applies to
 
 
-# Written next to a trained query encoder (training.retriever_rl / QueryTower.save): how it pools and
+# Written next to a trained query encoder (training.retriever.retriever_rl / QueryTower.save): how it pools and
 # prefixes, and for HARR the history-aware state format it was trained with. A directory's name may
 # not say e5/bge, so this is what makes a saved tower load as it was trained.
 SIDECAR = "harr_encoder.json"

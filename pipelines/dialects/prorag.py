@@ -158,7 +158,7 @@ register(
     obs_close="</retrieval>",
     think_open="<step>",
     think_close="</step>",
-    # Read by training.mcts: ProRAG's format_check of a step (prorag/prm/filter.py).
+    # Read by training.data.mcts: ProRAG's format_check of a step (prorag/prm/filter.py).
     extra_options={"step_check": prorag_step_ok},
     answer_rule="the answering turn's first <answer>...</answer>, stripped ('' without one); the "
     "reward reads the completion's first, tags case-insensitive",

@@ -343,7 +343,7 @@ def _mcts(ui: DemoUI, recipe: str, data: dict[str, Any], sft: Path, out: Path) -
     """MCTS step values of the SFT model (the recipe's questions and budget, the evaluation's agent,
     backend and retriever), resumed per question; a folder made for other inputs is cleared first.
     Returns the folder and whether it searched anything now."""
-    from training.mcts import run_mcts_recipe  # deferred: flashrag and torch (seconds)
+    from training.data.mcts import run_mcts_recipe  # deferred: flashrag and torch (seconds)
 
     over = [
         f"backend={json.dumps({**data.get('backend', {}), 'model': str(sft)})}",
@@ -371,7 +371,7 @@ def _rft_set(ui: DemoUI, data: dict[str, Any], sft: Path, prm: Path, folder: Pat
     train questions (temperature 0.8, ProRAG's rft_sample.yaml), kept when their F1 is at least 0.5
     and their steps pass the learned PRM (``harness data rft-filter``'s rule, as cpu_chain.yaml).
     Returns the kept run and whether it was (re)made now."""
-    from training.rft import RFTFilterConfig, rft_filter  # deferred: torch (seconds)
+    from training.data.rft import RFTFilterConfig, rft_filter  # deferred: torch (seconds)
 
     samples, kept, stamp = folder / "samples", folder / "set", folder / "set.inputs.json"
     if renew:

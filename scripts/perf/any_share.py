@@ -59,9 +59,9 @@ def public_functions(tree: ast.Module) -> Iterator[tuple[str, FunctionNode]]:
 
 
 def count(folder: Path) -> tuple[int, list[str]]:
-    """The number of public signatures under ``folder`` (not recursive) and those that use ``Any``."""
+    """The number of public signatures under ``folder`` (its subpackages included) and those that use ``Any``."""
     total, with_any = 0, []
-    for path in sorted(folder.glob("*.py")):
+    for path in sorted(folder.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         for name, fn in public_functions(tree):
             total += 1

@@ -1,11 +1,11 @@
 """Asynchronous RL at cluster scale, by simulation: the REAL scheduler of ``trainer.async``
 against a generation stand-in and an update stand-in, in scaled real time.
 
-What is real: the scheduler. Asynchronous mode is :class:`training.async_rollout.AsyncRollouts`
+What is real: the scheduler. Asynchronous mode is :class:`training.rl.async_rollout.AsyncRollouts`
 itself (its producer thread and event loop, AReaL's staleness gate in groups, the bounded
 buffer, ``take``/``set_version``), driven by a trainer loop shaped as ``Trainer.step`` drives
 it: ``take(G, v)`` → update → ``set_version(v + 1)``. Synchronous mode is what ``Trainer.step``
-does without ``trainer.async`` (the shape of ``training.rollout.collect``): the step's G groups
+does without ``trainer.async`` (the shape of ``training.rl.rollout.collect``): the step's G groups
 start together, are gathered, then the update. Both call the same ``run_group(example, seq,
 version)``, and the clocks are real: ``asyncio.sleep`` and ``time.sleep`` at ``--ms-per-s``
 milliseconds of wall time per simulated second, so thread hand-offs, lock waits and timer
@@ -94,7 +94,7 @@ from scripts.perf.eval_sim import (
     run_dirs,
     turn_histogram,
 )
-from training.async_rollout import AsyncRollouts
+from training.rl.async_rollout import AsyncRollouts
 
 logger = logging.getLogger("async_sim")
 

@@ -143,8 +143,8 @@ BASELINE_OPTIONS = {
 def heldout_eval(method: str, backend: Any, retriever: Any, heldout: list[Example], args: Any, out: Path) -> dict:
     """Greedy (top-k) retrieval through the eval path (``simple_evaluate``, as ``harness eval
     --retriever harr`` runs it): EM, F1 and answer-recall over the held-out questions."""
-    # deferred: training.retriever_loss imports torch (~1.4 s)
-    from training.retriever_loss import answer_recall
+    # deferred: training.retriever.retriever_loss imports torch (~1.4 s)
+    from training.retriever.retriever_loss import answer_recall
 
     for old in sorted(out.iterdir()) if out.is_dir() else []:  # a run of an older tower must not be resumed
         safe_delete.remove(old, RUN_ENTRIES, kind="eval", why="harr_train")
@@ -168,8 +168,8 @@ def heldout_eval(method: str, backend: Any, retriever: Any, heldout: list[Exampl
 
 
 def run_pipeline(method: str, args: argparse.Namespace, heldout: list[Example], train: list[Example]) -> dict:
-    # deferred: training.retriever_rl imports torch (~1.4 s)
-    from training.retriever_rl import RetrieverRL, build_from_config, filter_examples
+    # deferred: training.retriever.retriever_rl imports torch (~1.4 s)
+    from training.retriever.retriever_rl import RetrieverRL, build_from_config, filter_examples
 
     out = Path(args.out) / method
     cfg = from_dict(

@@ -11,7 +11,7 @@ both sides; each run starts from an empty cache:
 - ``rollouts``: the rollouts of RL steps of the demo's GRPO recipe
   (``configs/train/smollm2_cpu_grpo_demo.yaml``: ``prompts_per_step`` prompts, ``n_samples`` = 8
   samples each sharing their prompt), collected as the trainer collects them
-  (:func:`training.rollout.collect`, the trainer's seeds and sampling), without the update.
+  (:func:`training.rl.rollout.collect`, the trainer's seeds and sampling), without the update.
 
     PYTHONPATH=. .venv/bin/python scripts/perf/hf_prefix_cache.py --model runs/demo/sft/model/final
 
@@ -51,7 +51,7 @@ from training.build import rollout_agent_options, rollout_backend
 from training.config import TrainConfig
 from training.examples import merged_corpus_dataset, train_examples
 from training.rewards import build_reward
-from training.rollout import PromptSampler, collect
+from training.rl.rollout import PromptSampler, collect
 
 METHODS_CONFIG = "configs/methods/demo_cpu.yaml"
 RL_CONFIG = "configs/train/smollm2_cpu_grpo_demo.yaml"

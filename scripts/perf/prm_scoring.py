@@ -8,7 +8,7 @@ by default: ``--rollouts`` trajectories, each a ``--prompt``-token prompt then `
 step (ProRAG's step reward), as ``PRMStepScorer`` does:
 
 - ``per-trajectory``: the pre-issue-21 path, one ``score_steps`` call per trajectory;
-- ``batched``: :meth:`training.prm_scorer.PRMStepScorer.score_many`, the step's turns together in
+- ``batched``: :meth:`training.prm.prm_scorer.PRMStepScorer.score_many`, the step's turns together in
   length-sorted batches of ``--batch``.
 
 Alternates A B B A; prints seconds per RL step for each.
@@ -60,7 +60,7 @@ def main() -> None:
 
     # deferred: training.engine imports torch (~1.4 s)
     from training.engine import ValueHead, build_model
-    from training.prm_scorer import PRM, PRMStepScorer
+    from training.prm.prm_scorer import PRM, PRMStepScorer
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

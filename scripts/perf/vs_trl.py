@@ -157,8 +157,8 @@ PREP = {"collate": 0.0, "advantages": 0.0, "uniform": float("nan")}
 def _time_prep(trainer: Any) -> None:
     """Time the trainer's collation and advantage computation (overhead, not update): the module's
     ``collate`` and the instance's ``advantages`` are wrapped for this benchmark only."""
-    # deferred: training.trainer imports torch (~1.4 s)
-    import training.trainer as tt
+    # deferred: training.rl.trainer imports torch (~1.4 s)
+    import training.rl.trainer as tt
 
     def wrap(fn: Any, key: str) -> Any:
         def timed(*a: Any, **kw: Any) -> Any:

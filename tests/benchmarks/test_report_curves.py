@@ -26,7 +26,7 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 runner = CliRunner()
 
-# Run "sync": every quantity the RL trainer logs (training/trainer.py, training/logging_utils.py),
+# Run "sync": every quantity the RL trainer logs (training/rl/trainer.py, training/logging_utils.py),
 # with validation records in the log at steps 2 and 4, as Trainer.run_validation writes them.
 SYNC = [
     {
@@ -48,7 +48,7 @@ SYNC = [
 ]
 SYNC_VAL = [{"step": 2, "val/em": 0.25, "val/f1": 0.4}, {"step": 4, "val/em": 0.5, "val/f1": 0.55}]
 # Run "async": fewer quantities (no KL logged, no components), validation only as run folders.
-# It logs what trainer.async adds (staleness, the trainer's wait), as training/async_rollout.py names them,
+# It logs what trainer.async adds (staleness, the trainer's wait), as training/rl/async_rollout.py names them,
 # and the engine-vs-trainer mismatch a rollout correction acts on (training.losses.mismatch_stats).
 ASYNC = [
     {

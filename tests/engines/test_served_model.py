@@ -119,7 +119,7 @@ def test_distributed_sync_by_broadcast(backend, model_dir):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from training.dist_sync import DistributedWeightSync
+    from training.rl.dist_sync import DistributedWeightSync
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     original = {k: v.clone() for k, v in model.state_dict().items()}

@@ -116,7 +116,7 @@ def test_eval_refuses_a_run_directory_another_process_writes(tmp_path, holder):
 
 
 def test_train_refuses_a_run_folder_another_process_writes(tmp_path, holder):
-    from tests.training.test_trainer import recipe
+    from tests.training.rl.test_trainer import recipe
 
     # A recipe that is valid (the run folder is claimed only then) and quick to build: the tiny model.
     run = tmp_path / "run"

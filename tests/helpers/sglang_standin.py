@@ -79,7 +79,7 @@ class SGLangStandIn:
         def init_group(payload: dict):  # a plain def: FastAPI runs it in a worker thread (it blocks)
             from unittest import mock
 
-            from training.dist_sync import join_group
+            from training.rl.dist_sync import join_group
 
             self.calls.append(("/init_weights_update_group", payload))
             p = payload

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from harness.config import compose
-from tests.training.test_trainer import make, read_jsonl, recipe
+from tests.training.rl.test_trainer import make, read_jsonl, recipe
 from training.best_val import BestValidation
 from training.config import TrainConfig
 

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from harness.config import compose
-from tests.training.test_prm import TINY_PRM, mcts_dir  # noqa: F401 (mcts_dir: the module fixture)
-from tests.training.test_retriever_rl import _setup
-from tests.training.test_trainer import recipe
+from tests.training.prm.test_prm import TINY_PRM, mcts_dir  # noqa: F401 (mcts_dir: the module fixture)
+from tests.training.retriever.test_retriever_rl import _setup
+from tests.training.rl.test_trainer import recipe
 from training.build import TRAINERS, Trainer, make_trainer
 from training.config import TrainConfig
 
@@ -30,7 +30,7 @@ def test_every_trainer_kind_builds_a_trainer(tmp_path, monkeypatch, mcts_dir):  
     built["prm"] = make_trainer(prm, tmp_path / "p")
     # The retriever trainer over the toy tower and index of the retriever-RL tests (its own
     # builder needs a real encoder and corpus); RetrieverTrainer and RetrieverRL are the real ones.
-    monkeypatch.setattr("training.retriever_rl.build_from_config", lambda cfg, backend=None: _setup(tmp_path))
+    monkeypatch.setattr("training.retriever.retriever_rl.build_from_config", lambda cfg, backend=None: _setup(tmp_path))
     over = ["algo.kind=retriever", "data.dataset=demo", "data.split=test_v1", "data.limit=2"]
     over += ["retriever_rl.rl.group_size=2", "retriever_rl.rl.questions_per_step=2", "retriever_rl.rl.steps=1"]
     built["retriever"] = make_trainer(compose(TrainConfig, [], over + QUIET), tmp_path / "ret")

@@ -155,7 +155,7 @@ def _stub_trainer(out, run_id, keep=2, save_every=0, minutes=0.0, max_steps=100)
     from types import SimpleNamespace
 
     from training.divergence import NonFiniteGuard
-    from training.trainer import RLTrainer
+    from training.rl.trainer import RLTrainer
 
     t = RLTrainer.__new__(RLTrainer)
     t.guard = NonFiniteGuard(5)

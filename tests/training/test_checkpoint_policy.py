@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from harness.config import compose
-from tests.training.test_prm import TINY_PRM, mcts_dir  # noqa: F401 (a fixture)
-from tests.training.test_sft import SFT_RECIPE
+from tests.training.prm.test_prm import TINY_PRM, mcts_dir  # noqa: F401 (a fixture)
+from tests.training.sft.test_sft import SFT_RECIPE
 from training.config import TrainConfig
 
 

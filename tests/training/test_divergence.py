@@ -148,7 +148,7 @@ def test_sft_divergence_keeps_the_last_good_checkpoints(tmp_path):
 def test_rl_nan_rewards_skip_every_update_and_stop(tmp_path):
     """A reward that returns NaN makes the GRPO loss NaN: no update reaches the policy (weights and
     the rollout backend unchanged), each step counts it, and the second one in a row stops the run."""
-    from tests.training.test_trainer import make
+    from tests.training.rl.test_trainer import make
     from training.rewards import REWARDS
 
     if "test_nan" not in REWARDS:
@@ -179,9 +179,9 @@ def test_rl_nan_rewards_skip_every_update_and_stop(tmp_path):
 
 @pytest.mark.slow  # ~10 s: rollouts on the toy corpus
 def test_retriever_rl_stops_at_the_update_that_made_the_tower_non_finite(tmp_path):
-    from tests.training.test_retriever_rl import EXAMPLES, _setup
+    from tests.training.retriever.test_retriever_rl import EXAMPLES, _setup
+    from training.retriever.retriever_rl import RetrieverRL
     from training.retriever_config import RetrieverRLConfig
-    from training.retriever_rl import RetrieverRL
 
     retriever, runner = _setup(tmp_path)
     cfg = RetrieverRLConfig(group_size=4, questions_per_step=2, steps=6, lr=float("inf"), kl_coef=0.0, seed=0)

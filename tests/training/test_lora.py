@@ -47,7 +47,7 @@ def test_merged_weights_by_hand_and_under_the_base_names():
 
 @pytest.mark.slow
 def test_lora_grpo_trains_adapters_only_and_syncs_into_hf(tmp_path):
-    from tests.training.test_trainer import make
+    from tests.training.rl.test_trainer import make
 
     trainer = make(tmp_path, LORA, "algo.reward=test_length", "algo.kl_coef=0.05", "algo.ppo_epochs=2")
     assert trainer.rl_update.ref is None and trainer.rl_update.ref_is_base  # no second copy for the KL reference
@@ -103,7 +103,7 @@ def test_sglang_adapter_sync_protocol_against_a_stand_in(tmp_path):
 
 @pytest.mark.slow
 def test_lora_ppo_critic_trains_its_adapters_and_head(tmp_path):
-    from tests.training.test_trainer import make
+    from tests.training.rl.test_trainer import make
 
     trainer = make(tmp_path, LORA, "algo.reward=test_length", "algo.advantage=gae", "trainer.save_every=0")
     critic = trainer.critic.module

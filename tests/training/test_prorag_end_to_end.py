@@ -8,7 +8,7 @@ output feeding the next, every artifact checked:
    and by the learned PRM's step scores → an SFT run from the SFT checkpoint on the kept set;
 4. dual-granularity RL from the RFT checkpoint whose step advantages come from the learned PRM.
 
-Generation in stages 1–3 is the scripted policy of ``tests/training/test_mcts.py`` (a sampled
+Generation in stages 1–3 is the scripted policy of ``tests/training/data/test_mcts.py`` (a sampled
 request's seed picks one of three behaviours: right, wrong, half-right), so the tree and the
 samples have the spread a trained policy would give; stage 4 rolls out the tiny model itself.
 """
@@ -26,11 +26,11 @@ from harness.retrieval.memory import InMemoryRetriever
 from harness.run_records import RunManifest
 from pipelines.search_agent import AgentConfig, SearchAgent
 from tests.pipelines.conftest import TOY_DOCS
-from tests.training.test_mcts import EXAMPLES, GOOD, HALF, WRONG, SeededScripts, make_agent
+from tests.training.data.test_mcts import EXAMPLES, GOOD, HALF, WRONG, SeededScripts, make_agent
 from training.config import TrainConfig
-from training.mcts import PAIRS_FILE, STEPS_FILE, MCTSConfig, run_mcts
-from training.prm import PRMStepScorer
-from training.rft import RFTFilterConfig, rft_filter
+from training.data.mcts import PAIRS_FILE, STEPS_FILE, MCTSConfig, run_mcts
+from training.data.rft import RFTFilterConfig, rft_filter
+from training.prm.prm import PRMStepScorer
 
 pytestmark = pytest.mark.slow
 

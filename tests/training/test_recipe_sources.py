@@ -18,7 +18,7 @@ from programs.demo.systems import SYSTEMS as DEMO_SYSTEMS
 from training.advantages import ADVANTAGES, adv_eps
 from training.build import rollout_agent_options, train_config
 from training.config import AlgoConfig, TrainConfig
-from training.retriever_rl import rollout_options
+from training.retriever.retriever_rl import rollout_options
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = [

@@ -69,7 +69,7 @@ def test_a_failed_resume_rewrites_no_run_record(tmp_path):
 def test_an_invalid_recipe_claims_no_run_folder(tmp_path, kind, overrides, says):
     """The recipe is checked, its data and model built, before the run folder is created, locked or
     claimed: a failure used to leave a claimed (marked, locked) folder behind."""
-    from tests.training.test_trainer import recipe as rl_recipe
+    from tests.training.rl.test_trainer import recipe as rl_recipe
 
     f = sft_recipe(tmp_path) if kind == "sft" else rl_recipe(tmp_path)
     run = tmp_path / "out" / "run"
@@ -80,7 +80,7 @@ def test_an_invalid_recipe_claims_no_run_folder(tmp_path, kind, overrides, says)
 
 def test_an_unknown_registry_name_is_its_message_not_a_key_error(tmp_path):
     """A registry's error is a KeyError: it used to print as 'KeyError: "unknown reward ..."'."""
-    from tests.training.test_trainer import recipe as rl_recipe
+    from tests.training.rl.test_trainer import recipe as rl_recipe
 
     code, out = train("-c", str(rl_recipe(tmp_path)), "--out", str(tmp_path / "run"), "algo.reward=nope")
     assert code == 2 and "error: unknown reward 'nope'" in out and "KeyError" not in out, out

@@ -1,0 +1,1 @@
+"""Training-data tools: MCTS step records for the PRM and rejection-sampled SFT data (RFT)."""

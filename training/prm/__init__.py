@@ -1,0 +1,1 @@
+"""Process reward model (``algo.kind: prm``): its trainer, loss, scorer and server."""

@@ -1,0 +1,1 @@
+"""Retriever RL (``algo.kind: retriever``): the query tower's trainer and loss."""
