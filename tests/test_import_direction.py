@@ -40,6 +40,18 @@ ALLOWED = {
     "scripts": {"harness", "pipelines", "benchmarks", "training", "programs", "scripts"},
 }
 PACKAGES = tuple(ALLOWED)
+# Inside ``training``: the modules at its top are the floor every trainer shares (config, engine,
+# checkpoint, losses, rewards, ...); each room holds one trainer or the data tools and may import the
+# floor and the rooms named here. The floor imports no room, except ``training.build``, which picks
+# a room's trainer by ``algo.kind``.
+TRAINING_ROOMS = {
+    "rl": set(),
+    "sft": set(),
+    "prm": {"sft"},  # the PRM trainer reuses SFT's loop pieces
+    "retriever": set(),
+    "data": {"sft"},  # RFT writes SFT records
+}
+TRAINING_COMPOSERS = ("training.build",)
 LIBRARY = ("harness", "pipelines", "benchmarks", "training")
 TOP_FLOOR = ("cli", "programs", "scripts")
 # A top-floor module named as text: ``cli.main``, ``programs.faults.kit``, ``-m scripts`` (not a file
@@ -160,6 +172,32 @@ def test_no_import_circles():
     )
 
 
+def training_room(module: str) -> str | None:
+    """The room of a ``training`` module (``training.rl.trainer`` → ``rl``), None for the floor."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "training" else None
+
+
+def test_training_rooms_import_the_floor_and_their_named_siblings():
+    bad = []
+    mods = modules()
+    for name, targets in import_graph(mods).items():
+        if not name.startswith("training.") or name in TRAINING_COMPOSERS:
+            continue
+        room = training_room(name)
+        allowed = {room} | TRAINING_ROOMS.get(room, set()) if room else set()
+        for target in sorted(targets):
+            to = training_room(target) if target.startswith("training.") else None
+            if to is not None and to not in allowed:
+                bad.append(f"{mods[name].relative_to(REPO)}: {name} imports {target}")
+    assert not bad, "training rooms importing against their order:\n" + "\n".join(bad)
+
+
+def test_training_rooms_are_packages():
+    found = {p.parent.name for p in (REPO / "training").glob("*/__init__.py")}
+    assert found == set(TRAINING_ROOMS), f"rooms under training/ {sorted(found)} vs TRAINING_ROOMS"
+
+
 def test_cli_modules_are_short():
     long = []
     for path in sorted((REPO / "cli").glob("*.py")):
@@ -193,6 +231,7 @@ def test_the_checkers_see_a_violation():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
     assert circles(graph) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+    assert [training_room(m) for m in ("training.rl.trainer", "training.config", "training")] == ["rl", None, None]
 
 
 def docstrings(tree: ast.AST) -> set[int]:
