@@ -9,8 +9,9 @@ also compiles). No optimizer offload (another 5-minute compile). REFERENCE §6.
 
 What the engine owns: ZeRO stage 0–3, bf16 or fp32, gradient accumulation (DeepSpeed counts
 micro-batches and steps the optimizer on the boundary), gradient clipping, AdamW (``optim.betas``,
-``optim.weight_decay``) and the learning-rate schedule (``optim.schedule``, :data:`LR_SCHEDULES`)
-after a linear warmup, counted in training or optimizer steps (``optim.schedule_unit``).
+``optim.weight_decay``, fused or not: ``optim.fused``) and the learning-rate schedule
+(``optim.schedule``, :data:`LR_SCHEDULES`) after a linear warmup, counted in training or optimizer
+steps (``optim.schedule_unit``).
 Helpers gather full weights under ZeRO-3 (for weight sync and export) and load them back (resume).
 """
 
@@ -239,7 +240,7 @@ def initialize(
     # the plain fp32 stage-0 case steps ours directly, so ours must skip it (training.divergence).
     plain = cfg.zero_stage == 0 and not cfg.bf16
     opt = (FiniteAdamW if plain else torch.optim.AdamW)(
-        params, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+        params, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, **adamw_kernel(cfg.fused)
     )
     engine, _, _, _ = deepspeed.initialize(
         model=model,
@@ -248,6 +249,14 @@ def initialize(
         lr_scheduler=lr_schedule(cfg, warmup_steps, updates_per_step, max_steps),
     )
     return engine
+
+
+def adamw_kernel(fused: bool) -> dict[str, bool]:
+    """AdamW's implementation for ``optim.fused``: torch's fused kernel (one pass over every
+    parameter; the same update, summed in another order) or its per-parameter loop (the CPU's
+    default). On this project's 2-core CPU an optimizer step of SmolLM2-135M took 0.41 s fused
+    against 5.4 s in the loop (scripts/perf/adamw_step.py, one thread)."""
+    return {"fused": True} if fused else {"foreach": False}
 
 
 class FiniteAdamW(torch.optim.AdamW):

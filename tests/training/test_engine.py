@@ -219,3 +219,29 @@ def test_a_single_process_run_listens_on_no_outside_interface(tmp_path):
     assert line is not None, out.stderr[-2000:]
     loopback = ("0100007F", "00000000000000000000000001000000")  # 127.0.0.1, ::1 as /proc writes them
     assert all(addr in loopback for addr in line.split()[1:]), line
+
+
+def test_the_fused_adamw_makes_the_loops_update_and_skips_a_non_finite_step():
+    """optim.fused: torch's fused kernel in the engine, the same three updates as the per-parameter
+    loop up to float rounding; a step with a NaN gradient is still skipped whole (FiniteAdamW)."""
+    finals = []
+    for fused in (True, False):
+        engine = initialize(
+            tiny_model(), OptimConfig(micro_batch_size=2, fused=fused, weight_decay=0.01), lr=1e-2, batch_size=2
+        )
+        assert engine.optimizer.defaults["fused"] is (True if fused else None)
+        for seed in range(3):
+            micro_step(engine, batch(seed))
+        finals.append(full_state_dict(engine))
+    changed = 0
+    for k, v in finals[0].items():
+        torch.testing.assert_close(v, finals[1][k], atol=1e-5, rtol=1e-5)
+        changed += not torch.equal(v, tiny_model().state_dict()[k])
+    assert changed
+    engine = initialize(tiny_model(), OptimConfig(micro_batch_size=2, fused=True), lr=1e-2, batch_size=2)
+    before = {k: v.clone() for k, v in full_state_dict(engine).items()}
+    loss = engine(input_ids=batch(), labels=batch()).loss
+    engine.backward(loss * float("nan"))
+    optimizer_step(engine)
+    assert not engine.was_step_applied()
+    assert all(torch.equal(before[k], v) for k, v in full_state_dict(engine).items())
