@@ -390,7 +390,8 @@ def read_chat_template(path: str) -> str:
     for p in (Path(path), TEMPLATE_DIR.parents[1] / path, CHAT_TEMPLATE_DIR / path):
         if p.is_file():
             return p.read_text(encoding="utf-8")
-    raise FileNotFoundError(f"chat template not found: {path} (shipped: {', '.join(sorted(p.name for p in CHAT_TEMPLATE_DIR.glob('*.jinja')))})")
+    shipped = ", ".join(sorted(p.name for p in CHAT_TEMPLATE_DIR.glob("*.jinja")))
+    raise FileNotFoundError(f"chat template not found: {path} (shipped: {shipped})")
 
 
 def shipped_template(name: str) -> dict[str, Any]:
