@@ -195,7 +195,10 @@ class Synthesizer:
         for i, hop in enumerate(hops):
             text = search_turn(d, hop, i, prev)
             action = d.parse_action(text, eos=False)
-            if action.kind != "search" or not action.queries or not any(text.endswith(s) for s in d.stops(True)):
+            # A turn must end where the agent's turn would: on a stop string, or (a dialect without
+            # stop strings: tool_call) on the model's end of turn.
+            stopped = not d.stops(True) or any(text.endswith(s) for s in d.stops(True))
+            if action.kind != "search" or not action.queries or not stopped:
                 self._drop("dialect does not parse the search turn")
                 return None
             results = self.retriever.search(list(action.queries), self.topk)
@@ -242,6 +245,7 @@ class Synthesizer:
             "few_shot": False,
             "turns": turns,
             "searches": searches,
+            **({"chat_template": d.chat_template} if d.chat_template else {}),  # tool_call's template file
         }
 
 
