@@ -143,6 +143,15 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
                 "give a tokenizer with one, or set agent.chat=false to ask for the base form",
                 self.method, getattr(backend, "model", None) or getattr(self.tokenizer, "name_or_path", "the model"),
             )  # fmt: skip
+        if self.dialect.tools is not None and self.use_chat and self.dialect.chat_template is None:
+            template = getattr(self.tokenizer, "chat_template", None)
+            if isinstance(template, str) and "tools" not in template:
+                # Not silent: the prompt will not show the tool schema (SmolLM2's template takes none).
+                logger.warning(
+                    "%s: the tokenizer's chat template takes no tools, so the prompt lists none; set "
+                    "agent.chat_template (configs/chat_templates/, e.g. smollm2_tools.jinja)",
+                    self.method,
+                )
         # FlashRAG's pipelines expose their generator; the loop itself works on token ids.
         self.generator = FlashRAGGenerator(backend, self.sampling())
 
@@ -360,7 +369,8 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
             if d.chat_observation is not None and self.use_chat:
                 # The template's tool message after the generated turn, less the end-of-turn token
                 # the model already generated: the turn's ids stay as generated (continuous tokens).
-                obs = d.chat_observation(d, self.tokenizer, obs, self.tokenizer.decode(ids[-1:]) if eos else "")
+                ended = eos and bool(ids) and ids[-1] in self._eos_ids(comp)
+                obs = d.chat_observation(d, self.tokenizer, obs, self.tokenizer.decode(ids[-1:]) if ended else "")
                 obs_ids = self.tokenizer.encode(obs, add_special_tokens=False)
             if len(context) + len(obs_ids) > self.max_context - c.min_room:
                 # The observation does not fit: stop here rather than feed a truncated context.

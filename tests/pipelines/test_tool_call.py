@@ -15,6 +15,7 @@ from harness.models import load_tokenizer
 from harness.retrieval.memory import InMemoryRetriever
 from harness.types import Doc, Example
 from pipelines.dialects import get_dialect
+from pipelines.dialects.inspect import describe
 from pipelines.dialects.tool_call import tool_observation
 from pipelines.search_agent import AgentConfig, SearchAgent
 
@@ -219,3 +220,15 @@ def test_llama_calls_run_through_the_llama_template(tok):
     obs = [s.text for s in traj.segments if s.role == "observation"][0]
     assert obs.startswith("<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n")  # SmolLM2's EOS is not Llama's
     assert traj.prediction == "Mira Solberg" and traj.searches[0].query == "Eddavik founder"
+
+
+def test_a_tokenizer_template_without_tools_is_warned_of_and_prompt_shows_the_tool_message(tok, caplog):
+    with caplog.at_level("WARNING"):
+        SearchAgent(ScriptedBackend([], tokenizer=tok), InMemoryRetriever(DOCS), "tool_call", AgentConfig())
+    assert "takes no tools" in caplog.text and "smollm2_tools.jinja" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        SearchAgent(ScriptedBackend([], tokenizer=tok), None, "tool_call", AgentConfig(chat_template="qwen2.5.jinja"))
+    assert "takes no tools" not in caplog.text
+    out = describe(get_dialect("tool_call").with_chat_template("qwen2.5.jinja"), "q", tok, DOCS)
+    assert out["observation"].startswith("\n<|im_start|>user\n<tool_response>\nDoc 1(Title: Eddavik)")
