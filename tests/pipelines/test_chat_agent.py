@@ -125,3 +125,15 @@ def test_requests_carry_the_tools_and_answer_each_call_by_id(server, tok):
     tool_msgs = [m for m in last["messages"] if m["role"] == "tool"]
     assert [m["tool_call_id"] for m in tool_msgs] == ["call_0", "call_0", "call_0", "call_1", "call_0"]
     assert tool_msgs[0]["content"].startswith("Error: the tool call is not valid JSON")
+
+
+def test_the_chat_agent_is_evaluated_into_a_run_directory(server, tok, tmp_path):
+    from benchmarks.evaluate import evaluate
+
+    backend = OpenAIBackend(server, tokenizer=tok, max_context=8192)
+    agent = ChatToolAgent(backend, InMemoryRetriever(DOCS), CFG)
+    examples = [Example("e0", "who founded Eddavik", ["Mira Solberg"]), Example("e3", "say something", ["bye"])]
+    results = evaluate(agent, examples, tmp_path / "run", metrics=["em"])
+    assert results.metrics["em"] == 0.5
+    row = json.loads((tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()[0])
+    assert row["method"] == "tool_call_chat" and row["metadata"]["chat_api"] is True
