@@ -232,3 +232,12 @@ def test_a_tokenizer_template_without_tools_is_warned_of_and_prompt_shows_the_to
     assert "takes no tools" not in caplog.text
     out = describe(get_dialect("tool_call").with_chat_template("qwen2.5.jinja"), "q", tok, DOCS)
     assert out["observation"].startswith("\n<|im_start|>user\n<tool_response>\nDoc 1(Title: Eddavik)")
+
+
+def test_a_template_file_sets_the_system_text_and_the_answer_style(tok, tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text("placement: system\ntemplate: Be brief.\noptions: {answer_style: tag}\n", encoding="utf-8")
+    agent = SearchAgent(ScriptedBackend([], tokenizer=tok), None, "tool_call", AgentConfig(template=str(f)))
+    assert agent.dialect.messages("q")[0] == {"role": "system", "content": "Be brief."}
+    assert agent.dialect.parse_action("<answer>A</answer>", eos=True).answer == "A"
+    assert get_dialect("tool_call").parse_action("<answer>A</answer>", eos=True).answer is None  # marker style
