@@ -47,6 +47,7 @@ def synthesize_command(
         help="Cap inserted documents to --max-doc-tokens of this model's tokenizer, as the agent does.",
     ),
     max_doc_tokens: int = typer.Option(128, "--max-doc-tokens"),
+    template: str = typer.Option(None, "--chat-template", help="A chat template file (tool_call) the records name."),
 ) -> None:
     """Write synthesized trajectories; see the module docstring."""
     # deferred: the command's library loads when it runs, not at every harness --help
@@ -56,7 +57,7 @@ def synthesize_command(
     try:
         rcfg = RetrieverConfig(kind=retriever, index=index, url=url, topk=topk)  # type: ignore[arg-type]
         name, stats = synthesize_split(
-            dataset, dialect, out, split, variant, limit, offset, data_dir, rcfg, tokenizer, max_doc_tokens
+            dataset, dialect, out, split, variant, limit, offset, data_dir, rcfg, tokenizer, max_doc_tokens, template
         )
     except (ValueError, FileNotFoundError, KeyError) as e:
         fail(error_text(e))

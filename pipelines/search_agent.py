@@ -84,6 +84,9 @@ class AgentConfig:
     # "exact": the system's own protocol; "small": our wording for small models (<dialect>_small).
     variant: str = "exact"
     template: str | None = None  # a prompt-template file replacing the dialect's (configs/dialects/)
+    # A chat template file (configs/chat_templates/*.jinja) replacing the tokenizer's own, for the
+    # dialects that render through one (tool_call); None: the tokenizer's.
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         require_at_least(self, 0, "max_turns", "temperature")
@@ -115,6 +118,8 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
     ) -> None:
         config = config or AgentConfig()
         self.dialect = resolve_dialect(dialect, config.variant, config.template, config.mode)
+        if config.chat_template is not None:
+            self.dialect = self.dialect.with_chat_template(config.chat_template)
         self.final_turn = self.dialect.final_turn if config.final_turn is None else config.final_turn
         # The dialect owns the prompt, so FlashRAG's PromptTemplate (which reads a model config
         # from disk) is not built: the dialect stands in its place.
@@ -128,7 +133,8 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
         self.method = method or self.dialect.name
         self.tokenizer = backend.tokenizer
         self.max_context = self.config.max_context or backend.max_context
-        self.use_chat = self.config.chat and bool(getattr(self.tokenizer, "chat_template", None))
+        has_template = getattr(self.tokenizer, "chat_template", None) or self.dialect.chat_template
+        self.use_chat = self.config.chat and bool(has_template)
         if self.config.chat and not self.use_chat and self.dialect.placement != "raw":
             # Not silent: a chat model prompted in the base form answers differently (the run's
             # manifest records it too: chat_template false).
@@ -137,6 +143,15 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
                 "give a tokenizer with one, or set agent.chat=false to ask for the base form",
                 self.method, getattr(backend, "model", None) or getattr(self.tokenizer, "name_or_path", "the model"),
             )  # fmt: skip
+        if self.dialect.tools is not None and self.use_chat and self.dialect.chat_template is None:
+            template = getattr(self.tokenizer, "chat_template", None)
+            if isinstance(template, str) and "tools" not in template:
+                # Not silent: the prompt will not show the tool schema (SmolLM2's template takes none).
+                logger.warning(
+                    "%s: the tokenizer's chat template takes no tools, so the prompt lists none; set "
+                    "agent.chat_template (configs/chat_templates/, e.g. smollm2_tools.jinja)",
+                    self.method,
+                )
         # FlashRAG's pipelines expose their generator; the loop itself works on token ids.
         self.generator = FlashRAGGenerator(backend, self.sampling())
 
@@ -351,6 +366,12 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
                 # the original keeps the observation's first ids (Search-R1: next_obs_ids[:, :max_obs_length])
                 obs_ids = obs_ids[: c.max_obs_tokens]
                 obs = self.tokenizer.decode(obs_ids, skip_special_tokens=True)
+            if d.chat_observation is not None and self.use_chat:
+                # The template's tool message after the generated turn, less the end-of-turn token
+                # the model already generated: the turn's ids stay as generated (continuous tokens).
+                ended = eos and bool(ids) and ids[-1] in self._eos_ids(comp)
+                obs = d.chat_observation(d, self.tokenizer, obs, self.tokenizer.decode(ids[-1:]) if ended else "")
+                obs_ids = self.tokenizer.encode(obs, add_special_tokens=False)
             if len(context) + len(obs_ids) > self.max_context - c.min_room:
                 # The observation does not fit: stop here rather than feed a truncated context.
                 traj.finish_reason = "context_overflow"

@@ -161,6 +161,7 @@ class RolloutAgentConfig:
     max_concurrency: int = 64
     variant: str = "exact"
     template: str | None = None
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         require_at_least(self, 0, "max_turns")

@@ -195,7 +195,10 @@ class Synthesizer:
         for i, hop in enumerate(hops):
             text = search_turn(d, hop, i, prev)
             action = d.parse_action(text, eos=False)
-            if action.kind != "search" or not action.queries or not any(text.endswith(s) for s in d.stops(True)):
+            # A turn must end where the agent's turn would: on a stop string, or (a dialect without
+            # stop strings: tool_call) on the model's end of turn.
+            stopped = not d.stops(True) or any(text.endswith(s) for s in d.stops(True))
+            if action.kind != "search" or not action.queries or not stopped:
                 self._drop("dialect does not parse the search turn")
                 return None
             results = self.retriever.search(list(action.queries), self.topk)
@@ -242,6 +245,7 @@ class Synthesizer:
             "few_shot": False,
             "turns": turns,
             "searches": searches,
+            **({"chat_template": d.chat_template} if d.chat_template else {}),  # tool_call's template file
         }
 
 
@@ -286,14 +290,17 @@ def synthesize_split(
     retriever: Any = None,
     tokenizer: str | None = None,
     max_doc_tokens: int = 128,
+    chat_template: str | None = None,
 ) -> tuple[str, SynthStats]:
     """``harness data synthesize``: :func:`synthesize` over a registered dataset's split (questions
     ``offset`` to ``offset + limit``), searched through ``retriever`` (a
     :class:`~harness.eval_config.RetrieverConfig`, default BM25 over the split's corpus); documents
-    are capped to ``max_doc_tokens`` of ``tokenizer``'s model as the agent caps them. Returns the
-    dialect's name and what was kept."""
+    are capped to ``max_doc_tokens`` of ``tokenizer``'s model as the agent caps them;
+    ``chat_template`` (a chat-template dialect's file) is named in each record for SFT. Returns
+    the dialect's name and what was kept."""
     rcfg = retriever or RetrieverConfig()
     d = resolve_dialect(dialect, variant)
+    d = d.with_chat_template(chat_template) if chat_template else d
     examples = load_examples(dataset, split, data_dir=data_dir)[offset:]
     examples = examples[:limit] if limit is not None else examples
     ret = dataset_retriever(rcfg, dataset, split, data_dir)

@@ -18,6 +18,9 @@ is listed under ``differences`` in its dialect file (printed by ``harness prompt
 originals re-encode their text (or re-append a trimmed stop string), while the backends here
 keep the model's own tokens, the stop string's included.
 
+:mod:`.tool_call` is no paper's protocol: the model's own chat template and tool-call format,
+with the observation appended as the template's tool message (docs/tool_calling.md).
+
 ``<name>_small`` (for the first four) keep our own wording and lenient parsing for small models
 (:mod:`.small`); ``AgentConfig.variant="small"`` selects them. ``AgentConfig.template=FILE``
 replaces a dialect's template with the one a checkpoint was trained with.
@@ -29,7 +32,7 @@ Where FlashRAG's ports differ from the originals, the originals are implemented;
 from __future__ import annotations
 
 # Each seed system's module registers its System and dialects when imported.
-from pipelines.dialects import harr, prorag, r1_searcher, rag_r1, research, search_r1  # noqa: F401
+from pipelines.dialects import harr, prorag, r1_searcher, rag_r1, research, search_r1, tool_call  # noqa: F401
 from pipelines.dialects.base import (
     TEMPLATE_DIR,
     Action,

@@ -57,6 +57,9 @@ ParseFn = Callable[["Dialect", str, TurnEnd], Action]
 ObserveFn = Callable[["Dialect", tuple[str, ...], list[list[Doc]]], str]
 ExtractFn = Callable[["Dialect", str], "str | None"]
 ValidateFn = Callable[["Dialect", str], tuple[bool, str]]
+# A chat-template dialect's observation: (dialect, tokenizer, content, the end-of-turn text the
+# model already emitted) -> the text appended after the generated turn (pipelines.dialects.tool_call).
+ChatObservationFn = Callable[["Dialect", Any, str, str], str]
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,12 @@ class Dialect:
     max_queries: int = 1
     doc_style: str = ""
     options: dict[str, Any] = field(default_factory=dict)
+    # Chat-template dialects (tool_call): the tools given to the chat template (``tools=``), a
+    # chat template file replacing the tokenizer's own, and the observation as the template's
+    # rendering of a tool message appended after the generated turn (never re-rendered).
+    tools: Callable[[Dialect], list[dict[str, Any]]] | None = None
+    chat_template: str | None = None
+    chat_observation: ChatObservationFn | None = None
 
     # ---- prompt ----------------------------------------------------------------------------
     def normalize_question(self, question: str) -> str:
@@ -189,15 +198,57 @@ class Dialect:
         return (shot.lstrip("\n") + "\n\n" if shot else "") + template.replace("{question}", question)
 
     def uses_chat_template(self, tokenizer: Any, chat: bool = True) -> bool:
-        """Whether the prompt goes through ``tokenizer``'s chat template (never for a raw prompt)."""
-        return self.placement != "raw" and chat and bool(getattr(tokenizer, "chat_template", None))
+        """Whether the prompt goes through a chat template (``tokenizer``'s, or the dialect's
+        :attr:`chat_template` file); never for a raw prompt."""
+        has = self.chat_template is not None or bool(getattr(tokenizer, "chat_template", None))
+        return self.placement != "raw" and chat and has
+
+    def chat_kwargs(self) -> dict[str, Any]:
+        """What ``apply_chat_template`` gets beyond the messages: the dialect's tools and its chat
+        template file (nothing for the tag dialects)."""
+        kw: dict[str, Any] = {}
+        if self.tools is not None:
+            kw["tools"] = self.tools(self)
+        if self.chat_template is not None:
+            kw["chat_template"] = read_chat_template(self.chat_template)
+        return kw
+
+    def apply_chat_template(self, tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+        """``messages`` rendered by the chat template this dialect uses, as text."""
+        return tokenizer.apply_chat_template(
+            messages, add_generation_prompt=generation_prompt, tokenize=False, **self.chat_kwargs()
+        )
+
+    def with_chat_template(self, path: str | None) -> Dialect:
+        """This dialect with the chat template file ``path`` (``None``: the tokenizer's own)."""
+        if path is not None:
+            read_chat_template(path)  # a missing file fails here, not at the first prompt
+        return replace(self, chat_template=path)
+
+    def chat_turns(self, tokenizer: Any, turns: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Written (role, text) turns as the agent feeds them under a chat-template dialect: each
+        model turn ends with the tokenizer's EOS (the model ends its message so), each observation
+        is the template's tool message after it. Other dialects' turns are returned as they are."""
+        if self.chat_observation is None:
+            return turns
+        eos = getattr(tokenizer, "eos_token", None) or ""
+        out: list[tuple[str, str]] = []
+        for role, text in turns:
+            if role == "model":
+                out.append((role, text if text.endswith(eos) else text + eos))
+            else:
+                out.append((role, self.chat_observation(self, tokenizer, text, eos)))
+        return out
 
     def render(self, question: str, tokenizer: Any = None, chat: bool = True, few_shot: bool = False) -> str:
         """The exact prompt string: the chat template applied when the dialect puts the prompt
         in messages, ``chat`` is on and ``tokenizer`` has a chat template; else the raw form."""
         if tokenizer is not None and self.uses_chat_template(tokenizer, chat):
             messages = self.messages(question, few_shot)
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            if self.tools is None and self.chat_template is None:  # the tag dialects, as they always were
+                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            else:
+                text = self.apply_chat_template(tokenizer, messages, True)
             return text + self.prompt_suffix
         return self.raw_text(question, few_shot)
 
@@ -228,6 +279,8 @@ class Dialect:
         keep = {k: data[k] for k in ("template", "base_template", "placement", "question_mark") if k in data}
         keep.setdefault("base_template", None)  # the old base form belongs to the old template
         out = replace(self, **keep, source={**self.source, "template_file": str(path)})
+        if isinstance(data.get("options"), dict):  # e.g. tool_call's answer_style
+            out = replace(out, options={**out.options, **data["options"]})
         # The question goes in the template, except for a system prompt (the user turn holds it).
         if out.placement != "system" and "{question}" not in out.template:
             raise ValueError(f"{path}: the template has no {{question}} field")
@@ -325,6 +378,20 @@ def load_template_file(path: str) -> dict[str, Any]:
     if placement is not None and placement not in ("user", "system", "raw"):
         raise ValueError(f"{path}: placement must be user, system or raw, not {placement!r}")
     return data
+
+
+CHAT_TEMPLATE_DIR = TEMPLATE_DIR.parent / "chat_templates"
+
+
+@functools.lru_cache(maxsize=16)
+def read_chat_template(path: str) -> str:
+    """A chat template file's text: ``path`` as given, else relative to the checkout
+    (``configs/chat_templates/qwen2.5.jinja``), else a name under ``configs/chat_templates/``."""
+    for p in (Path(path), TEMPLATE_DIR.parents[1] / path, CHAT_TEMPLATE_DIR / path):
+        if p.is_file():
+            return p.read_text(encoding="utf-8")
+    shipped = ", ".join(sorted(p.name for p in CHAT_TEMPLATE_DIR.glob("*.jinja")))
+    raise FileNotFoundError(f"chat template not found: {path} (shipped: {shipped})")
 
 
 def shipped_template(name: str) -> dict[str, Any]:

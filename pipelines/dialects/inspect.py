@@ -32,6 +32,9 @@ def describe(
     if docs is not None:
         qs = queries or (question,)
         observation = dialect.observation_text(qs, [list(docs) for _ in qs])
+        if chat and dialect.chat_observation is not None:  # tool_call: the template's tool message
+            eos = getattr(tokenizer, "eos_token", None) or ""
+            observation = dialect.chat_observation(dialect, tokenizer, observation, eos)
     return {
         "dialect": dialect.name,
         "system": dialect.system,

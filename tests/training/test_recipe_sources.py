@@ -55,7 +55,7 @@ CORRECTION = {
 AGENT = [
     "max_turns", "max_total_tokens", "max_context", "topk", "max_doc_tokens",
     "max_query_doc_tokens", "max_obs_tokens", "chat", "few_shot", "response_prefix", "final_turn", "mode", "variant",
-    "template",
+    "template", "chat_template",
 ]  # fmt: skip
 RL = [
     "data.dataset", "data.split", "data.file", "rollout.prompts_per_step", "rollout.n_samples",

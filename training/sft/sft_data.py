@@ -279,7 +279,12 @@ def load_synth(
         bad = [r for r, _ in turns if r not in ("model", "observation")]
         if bad or not any(r == "model" for r, _ in turns):
             raise SFTDataError(f"{where}: turn roles must be model/observation with at least one model turn; got {bad}")
+        if rec.get("chat_template"):  # a chat-template dialect's template file (tool_call)
+            dialect = dialect.with_chat_template(rec["chat_template"])
         use_chat = chat and bool(rec.get("chat", True))
+        if use_chat and dialect.uses_chat_template(tokenizer):
+            # tool_call: each model turn ends on EOS and each observation is the template's tool message
+            turns = dialect.chat_turns(tokenizer, turns)
         prompt_ids = dialect.prompt_ids(tokenizer, question, chat=use_chat, few_shot=bool(rec.get("few_shot", False)))
         prefix = rec.get("response_prefix") or ""
         pieces = ([("prompt", prefix)] if prefix else []) + turns
