@@ -24,7 +24,7 @@ from pipelines.search_agent import AgentConfig, SearchAgent
 from training.batch import collate
 from training.config import TrainConfig
 from training.rewards import REWARDS
-from training.sft_data import load_synth
+from training.sft.sft_data import load_synth
 from training.synthesize import corpus_titles, synthesize
 
 if "test_model_text_length" not in REWARDS:
