@@ -111,6 +111,7 @@ NOT_RELEVANT = {
     "model.logits_chunk_tokens": "memory: the vocabulary projection in chunks, the same numbers",
     "optim.zero_stage": "memory: how DeepSpeed shards the same update",
     "optim.threads": "CPU threads",
+    "optim.fused": "AdamW's kernel, fused or a loop: the same update up to float rounding (test_engine.py)",
     "data.data_dir": "where the data lie",
     "data.val_split": "validation only (relevant with trainer.best_metric, listed then)",
     "data.val_limit": "validation only (relevant with trainer.best_metric, listed then)",
