@@ -207,6 +207,14 @@ class Trajectory:
         return d
 
     @classmethod
+    def of(cls, example: Example, method: str, **fields: Any) -> Trajectory:
+        """A trajectory of ``example`` (its id, question and gold answers) by ``method``; ``fields``
+        set the rest (``sample_index``, ``policy_version``, ``metadata``, ...)."""
+        return cls(
+            example_id=example.id, question=example.question, answers=list(example.answers), method=method, **fields
+        )
+
+    @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:
         d = dict(d)
         version = d.get("schema_version", TRAJECTORY_SCHEMA_VERSION)

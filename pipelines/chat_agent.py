@@ -87,11 +87,9 @@ class ChatToolAgent(Method):
     ) -> Trajectory:
         """One item, start to finish; never raises (an error is recorded on the trajectory)."""
         d = self.dialect
-        traj = Trajectory(
-            example_id=example.id,
-            question=example.question,
-            answers=list(example.answers),
-            method=self.method,
+        traj = Trajectory.of(
+            example,
+            self.method,
             sample_index=sample_index,
             policy_version=policy_version,
             metadata={"dialect": d.name, "chat_api": True},

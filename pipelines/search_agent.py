@@ -243,11 +243,9 @@ class SearchAgent(pipeline_base(), Method):  # type: ignore[misc]
     def _start(self, example: Example, sample_index: int, policy_version: int, prefix: Trajectory | None) -> Trajectory:
         """A fresh trajectory, or a copy of a paused ``prefix`` to continue (its lists copied)."""
         if prefix is None:
-            return Trajectory(
-                example_id=example.id,
-                question=example.question,
-                answers=list(example.answers),
-                method=self.method,
+            return Trajectory.of(
+                example,
+                self.method,
                 sample_index=sample_index,
                 policy_version=policy_version,
                 metadata={"dialect": self.dialect.name, "chat": self.use_chat},

@@ -89,11 +89,9 @@ def gold_trajectory(example: Example, dialect: Dialect, prompt: str | None = Non
     prompt matters to a reward that reads it (Search-R1's ``qa_em`` takes the last of at least two
     answers in prompt + response: the prompt's example answer is the first)."""
     text = gold_response(dialect, example.answers[0])
-    return Trajectory(
-        example_id=example.id,
-        question=example.question,
-        answers=list(example.answers),
-        method=dialect.name,
+    return Trajectory.of(
+        example,
+        dialect.name,
         segments=[Segment("prompt", [], example.question if prompt is None else prompt), Segment("model", [], text)],
         prediction=example.answers[0],
         response_text=text,
