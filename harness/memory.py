@@ -60,10 +60,21 @@ def release_memory() -> None:
         libc.malloc_trim(0)
 
 
-def rss_mb() -> float:
-    """This process's resident memory in MB (Linux; 0.0 elsewhere)."""
+def resident_kb() -> dict[str, int]:
+    """This process's resident memory now (``rss``) and at its peak (``peak``), in kB (Linux's
+    ``/proc/self/status``: VmRSS, VmHWM; empty elsewhere)."""
+    out: dict[str, int] = {}
     try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError, IndexError):
-        return 0.0
+        with open("/proc/self/status") as f:
+            for row in f:
+                key, _, value = row.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    out["rss" if key == "VmRSS" else "peak"] = int(value.split()[0])
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def rss_mb() -> float:
+    """This process's resident memory in MB (0.0 where :func:`resident_kb` reads nothing)."""
+    return resident_kb().get("rss", 0) / 1024

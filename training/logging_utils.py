@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from benchmarks.evaluate import score_trajectory
 from harness.config import to_dict
+from harness.memory import resident_kb
 from harness.textfiles import parse_json_line
 from harness.types import Trajectory
 from pipelines.dialects import get_dialect
@@ -203,13 +204,6 @@ class ProgressBar:
 
 def memory_metrics() -> dict[str, float]:
     """This process's resident memory now and at its peak, in GB (Linux ``/proc``; empty elsewhere)."""
-    out: dict[str, float] = {}
-    try:
-        with open("/proc/self/status") as f:
-            for row in f:
-                key, _, value = row.partition(":")
-                if key in ("VmRSS", "VmHWM"):  # kB
-                    out["mem/rss_gb" if key == "VmRSS" else "mem/peak_rss_gb"] = int(value.split()[0]) / 2**20
-    except OSError:
-        pass
-    return out
+    kb = resident_kb()
+    names = {"rss": "mem/rss_gb", "peak": "mem/peak_rss_gb"}
+    return {names[k]: v / 2**20 for k, v in kb.items()}

@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import resource
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -51,7 +50,7 @@ from harness import safe_delete
 from harness.config import compose, deep_merge, from_dict, load_yaml, to_dict
 from harness.eval_config import EvalConfig, RetrieverConfig
 from harness.fsutil import write_json_atomic
-from harness.memory import release_memory, rss_mb
+from harness.memory import release_memory, resident_kb
 from harness.models import load_tokenizer
 from harness.runlog import RUN_ENTRIES, file_hash
 from harness.safe_delete import FILE
@@ -124,8 +123,12 @@ class Timings:
         yield
         seconds = round(time.monotonic() - start, 1)
         release_memory()  # the stage's models and caches are gone: their pages go back to the OS
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
-        self.stages[name] = {"seconds": seconds, "peak_rss_mb": round(peak), "rss_mb": round(rss_mb())}
+        kb = resident_kb()
+        self.stages[name] = {
+            "seconds": seconds,
+            "peak_rss_mb": round(kb.get("peak", 0) / 1024),
+            "rss_mb": round(kb.get("rss", 0) / 1024),
+        }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.path, self.stages)
 

@@ -12,7 +12,8 @@ from harness import memory
 
 # glibc raises its mmap threshold to the size of a mapped block that is freed: after the 8 MB
 # block, blocks of 3 MB come from the heap (as a CPU run's KV caches and activations did), and a
-# small object allocated after each keeps the heap from shrinking at its top when they are freed.
+# 64 KB object allocated after each keeps the heap from shrinking at its top when they are freed
+# (a tiny one may come from a free list below them and pin nothing).
 PROBE = """
 import sys
 from harness.memory import release_memory, rss_mb, tune_allocator
@@ -22,7 +23,7 @@ before = rss_mb()
 blocks, pins = [], []
 for _ in range(100):  # 300 MB in 3 MB blocks, touched
     blocks.append(bytearray(3 << 20))
-    pins.append(bytearray(64))
+    pins.append(bytearray(64 << 10))  # 64 KB: from the heap whatever the threshold, after its block
 held = rss_mb()
 del blocks
 freed = rss_mb()
