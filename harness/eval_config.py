@@ -55,7 +55,7 @@ class BackendConfig:
     batch_window_ms: float = 0.0
     threads: int | None = None
     # hf: the generation dtype (harness.backends.dtype): float32, bfloat16, float16, or auto
-    # (bf16 on a CPU with AMX-BF16 or AVX512-BF16 or a CUDA device with bf16, else fp32). A
+    # (bf16 on a CPU with AMX-BF16 or AVX512-BF16, where hf loads its weights, else fp32). A
     # training's rollout backend generates in the policy's dtype unless this asks for a lower one.
     dtype: str = "float32"
     # hf: tokens of KV kept for reuse by requests that start with tokens already run (the next

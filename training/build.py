@@ -80,27 +80,25 @@ def rollout_backend(cfg: TrainConfig) -> Backend:
     offline) builds a random tiny Llama on the byte tokenizer, in process.
     """
     b = cfg.rollout.backend
+    # The policy's dtype, unless the rollout backend asks for a lower one (bf16 generation beside
+    # an fp32 trainer: algo.rollout_correction weighs the mismatch, mismatch/* measures it).
+    dtype = cfg.model.dtype if b.dtype == "float32" else b.dtype
     if cfg.model.tiny is not None:
         # deferred: training.engine imports torch (~1.4 s)
+        import torch
+
         from training.engine import build_model
 
         if b.kind != "hf":
             raise ValueError(f"model.tiny builds an in-process model: rollout.backend.kind must be hf, not {b.kind!r}")
         tok = byte_tokenizer()
-        model = build_model(cfg.model, len(tok))
-        if b.dtype != "float32":
-            import torch
-
-            model = model.to(getattr(torch, choose_dtype(b.dtype)[0]))
+        model = build_model(cfg.model, len(tok)).to(getattr(torch, choose_dtype(dtype)[0]))
         return HFBackend(
             model_obj=model,
             tokenizer=tok,
             max_batch_size=b.max_batch_size,
             prefix_cache_tokens=b.prefix_cache_tokens,
         )
-    # The policy's dtype, unless the rollout backend asks for a lower one (bf16 generation beside
-    # an fp32 trainer: algo.rollout_correction weighs the mismatch, mismatch/* measures it).
-    dtype = cfg.model.dtype if b.dtype == "float32" else b.dtype
     return build_backend(replace(b, model=cfg.model.path, dtype=dtype, threads=b.threads or cfg.optim.threads))
 
 

@@ -1,10 +1,9 @@
-"""The generation dtype of an in-process backend, and why it was chosen.
+"""The generation dtype of the in-process (hf) backend, which loads its weights on the CPU, and
+why it was chosen.
 
-``auto`` picks bfloat16 where the hardware computes it natively and float32 elsewhere:
-- a CUDA device that supports bf16;
-- a CPU with AMX-BF16 (Sapphire Rapids and later) or AVX512-BF16 (Cooper Lake, Zen 4): oneDNN
-  runs bf16 matmuls there at about twice the rate of fp32, and a decode step, bound by reading
-  the weights, reads half the bytes.
+``auto`` picks bfloat16 where the CPU computes it natively, with AMX-BF16 (Sapphire Rapids and
+later) or AVX512-BF16 (Cooper Lake, Zen 4): oneDNN runs bf16 matmuls there at about twice the
+rate of fp32, and a decode step, bound by reading the weights, reads half the bytes.
 On a CPU without either (AVX2 only) torch emulates bf16 by converting to fp32 and back, which is
 no faster (measured on this project's AVX2 machine: docs/performance.md), so ``auto`` stays fp32.
 
@@ -32,19 +31,13 @@ def cpu_bf16_support() -> str | None:
     return None
 
 
-def choose_dtype(requested: str, device: str = "cpu") -> tuple[str, str]:
-    """The torch dtype name to generate in for ``requested`` (one of :data:`DTYPES`) on ``device``
-    ("cpu" or "cuda"), and a sentence saying why (for the log)."""
+def choose_dtype(requested: str) -> tuple[str, str]:
+    """The torch dtype name to generate in for ``requested`` (one of :data:`DTYPES`), and a
+    sentence saying why (for the log)."""
     if requested not in DTYPES:
         raise ValueError(f"backend dtype must be one of {', '.join(DTYPES)}, got {requested!r}")
     if requested != "auto":
         return requested, "as configured"
-    import torch
-
-    if device.startswith("cuda"):
-        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-            return "bfloat16", "auto: the CUDA device supports bf16"
-        return "float32", "auto: the CUDA device has no bf16"
     native = cpu_bf16_support()
     if native:
         return "bfloat16", f"auto: the CPU has {native}"
