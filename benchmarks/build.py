@@ -35,7 +35,14 @@ from harness.runlock import run_lock
 from harness.runlog import file_hash
 from harness.types import Example
 from pipelines.method import check_schedule
-from pipelines.methods import build_method, check_method_schedule, method_kind, needs_retriever, validate_options
+from pipelines.methods import (
+    build_method,
+    check_method_backend,
+    check_method_schedule,
+    method_kind,
+    needs_retriever,
+    validate_options,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -194,6 +201,7 @@ def check_eval(cfg: EvalConfig) -> tuple[str, dict[str, Any], Any]:
     validate_n_samples(cfg, kind, typed)
     validate_metrics(cfg)
     check_method_schedule(cfg.method, cfg.schedule)
+    check_method_backend(cfg.method, cfg.backend.kind)
     return kind, options, typed
 
 

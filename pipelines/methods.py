@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.config import from_dict
+from harness.config import ConfigError, from_dict
 from harness.registry import Registry
 from pipelines.baselines.flashrag_methods import BASELINES, WITHOUT_RETRIEVAL, BaselineConfig, FlashRAGBaseline
 from pipelines.dialects import SYSTEMS
@@ -19,6 +19,8 @@ from pipelines.method import Method, check_schedule
 
 __all__ = [
     "AGENT_METHODS",
+    "CHAT_API_METHOD",
+    "check_method_backend",
     "METHODS",
     "Method",
     "build_method",
@@ -45,6 +47,31 @@ def _agent_builder(dialect: str):
     return build
 
 
+# The tool_call agent through a chat-completions server (``tools=``; the server applies its own
+# template): a second way to evaluate that agent, never a rollout (no token ids come back).
+CHAT_API_METHOD = "tool_call_chat"
+CHAT_BACKENDS = ("openai", "sglang")  # backend kinds that serve /v1/chat/completions
+
+
+def _refuse_backend(name: str, backend_kind: str) -> ConfigError:
+    return ConfigError(
+        f"--method {name} talks to an OpenAI-compatible chat server: backend.kind must be one of "
+        f"{', '.join(CHAT_BACKENDS)} (with backend.url), not {backend_kind!r}; the same agent on tokens is "
+        "--method tool_call"
+    )
+
+
+def _chat_api_builder(backend: Any, retriever: Any, options: dict[str, Any]) -> Any:
+    # deferred: pipelines.search_agent imports flashrag and torch (seconds)
+    from pipelines.chat_agent import ChatToolAgent
+    from pipelines.search_agent import AgentConfig
+
+    if not callable(getattr(backend, "post_json", None)):
+        raise _refuse_backend(CHAT_API_METHOD, type(backend).__name__)
+    cfg = options if isinstance(options, AgentConfig) else from_dict(AgentConfig, options, where="agent")
+    return ChatToolAgent(backend, retriever, cfg)
+
+
 def _baseline_builder(name: str):
     def build(backend: Any, retriever: Any, options: dict[str, Any]) -> Any:
         cfg = from_dict(BaselineConfig, options, where="baseline")
@@ -58,6 +85,14 @@ def _baseline_builder(name: str):
 # schedule one of them cannot run before the first starts (build_eval checks the built one too).
 for _d in AGENT_METHODS:
     METHODS.register(_d, _agent_builder(_d), kind="agent", needs_retriever=True, pauses_between_steps=True)
+METHODS.register(
+    CHAT_API_METHOD,
+    _chat_api_builder,
+    kind="agent",
+    needs_retriever=True,
+    pauses_between_steps=False,  # ChatToolAgent's: each item's turns go to the server as they come
+    backends=CHAT_BACKENDS,
+)
 for _b in BASELINES:
     METHODS.register(
         _b,
@@ -80,6 +115,14 @@ def check_method_schedule(name: str, schedule: str) -> None:
     """:func:`pipelines.method.check_schedule` for the method registered as ``name``, before it is built."""
     METHODS.get(name)
     check_schedule(_Declared(name, bool(METHODS.info(name)["pauses_between_steps"])), schedule)
+
+
+def check_method_backend(name: str, backend_kind: str) -> None:
+    """Refuse, before anything is built, a method that needs a kind of backend ``backend_kind``
+    is not (the chat-API agent needs a chat-completions server)."""
+    kinds = METHODS.info(name).get("backends")
+    if kinds and backend_kind not in kinds:
+        raise _refuse_backend(name, backend_kind)
 
 
 def validate_options(name: str, options: dict[str, Any], where: str | None = None) -> Any:

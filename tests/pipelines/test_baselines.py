@@ -33,6 +33,7 @@ def tiny_model_dir(tmp_path_factory):
 
 def test_registry_lists_agents_and_baselines():
     assert set(METHODS.names()) == set(SYSTEMS.names()) | {  # an agent per seed system, and the baselines
+        "tool_call_chat",  # and the tool_call agent through a chat server
         "naive",
         "standard",
         "iter_retgen",

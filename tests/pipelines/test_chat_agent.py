@@ -137,3 +137,31 @@ def test_the_chat_agent_is_evaluated_into_a_run_directory(server, tok, tmp_path)
     assert results.metrics["em"] == 0.5
     row = json.loads((tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()[0])
     assert row["method"] == "tool_call_chat" and row["metadata"]["chat_api"] is True
+
+
+def test_harness_eval_runs_the_chat_api_path_as_a_method(server, tok, tmp_path):
+    """``harness eval --method tool_call_chat`` (the registry's builder) evaluates the same agent
+    into a run directory; over a backend with no chat server it is refused by name."""
+    from benchmarks.build import build_eval, simple_evaluate
+    from harness.config import ConfigError
+    from harness.eval_config import DatasetConfig, EvalConfig
+
+    examples = [Example("e0", "who founded Eddavik", ["Mira Solberg"]), Example("e1", EXAMPLES[1].question, ["1840"])]
+    agent = {"max_turns": 5, "max_doc_tokens": 16, "chat_template": "qwen2.5.jinja"}
+    from harness.eval_config import BackendConfig
+
+    chat = BackendConfig(kind="openai", url=server)
+    cfg = EvalConfig(
+        method="tool_call_chat", dataset=DatasetConfig(name="demo"), agent=agent, backend=chat, out=str(tmp_path)
+    )
+    backend = OpenAIBackend(server, tokenizer=tok, max_context=8192)
+    results = simple_evaluate(cfg, backend=backend, retriever=InMemoryRetriever(DOCS), examples=examples)
+    assert results.metrics["em"] == 1.0
+    refused = "tool_call_chat talks to an OpenAI-compatible chat server: backend.kind must be one of openai, sglang"
+    with pytest.raises(ConfigError, match=refused + r".*not 'ScriptedBackend'"):  # a backend object given as is
+        build_eval(
+            cfg, backend=ScriptedBackend([], tokenizer=tok), retriever=InMemoryRetriever(DOCS), examples=examples
+        )
+    with pytest.raises(ConfigError, match=refused + r".*not 'hf'"):  # by the config, before anything is built
+        build_eval(EvalConfig(method="tool_call_chat", dataset=DatasetConfig(name="demo"), out=str(tmp_path / "x")))
+    assert not (tmp_path / "x").exists()
