@@ -7,7 +7,7 @@ own training from the SFT model, the trained agent on the ``test`` split, a repo
 What differs is the training (:attr:`DemoSystem.chain`):
 
 - ``rl``: one or more RL recipes in order, each from the model the one before left (R1-Searcher's
-  two stages; a single recipe for ReSearch, Search-R1, RAG-R1);
+  two stages; a single recipe for ReSearch, Search-R1, RAG-R1 and tool_call);
 - ``prorag``: MCTS step values from the SFT model, a PRM trained on them, RFT (samples filtered by
   outcome and PRM, then SFT on the kept ones), and dual-granularity RL with the PRM from the RFT
   model;
