@@ -45,7 +45,8 @@ def demo_command(
     system: str = typer.Option(
         "research",
         "--system",
-        help="The seed system whose chain runs: research (make demo), search_r1, r1_searcher, rag_r1, prorag, harr.",
+        help="The system whose chain runs: research (make demo), search_r1, r1_searcher, rag_r1, prorag, harr, "
+        "tool_call (the model's own tool-calling format).",
     ),
     out: str = typer.Option(
         None,

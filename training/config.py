@@ -374,7 +374,10 @@ class RecipeSource:
     each hyper-parameter, keyed by the recipe's dotted key (``optim.lr``). ``shrinks``: the shipped
     seed recipe (a path from the checkout) whose source this recipe shares, for a recipe that runs
     the same original at another scale (the demo's CPU recipes): its repository, file, commit and
-    values are that recipe's, and every difference is one of this recipe's ``deviations``."""
+    values are that recipe's, and every difference is one of this recipe's ``deviations``.
+    ``adapts``: for a recipe of a system that follows no paper (``tool_call``), the shipped recipe
+    it adapts (a path from the checkout): its values are that recipe's effective configuration,
+    and every difference is one of this recipe's ``deviations``."""
 
     repository: str = ""
     file: str = ""
@@ -382,6 +385,7 @@ class RecipeSource:
     also: tuple[str, ...] = ()
     values: dict[str, Any] = field(default_factory=dict)
     shrinks: str = ""
+    adapts: str = ""
 
 
 @dataclass(frozen=True)

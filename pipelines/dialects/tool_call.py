@@ -251,6 +251,7 @@ SYSTEM = System(
         "configs/dialects/tool_call.yaml",
         "configs/methods/tool_call.yaml",
         "configs/replicate/tool_call.yaml",
+        "configs/train/demo/tool_call_grpo.yaml",
     ),
     flashrag_differences=("FlashRAG has no tool-calling agent; its pipelines prompt with text templates",),
     turns=SynthTurns(search=synth_search_turn, final=synth_final_turn),

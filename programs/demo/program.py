@@ -29,6 +29,7 @@ model makes every later stage that used it start over. What it shows goes throug
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -55,6 +56,7 @@ from harness.models import load_tokenizer
 from harness.runlog import RUN_ENTRIES, file_hash
 from harness.safe_delete import FILE
 from pipelines.dialects import resolve_dialect
+from pipelines.dialects.base import read_chat_template
 from programs.demo.systems import METHODS_CONFIG, DemoSystem, get_system, shipped
 from training.build import TRAIN_ENTRIES, train_cached
 from training.config import RolloutAgentConfig, SamplingConfig, TrainConfig
@@ -232,12 +234,15 @@ def _evaluate(ui: DemoUI, data: dict[str, Any], methods: list[str], label: str |
 
 def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path, dialect: str) -> Path:
     """The ``dialect`` trajectories (its small-model variant where the agent runs it) of the first
-    :data:`SFT_QUESTIONS` questions of the demo's train split, kept while their inputs are unchanged."""
+    :data:`SFT_QUESTIONS` questions of the demo's train split, kept while their inputs are unchanged.
+    Each record names the agent's chat template file, if it has one (``agent.chat_template``), so
+    SFT renders the prompts the evaluations and the rollouts see."""
     # deferred: training.synthesize imports flashrag and torch (seconds)
     from training.synthesize import corpus_titles, synthesize
 
     agent = data.get("agent", {})
     variant, max_doc = agent.get("variant", "exact"), int(agent.get("max_doc_tokens", 128))
+    chat_template = agent.get("chat_template")
     model = data.get("backend", {}).get("model", "smollm2-135m-instruct")
     rcfg = RetrieverConfig(**data.get("retriever", {}))
     inputs = {
@@ -250,6 +255,8 @@ def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path, dialect: str) -
         "tokenizer": model,
         "retriever": rcfg.kind,
         "topk": rcfg.topk,
+        # the template's text, not only its name: an edited template makes new records
+        **({"chat_template": [chat_template, _text_hash(read_chat_template(chat_template))]} if chat_template else {}),
     }
     path, stamp = sft_dir / "train.jsonl", sft_dir / "train.inputs.json"
     if path.exists() and stamp.exists() and json.loads(stamp.read_text()) == inputs:
@@ -259,13 +266,18 @@ def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path, dialect: str) -
     examples = load_examples("demo", TRAIN_SPLIT, limit=SFT_QUESTIONS)
     retriever = dataset_retriever(rcfg, "demo", TRAIN_SPLIT)
     titles = corpus_titles(corpus_path("demo", TRAIN_SPLIT))
-    d = resolve_dialect(dialect, variant)
+    d = resolve_dialect(dialect, variant).with_chat_template(chat_template)
     stats = synthesize(examples, d, retriever, path, rcfg.topk, load_tokenizer(model), max_doc, titles)
     if not stats.kept:
         raise RuntimeError(f"synthesis kept no trajectory: {stats.summary()}")
     stamp.write_text(json.dumps(inputs, indent=2))
     ui.say(f"{d.name}: {stats.summary()} → {path}")
     return path
+
+
+def _text_hash(text: str) -> str:
+    """A text's sha256 (the synthesis stamp keeps the chat template's, so an edited one makes new records)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _train_sft(ui: DemoUI, recipe: str, overrides: list[str], data: Path, run: Path) -> tuple[Path, bool]:

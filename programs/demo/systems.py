@@ -7,7 +7,7 @@ own training from the SFT model, the trained agent on the ``test`` split, a repo
 What differs is the training (:attr:`DemoSystem.chain`):
 
 - ``rl``: one or more RL recipes in order, each from the model the one before left (R1-Searcher's
-  two stages; a single recipe for ReSearch, Search-R1, RAG-R1);
+  two stages; a single recipe for ReSearch, Search-R1, RAG-R1 and tool_call);
 - ``prorag``: MCTS step values from the SFT model, a PRM trained on them, RFT (samples filtered by
   outcome and PRM, then SFT on the kept ones), and dual-granularity RL with the PRM from the RFT
   model;
@@ -15,7 +15,9 @@ What differs is the training (:attr:`DemoSystem.chain`):
   RL, and the generator is evaluated with the untrained tower (before) and the trained one (after).
 
 Each recipe under ``configs/train/demo/`` names the original recipe it shrinks (``source.shrinks``)
-and lists every change of scale in ``deviations:`` (``tests/training/test_recipe_sources.py``).
+and lists every change of scale in ``deviations:`` (``tests/training/test_recipe_sources.py``);
+``tool_call`` follows no paper, so its recipe names the demo recipe it adapts (``source.adapts``:
+ReSearch's) and lists every difference from it.
 """
 
 from __future__ import annotations
@@ -105,6 +107,18 @@ SYSTEMS: dict[str, DemoSystem] = {
                 "prm": f"{DEMO_RECIPES}/prorag_prm.yaml",
                 "rft": f"{DEMO_RECIPES}/prorag_rft_sft.yaml",
             },
+        ),
+        DemoSystem(
+            name="tool_call",
+            method="tool_call",
+            algorithm="GRPO (group mean/std) as the ReSearch demo runs it, EM reward, chat-template tool calls",
+            chain="rl",
+            rl=(f"{DEMO_RECIPES}/tool_call_grpo.yaml",),
+            # SmolLM2's own template takes no tools: ours lists the search tool. Declared here
+            # once, it reaches the synthesis (the SFT records name it), every evaluation and the
+            # RL rollouts (the agent block is copied into rollout.agent). No small variant exists
+            # for tool_call: its own text, two searches then one turn without search to answer.
+            agent={"variant": "exact", "final_turn": True, "chat_template": "smollm2_tools.jinja"},
         ),
         DemoSystem(
             name="harr",

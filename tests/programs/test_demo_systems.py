@@ -108,11 +108,21 @@ def test_each_system_chain_hands_its_outputs_on(system, tmp_path, tiny_model):
         assert manifest["config"]["retriever"]["encoder"] == str(out / "retriever" / "encoder")
     else:
         assert first["model"]["path"] == str(sft_final)
-        assert first["rollout"]["method"] == s.method and first["rollout"]["agent"]["variant"] == "small"
+        assert first["rollout"]["method"] == s.method
+        assert first["rollout"]["agent"]["variant"] == s.agent.get("variant", "small")
         for before, after in zip(s.stage_names, s.stage_names[1:], strict=False):  # R1-Searcher: stage 2 from stage 1
             assert json.loads((out / after / "config.json").read_text())["model"]["path"] == str(out / before / "final")
         manifest = json.loads((out / "eval" / f"{trained}-demo-test" / "manifest.json").read_text())
         assert manifest["config"]["backend"]["model"] == str(out / s.stage_names[-1] / "final")
+    if template := s.agent.get("chat_template"):  # tool_call: the system's one template reaches every stage
+        records = [json.loads(x) for x in (out / "sft" / "train.jsonl").read_text().splitlines()]
+        assert records and {r["chat_template"] for r in records} == {template}  # SFT renders with it
+        assert first["rollout"]["agent"]["chat_template"] == template
+        for label in (untrained, sft_label, trained):
+            manifest = json.loads((out / "eval" / f"{label}-demo-test" / "manifest.json").read_text())
+            assert manifest["config"]["agent"]["chat_template"] == template
+            traj = json.loads((out / "eval" / f"{label}-demo-test" / "trajectories.jsonl").read_text().splitlines()[0])
+            assert "<tools>" in traj["segments"][0]["text"]  # the prompt lists the tools (SmolLM2's own would not)
     text = (report / "demo.md").read_text()
     assert f"## {trained} against {sft_label}" in text and f"## {sft_label} against {untrained}" in text
     if s.chain == "rl":  # the RL runs' training health is drawn with their curves (issue 49)

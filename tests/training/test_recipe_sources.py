@@ -268,11 +268,22 @@ def inherited_deviations(cfg: TrainConfig, eff: dict[str, Any]) -> dict[str, str
     }
 
 
+def adapted_values(cfg: TrainConfig) -> dict[str, Any]:
+    """The values a recipe that adapts another (``source.adapts``: a system that follows no paper)
+    is checked against: the adapted recipe's effective value of every key relevant to either."""
+    base = train_config([str(ROOT / cfg.source.adapts)], [])
+    base_eff, eff = effective(base), effective(cfg)
+    keys = dict.fromkeys([*relevant(base, base_eff), *relevant(cfg, eff)])
+    return {k: lookup(base_eff, k) for k in keys if _has(base_eff, k)}
+
+
 def check(path: str, cfg: TrainConfig) -> list[str]:
     """Every problem of the recipe at ``path`` against its source block (empty: it matches)."""
     problems: list[str] = []
     src = source_of(cfg)
-    if not (src.repository and src.file and len(src.commit) == 40):
+    if cfg.source.adapts:  # its original is a shipped recipe, every key of it
+        src = dataclasses.replace(src, values=adapted_values(cfg))
+    elif not (src.repository and src.file and len(src.commit) == 40):
         problems.append("source needs repository, file, commit")
     eff = effective(cfg)
     deviations = {d.key: d.reason for d in cfg.deviations}
@@ -323,12 +334,21 @@ DEMO_STAGES = [(name, i) for name, s in DEMO_SYSTEMS.items() for i in range(len(
 DEMO_SIDE = sorted(DEMO_SYSTEMS["prorag"].extra[k] for k in ("prm", "rft"))
 
 
+# The demo recipes that shrink a seed recipe: what a recipe of a system without a paper may adapt.
+SEED_DEMO = sorted({r for s in DEMO_SYSTEMS.values() for r in s.rl if train_config([str(ROOT / r)], []).source.shrinks})
+
+
 @pytest.mark.parametrize("system,stage", DEMO_STAGES)
 def test_each_demo_recipe_is_its_original_at_cpu_scale(system, stage):
     """The demo's CPU recipes, as the demo runs them, name the seed recipe they shrink and list
-    every change of scale: algorithm, estimator, reward, KL and clipping stay the original's."""
+    every change of scale: algorithm, estimator, reward, KL and clipping stay the original's. A
+    system that follows no paper (tool_call) names the seed system's demo recipe it adapts
+    instead, and lists every difference from it."""
     path, cfg = demo_stage(system, stage)
-    assert cfg.source.shrinks in SEEDS, f"{path}: source.shrinks must name a seed recipe"
+    if cfg.source.adapts:
+        assert not cfg.source.shrinks and cfg.source.adapts in SEED_DEMO, f"{path}: adapts names no seed demo recipe"
+    else:
+        assert cfg.source.shrinks in SEEDS, f"{path}: source.shrinks must name a seed recipe"
     assert check(path, cfg) == []
 
 
