@@ -177,10 +177,11 @@ def run_demo(
     with timings.stage("eval_sft"):
         _evaluate(ui, _with_model(base, model), [s.method], sft_label)
     finals: list[tuple[int, Path, str]] = []  # (seed, the trained run's folder, its label)
+    chain = Chain(ui, s, rl_over, base, model, root)
     for seed in o.seeds:
         ui.step(f"5/{n} {s.name}'s training from the SFT model, seed {seed}: {s.algorithm}")
         with timings.stage(seeded("train", seed)):
-            last_run, retrained = _train_chain(ui, s, rl_configs, rl_over, base, model, root, seed)
+            last_run, retrained = _train_chain(chain, rl_configs, seed)
         label = seeded(trained, seed)
         if retrained:  # results of an older trained model
             safe_delete.remove(eval_dir / f"{label}-demo-test", RUN_ENTRIES, kind="eval", why="harness demo")
@@ -312,20 +313,26 @@ RFT_SAMPLES = 4  # samples per question for RFT (ProRAG samples its training set
 RFT_QUESTIONS = 28  # train questions sampled for RFT
 
 
-def _prorag_chain(
-    ui: DemoUI,
-    s: DemoSystem,
-    recipe: str,
-    overrides: list[str],
-    data: dict[str, Any],
-    sft: Path,
-    root: Path,
-    seed: int,
-) -> tuple[Path, bool]:
+@dataclass(frozen=True)
+class Chain:
+    """What every seed's training chain starts from: the system, the overrides of every training
+    recipe, the demo's eval data (agent, retriever, backend blocks), the SFT model and the demo's
+    folder."""
+
+    ui: DemoUI
+    system: DemoSystem
+    overrides: list[str]
+    data: dict[str, Any]
+    sft: Path
+    root: Path
+
+
+def _prorag_chain(c: Chain, recipe: str, seed: int) -> tuple[Path, bool]:
     """ProRAG after its SFT model: MCTS step values, a PRM on their sibling pairs, RFT (samples kept
     by outcome and PRM, then SFT on them), and dual-granularity RL with the PRM from the RFT model.
     The MCTS, PRM and RFT stages are the SFT model's (one for every seed); the RL stage is the
     seed's. Returns the RL run and whether anything trained now."""
+    ui, s, overrides, data, sft, root = c.ui, c.system, c.overrides, c.data, c.sft, c.root
     threads = [o for o in overrides if o.startswith("optim.threads=")]
     mcts, new = _mcts(ui, shipped(s.extra["mcts"]), data, sft, root / MCTS_DIR)
     prm_cfg = compose(
@@ -430,21 +437,13 @@ def _run_identity(run: Path) -> Any:
     return {"config": cfg, "last": metrics[-1] if metrics else None}
 
 
-def _train_chain(
-    ui: DemoUI,
-    s: DemoSystem,
-    recipes: list[str],
-    overrides: list[str],
-    data: dict[str, Any],
-    sft: Path,
-    root: Path,
-    seed: int,
-) -> tuple[Path, bool]:
+def _train_chain(c: Chain, recipes: list[str], seed: int) -> tuple[Path, bool]:
     """The system's training stages in order for ``seed``, each from the model the one before
     left; returns the last run's folder and whether any stage trained now (a retrained stage
     retrains every stage after it)."""
+    ui, s, overrides, data, sft, root = c.ui, c.system, c.overrides, c.data, c.sft, c.root
     if s.chain == "prorag":
-        return _prorag_chain(ui, s, recipes[-1], overrides, data, sft, root, seed)
+        return _prorag_chain(c, recipes[-1], seed)
     model, any_new = sft, False
     for name, recipe in zip(s.stage_names, recipes, strict=True):
         run = root / seeded(name, seed)
