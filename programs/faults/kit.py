@@ -143,11 +143,13 @@ class RetrievalServer:
     """Search-R1's ``/retrieve`` over the demo corpus on loopback: ``delay_s`` per request (a run
     that takes a while), from request ``fail_after`` on HTTP 503 (a retriever that died), and
     with ``held`` every request after the first (the preflight) waits until :meth:`release` (a
-    run caught in the middle, for as long as a fault needs)."""
+    run caught in the middle, for as long as a fault needs). ``fail_after`` and ``requests`` are
+    attributes: a test may set the first between runs (the server dies, then comes back)."""
 
     def __init__(self, delay_s: float = 0.0, fail_after: int | None = None, held: bool = False) -> None:
         retriever = InMemoryRetriever(read_corpus(demo_path("corpus.jsonl")))
         self.requests = 0
+        self.fail_after = fail_after
         self.gate = threading.Event()
         if not held:
             self.gate.set()
@@ -163,7 +165,7 @@ class RetrievalServer:
                 if outer.requests > 1:
                     outer.gate.wait(120)
                 time.sleep(delay_s)
-                if fail_after is not None and outer.requests > fail_after:
+                if outer.fail_after is not None and outer.requests > outer.fail_after:
                     self.send_response(503)
                     self.end_headers()
                     return
@@ -192,6 +194,9 @@ class RetrievalServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
         self.gate.set()
         self.server.shutdown()
         self.server.server_close()

@@ -183,10 +183,11 @@ def test_report_and_eval_agree_on_runs_with_failed_items(tmp_path):
     from benchmarks.datasets import load_examples
     from benchmarks.report import build_leaderboard, load_runs
     from benchmarks.report_render import to_markdown
-    from tests.harness.test_eval_failures import FlakyRetrievalServer, http_args, write_script
+    from programs.faults.kit import RetrievalServer
+    from tests.harness.test_eval_failures import http_args, write_script
 
     script = write_script(tmp_path / "s.jsonl", load_examples("demo"))
-    server = FlakyRetrievalServer()
+    server = RetrievalServer()
     try:
         for fail_after, label in ((3, "some"), (1, "all")):  # after the preflight (and two items)
             server.fail_after, server.requests = fail_after, 0

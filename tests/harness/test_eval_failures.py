@@ -9,69 +9,21 @@ the demo corpus, which can be told to fail (HTTP 503) from some request on.
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from programs.faults.kit import RetrievalServer
 
 runner = CliRunner()
 
 
-class FlakyRetrievalServer:
-    """Search-R1's ``/retrieve`` over the demo corpus; fails every request after ``fail_after``."""
-
-    def __init__(self) -> None:
-        from benchmarks.datasets import demo_path
-        from harness.retrieval.corpus import read_corpus
-        from harness.retrieval.memory import InMemoryRetriever
-
-        self.retriever = InMemoryRetriever(read_corpus(demo_path("corpus.jsonl")))
-        self.fail_after: int | None = None
-        self.requests = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
-            def do_POST(self):  # noqa: N802 (http.server's naming)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests += 1
-                if outer.fail_after is not None and outer.requests > outer.fail_after:
-                    self.send_response(503)
-                    self.end_headers()
-                    return
-                results = outer.retriever.search(body["queries"], body.get("topk", 3))
-                data = {
-                    "result": [
-                        [{"document": {"id": d.id, "contents": d.contents}, "score": d.score} for d in docs]
-                        for docs in results
-                    ]
-                }
-                raw = json.dumps(data).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def server():
-    s = FlakyRetrievalServer()
+    s = RetrievalServer()  # the fault battery's; a test sets fail_after (HTTP 503 from then on), then None
     yield s
     s.close()
 
