@@ -4,6 +4,7 @@ and checks that a command was refused cleanly."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -139,7 +140,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-class RetrievalServer:
+class RetrievalServer(contextlib.AbstractContextManager):
     """Search-R1's ``/retrieve`` over the demo corpus on loopback: ``delay_s`` per request (a run
     that takes a while), from request ``fail_after`` on HTTP 503 (a retriever that died), and
     with ``held`` every request after the first (the preflight) waits until :meth:`release` (a
@@ -189,9 +190,6 @@ class RetrievalServer:
 
     def release(self) -> None:
         self.gate.set()
-
-    def __enter__(self) -> RetrievalServer:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
