@@ -118,6 +118,12 @@ class AlgoConfig:
     # DAPO's dynamic-sampling filter without the refill: groups whose rollouts all got the same
     # reward (no group-relative signal) are left out of the step's update (logged groups/kept_frac).
     filter_groups: bool = False
+    # DAPO's refill (its algorithm.filter_groups.max_num_gen_batches): with filter_groups, a step
+    # draws further batches of rollout.prompts_per_step prompts until that many informative groups
+    # are kept (the first ones, as DAPO trims to its train batch), at most this many batches a
+    # step; 0: no limit (DAPO's default). At the limit DAPO stops the run; here the step trains on
+    # the groups it kept (logged filter/gen_batches). 1: no refill, the filter alone.
+    filter_max_gen_batches: int = 1
     # Shuffle the step's rows before they are cut into mini-batches and micro-batches, as OpenRLHF's
     # replay-buffer DataLoader (shuffle=True; R1-Searcher); false: rollout order, as verl splits.
     shuffle_rows: bool = False

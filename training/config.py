@@ -481,6 +481,13 @@ def check_rl_recipe(cfg: TrainConfig) -> None:
             f"algo.ppo_mini_batch_size={mini} must divide the step's batch "
             f"(rollout.prompts_per_step × n_samples = {batch})"
         )
+    if a.filter_max_gen_batches < 0:
+        raise ValueError(f"algo.filter_max_gen_batches must be >= 0 (0: no limit), not {a.filter_max_gen_batches}")
+    if a.filter_max_gen_batches != 1 and not a.filter_groups:
+        raise ValueError(
+            f"algo.filter_max_gen_batches={a.filter_max_gen_batches} refills the groups algo.filter_groups "
+            "leaves out: set algo.filter_groups=true"
+        )
     if a.filter_groups:
         if mini < batch:
             raise ValueError(
@@ -499,6 +506,16 @@ def check_ranks(cfg: TrainConfig, world: int) -> None:
     mini_batch_rows(cfg, world)
     if cfg.algo.filter_groups:
         check_filter_groups(cfg, world)
+    if cfg.algo.filter_max_gen_batches != 1 and world > 1:
+        raise NotImplementedError(
+            "algo.filter_max_gen_batches (DAPO's refill) with several ranks is not implemented (every rank "
+            "would have to draw as many batches as the one that needs most); run it on one rank"
+        )
+    if cfg.trainer.async_.enabled and cfg.algo.filter_max_gen_batches != 1:
+        raise NotImplementedError(
+            "algo.filter_max_gen_batches (DAPO's refill) with trainer.async is not implemented: the "
+            "producer's groups come as they finish; set algo.filter_max_gen_batches=1"
+        )
     if cfg.trainer.async_.enabled and world > 1:
         raise NotImplementedError(
             "trainer.async with several ranks is not implemented (each rank would need its own "

@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -66,7 +67,7 @@ from training.logging_utils import (
     rollout_metrics,
 )
 from training.lora import apply_lora, base_model, lora_critic, merged_state_dict, save_adapter
-from training.rewards import algo_step_scorer, build_reward
+from training.rewards import RewardOut, algo_step_scorer, build_reward
 from training.rl.async_rollout import AsyncRollouts
 from training.rl.dist_sync import DistributedWeightSync
 from training.rl.rl_update import RLUpdate
@@ -228,31 +229,21 @@ class RLTrainer:
         stats: dict[str, float] = {}
         skipped = 0  # optimizer steps skipped as non-finite in this step
         if not c.trainer.async_.enabled:
-            # 1. prompts: the step's prompts on every rank; this rank rolls out its slice (whole groups)
-            per_rank = c.rollout.prompts_per_step // self.world
-            prompts = self.sampler.next(c.rollout.prompts_per_step)[self.rank * per_rank : (self.rank + 1) * per_rank]
-            # 2. rollouts through THE agent, n samples per prompt, tagged with the serving policy version
-            rollout = collect(
-                self.agent,
-                prompts,
-                c.rollout.n_samples,
-                self.sampling,
-                policy_version=self.step_no,
-                seed=c.rollout_seed + self.step_no,
-                group_offset=self.rank * per_rank,
-            )
+            # 1–3. prompts, rollouts through THE agent, rewards, DAPO's group filter and its refill
+            filled = self._rollouts_filled()
+            rollout, scored, keep, reward_s = filled.rollout, filled.scored, filled.keep, filled.reward_s
+            stats["filter/gen_batches"] = float(filled.batches)
         else:  # 1–2 asynchronously: finished groups from the producer, at most max_staleness versions old
             rollout = self._take_async(stats)
-        t_rollout = time.perf_counter()
-        # 3. rewards
-        scored = [self.reward_fn(t) for t in rollout.trajectories]
+            t_scoring = time.perf_counter()
+            scored = [self.reward_fn(t) for t in rollout.trajectories]
+            reward_s = time.perf_counter() - t_scoring
+            keep = informative_rows(rollout.group_ids, [r for r, _ in scored]) if c.algo.filter_groups else None
         rewards = [r for r, _ in scored]
+        # 3. rewards are scored with each batch of rollouts (the refill reads them): their time apart
         t_reward = time.perf_counter()
-        # 3b. DAPO's group filter (no refill): groups whose rollouts all scored the same carry no
-        # group-relative signal; they are left out of the update instead of costing a forward/backward
-        keep = list(range(len(rewards)))
-        if c.algo.filter_groups:
-            keep = informative_rows(rollout.group_ids, rewards)
+        t_rollout = t_reward - reward_s
+        keep = list(range(len(rewards))) if keep is None else keep
         if c.algo.shuffle_rows:  # OpenRLHF: mini-batches of random rows, reproducible per (seed, step)
             random.Random(c.trainer.seed * 1_000_003 + self.step_no).shuffle(keep)
         stats["groups/kept_frac"] = len(keep) / max(1, len(rewards))
@@ -360,6 +351,45 @@ class RLTrainer:
                 )
             )
         )
+
+    def _rollouts_filled(self) -> FilledRollouts:
+        """The step's rollouts, their scores, the rows to train (None: all) and how many batches of
+        prompts were drawn. Each batch: this rank's slice of ``rollout.prompts_per_step`` prompts,
+        ``n_samples`` rollouts each through THE agent, tagged with the serving policy version.
+        With ``algo.filter_groups`` the groups whose rewards are all equal are left out (DAPO's
+        filter), and with ``algo.filter_max_gen_batches`` != 1 further batches are drawn until
+        ``prompts_per_step`` informative groups are kept, the first of them trained (DAPO's refill)."""
+        c = self.cfg
+        per_rank = c.rollout.prompts_per_step // self.world
+        limit = c.algo.filter_max_gen_batches
+        trajectories: list[Trajectory] = []
+        group_ids: list[int] = []
+        scored: list[RewardOut] = []
+        batches, reward_s = 0, 0.0
+        while True:
+            prompts = self.sampler.next(c.rollout.prompts_per_step)[self.rank * per_rank : (self.rank + 1) * per_rank]
+            # A refill batch's groups come after the batches before (distinct ids and sampling seeds).
+            offset = batches * c.rollout.prompts_per_step + self.rank * per_rank
+            seed = c.rollout_seed + self.step_no
+            batch = collect(self.agent, prompts, c.rollout.n_samples, self.sampling, self.step_no, seed, offset)
+            batches += 1
+            trajectories += batch.trajectories
+            group_ids += batch.group_ids
+            t_scoring = time.perf_counter()
+            scored += [self.reward_fn(t) for t in batch.trajectories]
+            reward_s += time.perf_counter() - t_scoring
+            if not c.algo.filter_groups:
+                everything = RolloutBatch(trajectories, group_ids, self.step_no)
+                return FilledRollouts(everything, scored, None, batches, reward_s)
+            keep = informative_rows(group_ids, [r for r, _ in scored])
+            kept_groups = list(dict.fromkeys(group_ids[i] for i in keep))  # in rollout order
+            if limit == 1 or len(kept_groups) >= per_rank or (limit and batches >= limit):
+                break
+            n_kept = len(kept_groups)
+            logger.info("step %d: %d of %d informative groups; more prompts", self.step_no + 1, n_kept, per_rank)
+        first = set(kept_groups[:per_rank])
+        rows = [i for i in keep if group_ids[i] in first]
+        return FilledRollouts(RolloutBatch(trajectories, group_ids, self.step_no), scored, rows, batches, reward_s)
 
     def _take_async(self, stats: dict[str, float]) -> RolloutBatch:
         """This step's groups from the producer, as a :class:`RolloutBatch` (group id = order taken)."""
@@ -532,6 +562,18 @@ def check_rollout_support(cfg: TrainConfig, agent: SearchAgent, loss_fn: losses.
             f"model token, but the {agent.dialect.name} dialect rewrites turns (re-encoded text has no "
             "backend logprobs); set algo.rollout_correction.kind=none"
         )
+
+
+@dataclass
+class FilledRollouts:
+    """A synchronous step's rollouts (every batch drawn), their (reward, parts) scores, the rows to
+    train (None: all), how many batches of prompts were drawn and the seconds spent scoring."""
+
+    rollout: RolloutBatch
+    scored: list[RewardOut]
+    keep: list[int] | None
+    batches: int
+    reward_s: float
 
 
 def informative_rows(group_ids: list[int], rewards: list[float]) -> list[int]:

@@ -36,6 +36,8 @@ def test_mini_batch_rows_by_hand(tmp_path):
         (["algo.ppo_mini_batch_size=3"], "must divide the step's batch"),
         (["algo.filter_groups=true", "algo.ppo_mini_batch_size=2"], "one mini-batch of one micro-batch"),
         (["algo.filter_groups=true", "optim.micro_batch_size=4", "algo.advantage=gae"], "group-relative"),
+        (["algo.filter_max_gen_batches=2"], "set algo.filter_groups=true"),
+        (["algo.filter_groups=true", "optim.micro_batch_size=4", "algo.filter_max_gen_batches=-1"], ">= 0"),
     ],
 )
 def test_the_rl_recipe_checks_fire_when_the_recipe_loads(tmp_path, overrides, says):
@@ -54,6 +56,10 @@ def test_the_rank_checks_run_for_the_rank_count(tmp_path):
         check_ranks(three, 2)
     with pytest.raises(NotImplementedError, match="trainer.async with several ranks"):
         check_ranks(cfg(tmp_path, "trainer.async.enabled=true"), 2)
+    refill = cfg(tmp_path, "algo.filter_groups=true", "optim.micro_batch_size=4", "algo.filter_max_gen_batches=0")
+    check_ranks(refill, 1)
+    with pytest.raises(NotImplementedError, match="refill.*several ranks"):
+        check_ranks(refill, 2)
 
 
 def test_epochs_checks_and_no_alias():
@@ -266,3 +272,25 @@ def test_filter_groups_leaves_uniform_groups_out_of_the_update(tmp_path):
     m2 = trainer2.step()
     assert m2["groups/kept_frac"] == 0.0 and m2["policy_updates"] == 0.0 and trainer2.step_no == 1
     assert torch.equal(w1, _lm_head(trainer2))
+
+
+@pytest.mark.slow
+def test_the_refill_draws_prompts_until_every_group_trained_is_informative(tmp_path):
+    """DAPO's refill (algo.filter_max_gen_batches): a step whose batch kept fewer informative groups
+    than rollout.prompts_per_step draws another batch of prompts and trains the first groups that
+    fill it; at the limit it trains what it has (here: nothing)."""
+    from training.rewards import REWARDS
+
+    over = ["algo.filter_groups=true", "algo.filter_max_gen_batches=3", "optim.micro_batch_size=4"]
+    trainer = make(tmp_path, *over, "algo.reward=test_by_group", "trainer.save_every=0")
+    first = trainer.sampler.next(1)[0]  # the step's first prompt (group 0) scores uniformly
+    trainer.sampler.load({"epoch": 0, "index": 0})
+    REWARDS.get("test_by_group").uniform_id = first.id
+    m = trainer.step()
+    # batch 1: group 1 kept; batch 2 (two more prompts): its first group fills the step's two
+    assert m["filter/gen_batches"] == 2.0 and m["groups/kept_frac"] == 4 / 8 and m["policy_updates"] == 1.0
+    assert trainer.sampler.state() == {"epoch": 0, "index": 4}  # two batches of two prompts drawn
+    REWARDS.get("test_by_group").uniform_id = "*"  # every group uniform: three batches, then no update
+    trainer2 = make(tmp_path / "b", *over, "algo.reward=test_by_group", "trainer.save_every=0")
+    m2 = trainer2.step()
+    assert m2["filter/gen_batches"] == 3.0 and m2["groups/kept_frac"] == 0.0 and m2["policy_updates"] == 0.0
