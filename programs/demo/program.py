@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from benchmarks.build import dataset_retriever
+from benchmarks.build import dataset_retriever, run_dir_for
 from benchmarks.datasets import corpus_path, dataset_file, load_examples
 from benchmarks.demo_summary import summarize
 from benchmarks.eval_runs import run_configs
@@ -111,28 +111,46 @@ def seeded(name: str, seed: int) -> str:
     return name if seed == 0 else f"{name}-s{seed}"
 
 
+@dataclass
+class StageRun:
+    """What a stage tells :meth:`Timings.stage`: ``reused`` when it found its outputs made by an
+    earlier run (cached training, a finished evaluation), so its record is that run's time."""
+
+    reused: bool = False
+
+
 class Timings:
     """Each stage's wall time, written to ``timings.json`` as it goes, with the process's memory:
     ``peak_rss_mb`` is the peak so far (the stage's own when it is the largest yet), ``rss_mb``
-    what is held once the stage's memory has been given back (:func:`harness.memory.release_memory`)."""
+    what is held once the stage's memory has been given back (:func:`harness.memory.release_memory`).
+
+    The file is the folder's record, not one process's: the entries already there are kept (a rerun
+    of cached stages, or another seed's demo writing into the same folder, adds its own), and a
+    stage that reused an earlier run's outputs keeps that run's record instead of its own second."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.stages = path, {}
+        self.path = path
+
+    def _on_disk(self) -> dict[str, Any]:
+        return json.loads(self.path.read_text()) if self.path.exists() else {}
 
     @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        start = time.monotonic()
-        yield
+    def stage(self, name: str) -> Iterator[StageRun]:
+        run, start = StageRun(), time.monotonic()
+        yield run
         seconds = round(time.monotonic() - start, 1)
         release_memory()  # the stage's models and caches are gone: their pages go back to the OS
         kb = resident_kb()
-        self.stages[name] = {
+        stages = self._on_disk()  # read again now: another process may have written since
+        if run.reused and name in stages:
+            return
+        stages[name] = {
             "seconds": seconds,
             "peak_rss_mb": round(kb.get("peak", 0) / 1024),
             "rss_mb": round(kb.get("rss", 0) / 1024),
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.path, self.stages)
+        write_json_atomic(self.path, stages)
 
 
 def run_demo(
@@ -162,32 +180,34 @@ def run_demo(
     timings = Timings(root / "timings.json")
     n = 7
     ui.step(f"1/{n} baselines and the untrained {s.method} agent (the first {BASELINE_LIMIT} test questions)")
-    with timings.stage("baselines"):
+    with timings.stage("baselines") as st:
         methods = ["naive", "standard", s.method] if o.baselines else [s.method]
-        _evaluate(ui, _limited(base, min(BASELINE_LIMIT, o.limit or BASELINE_LIMIT)), methods)
+        st.reused = _evaluate(ui, _limited(base, min(BASELINE_LIMIT, o.limit or BASELINE_LIMIT)), methods)
     ui.step(f"2/{n} SFT data: synthesized in {s.method}'s dialect from the first {SFT_QUESTIONS} train questions")
-    with timings.stage("synthesis"):
-        data = _synthesize(ui, base, root / "sft", s.method)
+    with timings.stage("synthesis") as st:
+        data, st.reused = _synthesize(ui, base, root / "sft", s.method)
     ui.step(f"3/{n} SFT warm-up")
-    with timings.stage("sft"):
+    with timings.stage("sft") as st:
         model, retrained = _train_sft(ui, o.sft_config or shipped(s.sft), sft_over, data, root / "sft" / "model")
+        st.reused = not retrained
     if retrained:  # everything after the SFT model belongs to an older one: folders harness made
         _clear_after_sft(root, s, eval_dir)
     ui.step(f"4/{n} the SFT agent ({sft_label}, demo test split)")
-    with timings.stage("eval_sft"):
-        _evaluate(ui, _with_model(base, model), [s.method], sft_label)
+    with timings.stage("eval_sft") as st:
+        st.reused = _evaluate(ui, _with_model(base, model), [s.method], sft_label)
     finals: list[tuple[int, Path, str]] = []  # (seed, the trained run's folder, its label)
     chain = Chain(ui, s, rl_over, base, model, root)
     for seed in o.seeds:
         ui.step(f"5/{n} {s.name}'s training from the SFT model, seed {seed}: {s.algorithm}")
-        with timings.stage(seeded("train", seed)):
+        with timings.stage(seeded("train", seed)) as st:
             last_run, retrained = _train_chain(chain, rl_configs, seed)
+            st.reused = not retrained
         label = seeded(trained, seed)
         if retrained:  # results of an older trained model
             safe_delete.remove(eval_dir / f"{label}-demo-test", RUN_ENTRIES, kind="eval", why="harness demo")
         ui.step(f"6/{n} the trained agent ({label}, demo test split)")
-        with timings.stage(seeded("eval_trained", seed)):
-            _evaluate(ui, _trained_eval(base, s, model, last_run), [s.method], label)
+        with timings.stage(seeded("eval_trained", seed)) as st:
+            st.reused = _evaluate(ui, _trained_eval(base, s, model, last_run), [s.method], label)
         finals.append((seed, last_run, label))
     ui.step(f"7/{n} report")
     with timings.stage("report"):
@@ -224,20 +244,31 @@ def _limited(data: dict[str, Any], limit: int) -> dict[str, Any]:
     return {**data, "dataset": {**data["dataset"], "limit": limit}}
 
 
-def _evaluate(ui: DemoUI, data: dict[str, Any], methods: list[str], label: str | None = None) -> None:
+def _evaluate(ui: DemoUI, data: dict[str, Any], methods: list[str], label: str | None = None) -> bool:
+    """Evaluate ``methods`` (resuming their run folders); returns whether every one was finished
+    before (nothing ran now)."""
     configs = [from_dict(EvalConfig, deep_merge(data, {"method": m, "label": label})) for m in methods]
+    finished = all(_finished(run_dir_for(c)) for c in configs)
     results = run_configs(configs, say=ui.say)
     ui.results(results)
     failed = [r for r in results if r.errors]
     if failed:
         raise RuntimeError(f"{', '.join(str(r.method) for r in failed)}: items failed (see the run directories)")
+    return finished
 
 
-def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path, dialect: str) -> Path:
+def _finished(run_dir: Path) -> bool:
+    """Whether an evaluation folder holds a finished run (every item scored without an error)."""
+    results = run_dir / "results.json"
+    return results.exists() and bool(json.loads(results.read_text()).get("complete"))
+
+
+def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path, dialect: str) -> tuple[Path, bool]:
     """The ``dialect`` trajectories (its small-model variant where the agent runs it) of the first
     :data:`SFT_QUESTIONS` questions of the demo's train split, kept while their inputs are unchanged.
     Each record names the agent's chat template file, if it has one (``agent.chat_template``), so
-    SFT renders the prompts the evaluations and the rollouts see."""
+    SFT renders the prompts the evaluations and the rollouts see. Returns the file and whether it
+    was kept from an earlier run."""
     # deferred: training.synthesize imports flashrag and torch (seconds)
     from training.synthesize import corpus_titles, synthesize
 
@@ -262,7 +293,7 @@ def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path, dialect: str) -
     path, stamp = sft_dir / "train.jsonl", sft_dir / "train.inputs.json"
     if path.exists() and stamp.exists() and json.loads(stamp.read_text()) == inputs:
         ui.say(f"cached: {path}")
-        return path
+        return path, True
     sft_dir.mkdir(parents=True, exist_ok=True)
     examples = load_examples("demo", TRAIN_SPLIT, limit=SFT_QUESTIONS)
     retriever = dataset_retriever(rcfg, "demo", TRAIN_SPLIT)
@@ -273,7 +304,7 @@ def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path, dialect: str) -
         raise RuntimeError(f"synthesis kept no trajectory: {stats.summary()}")
     stamp.write_text(json.dumps(inputs, indent=2))
     ui.say(f"{d.name}: {stats.summary()} → {path}")
-    return path
+    return path, False
 
 
 def _text_hash(text: str) -> str:

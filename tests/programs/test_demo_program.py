@@ -1,10 +1,10 @@
-"""programs.demo.program: what demo.md says of the RL run."""
+"""programs.demo.program: what demo.md says of the RL run, and the folder's stage times."""
 
 from __future__ import annotations
 
 import json
 
-from programs.demo.program import _rl_choice
+from programs.demo.program import Timings, _rl_choice
 
 
 def write_run(run, best_metric, records):
@@ -28,3 +28,24 @@ def test_demo_md_says_nothing_of_a_choice_without_best_metric(tmp_path):
     write_run(tmp_path / "rl", None, [{"step": 0, "val/em": 0.75}, {"step": 6, "val/em": 0.8}])
     assert _rl_choice(tmp_path / "rl") is None
     assert _rl_choice(tmp_path / "missing") is None
+
+
+def test_stage_times_survive_a_cached_rerun_and_another_seeds_demo(tmp_path):
+    """timings.json is the folder's record: a rerun whose stages are cached keeps the times of the
+    run that did the work, and a second process (another seed into the same folder) keeps the
+    first one's entries."""
+    path = tmp_path / "timings.json"
+    first, second = Timings(path), Timings(path)
+    with first.stage("sft"):
+        pass
+    with second.stage("train-s1"):
+        pass
+    done = json.loads(path.read_text())
+    assert set(done) == {"sft", "train-s1"} and set(done["sft"]) == {"seconds", "peak_rss_mb", "rss_mb"}
+    path.write_text(json.dumps({**done, "sft": {**done["sft"], "seconds": 241.5}}))  # the real SFT's time
+    with Timings(path).stage("sft") as st:
+        st.reused = True  # cached: nothing trained now
+    with Timings(path).stage("report") as st:
+        st.reused = True  # reused, but no earlier record: this run's is written
+    again = json.loads(path.read_text())
+    assert again["sft"]["seconds"] == 241.5 and set(again) == {"sft", "train-s1", "report"}
