@@ -42,7 +42,7 @@ from harness.safe_delete import FILE, OPAQUE, Folder, Layout
 from harness.tokenization import byte_tokenizer
 from harness.types import Example
 from pipelines.method import Method
-from pipelines.methods import build_method, method_kind, validate_options
+from pipelines.methods import AGENT_METHODS, build_method, method_kind, validate_options
 from training.config import TrainConfig, check_ranks
 from training.examples import first_dataset, merged_corpus_dataset, train_examples
 
@@ -168,6 +168,11 @@ def _rl_trainer(cfg: TrainConfig, out: Path, backend: Backend | None = None) -> 
     d = cfg.data
     if method_kind(cfg.rollout.method) != "agent":
         raise ValueError(f"rollout.method {cfg.rollout.method!r} is a baseline; RL rolls out an agent dialect")
+    if cfg.rollout.method not in AGENT_METHODS:  # the chat-API path returns text, no token ids to train
+        raise ValueError(
+            f"rollout.method {cfg.rollout.method!r} evaluates only; RL rolls out an agent on tokens: "
+            f"one of {', '.join(AGENT_METHODS)}"
+        )
     # rollout.agent and rollout.sampling were checked when the recipe loaded; this checks them together
     options = validate_options(cfg.rollout.method, rollout_agent_options(cfg), where="rollout.agent")
     examples = train_examples(cfg)

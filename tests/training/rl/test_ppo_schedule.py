@@ -294,3 +294,12 @@ def test_the_refill_draws_prompts_until_every_group_trained_is_informative(tmp_p
     trainer2 = make(tmp_path / "b", *over, "algo.reward=test_by_group", "trainer.save_every=0")
     m2 = trainer2.step()
     assert m2["filter/gen_batches"] == 3.0 and m2["groups/kept_frac"] == 0.0 and m2["policy_updates"] == 0.0
+
+
+def test_rl_rolls_out_an_agent_on_tokens_only(tmp_path):
+    """The chat-API agent (harness eval --method tool_call_chat) returns text without token ids:
+    a recipe that rolls it out is refused by name before anything is built."""
+    from training.build import _rl_trainer
+
+    with pytest.raises(ValueError, match="'tool_call_chat' evaluates only; RL rolls out an agent on tokens"):
+        _rl_trainer(cfg(tmp_path, "rollout.method=tool_call_chat"), tmp_path / "out")
