@@ -53,7 +53,7 @@ from harness.eval_config import EvalConfig, RetrieverConfig
 from harness.fsutil import write_json_atomic
 from harness.memory import release_memory, resident_kb
 from harness.models import load_tokenizer
-from harness.runlog import RUN_ENTRIES, file_hash
+from harness.runlog import RUN_ENTRIES, RunDir, file_hash
 from harness.safe_delete import FILE
 from pipelines.dialects import resolve_dialect
 from pipelines.dialects.base import read_chat_template
@@ -259,8 +259,8 @@ def _evaluate(ui: DemoUI, data: dict[str, Any], methods: list[str], label: str |
 
 def _finished(run_dir: Path) -> bool:
     """Whether an evaluation folder holds a finished run (every item scored without an error)."""
-    results = run_dir / "results.json"
-    return results.exists() and bool(json.loads(results.read_text()).get("complete"))
+    results = RunDir(run_dir).results()
+    return results is not None and results.complete
 
 
 def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path, dialect: str) -> tuple[Path, bool]:
