@@ -73,8 +73,3 @@ def resident_kb() -> dict[str, int]:
     except (OSError, ValueError):
         pass
     return out
-
-
-def rss_mb() -> float:
-    """This process's resident memory in MB (0.0 where :func:`resident_kb` reads nothing)."""
-    return resident_kb().get("rss", 0) / 1024
