@@ -115,8 +115,8 @@ class AlgoConfig:
     adv_eps: float | None = None
     # dual_granularity: the step scores' σ is sqrt(var + step_eps) (ProRAG, prorag/rl/trainer.py:187)
     step_eps: float = 1e-8
-    # DAPO's dynamic-sampling filter without the refill: groups whose rollouts all got the same
-    # reward (no group-relative signal) are left out of the step's update (logged groups/kept_frac).
+    # DAPO's dynamic-sampling filter: groups whose rollouts all got the same reward (no
+    # group-relative signal) are left out of the step's update (logged groups/kept_frac).
     filter_groups: bool = False
     # DAPO's refill (its algorithm.filter_groups.max_num_gen_batches): with filter_groups, a step
     # draws further batches of rollout.prompts_per_step prompts until that many informative groups

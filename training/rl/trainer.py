@@ -366,11 +366,11 @@ class RLTrainer:
         group_ids: list[int] = []
         scored: list[RewardOut] = []
         batches, reward_s = 0, 0.0
+        seed = c.rollout_seed + self.step_no  # the step's; each rollout's own seed adds its group and sample
         while True:
             prompts = self.sampler.next(c.rollout.prompts_per_step)[self.rank * per_rank : (self.rank + 1) * per_rank]
             # A refill batch's groups come after the batches before (distinct ids and sampling seeds).
             offset = batches * c.rollout.prompts_per_step + self.rank * per_rank
-            seed = c.rollout_seed + self.step_no
             batch = collect(self.agent, prompts, c.rollout.n_samples, self.sampling, self.step_no, seed, offset)
             batches += 1
             trajectories += batch.trajectories
