@@ -383,15 +383,20 @@ def load_template_file(path: str) -> dict[str, Any]:
 CHAT_TEMPLATE_DIR = TEMPLATE_DIR.parent / "chat_templates"
 
 
-@functools.lru_cache(maxsize=16)
-def read_chat_template(path: str) -> str:
-    """A chat template file's text: ``path`` as given, else relative to the checkout
+def chat_template_file(path: str) -> Path:
+    """A chat template file: ``path`` as given, else relative to the checkout
     (``configs/chat_templates/qwen2.5.jinja``), else a name under ``configs/chat_templates/``."""
     for p in (Path(path), TEMPLATE_DIR.parents[1] / path, CHAT_TEMPLATE_DIR / path):
         if p.is_file():
-            return p.read_text(encoding="utf-8")
+            return p
     shipped = ", ".join(sorted(p.name for p in CHAT_TEMPLATE_DIR.glob("*.jinja")))
     raise FileNotFoundError(f"chat template not found: {path} (shipped: {shipped})")
+
+
+@functools.lru_cache(maxsize=16)
+def read_chat_template(path: str) -> str:
+    """The text of the chat template file :func:`chat_template_file` finds for ``path``."""
+    return chat_template_file(path).read_text(encoding="utf-8")
 
 
 def shipped_template(name: str) -> dict[str, Any]:

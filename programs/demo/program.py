@@ -29,7 +29,6 @@ model makes every later stage that used it start over. What it shows goes throug
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -56,7 +55,7 @@ from harness.models import load_tokenizer
 from harness.runlog import RUN_ENTRIES, RunDir, file_hash
 from harness.safe_delete import FILE
 from pipelines.dialects import resolve_dialect
-from pipelines.dialects.base import read_chat_template
+from pipelines.dialects.base import chat_template_file
 from programs.demo.systems import METHODS_CONFIG, DemoSystem, get_system, shipped
 from training.build import TRAIN_ENTRIES, train_cached
 from training.config import RolloutAgentConfig, SamplingConfig, TrainConfig
@@ -288,7 +287,7 @@ def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path, dialect: str) -
         "retriever": rcfg.kind,
         "topk": rcfg.topk,
         # the template's text, not only its name: an edited template makes new records
-        **({"chat_template": [chat_template, _text_hash(read_chat_template(chat_template))]} if chat_template else {}),
+        **({"chat_template": [chat_template, file_hash(chat_template_file(chat_template))]} if chat_template else {}),
     }
     path, stamp = sft_dir / "train.jsonl", sft_dir / "train.inputs.json"
     if path.exists() and stamp.exists() and json.loads(stamp.read_text()) == inputs:
@@ -305,11 +304,6 @@ def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path, dialect: str) -
     stamp.write_text(json.dumps(inputs, indent=2))
     ui.say(f"{d.name}: {stats.summary()} → {path}")
     return path, False
-
-
-def _text_hash(text: str) -> str:
-    """A text's sha256 (the synthesis stamp keeps the chat template's, so an edited one makes new records)."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _train_sft(ui: DemoUI, recipe: str, overrides: list[str], data: Path, run: Path) -> tuple[Path, bool]:
