@@ -88,6 +88,12 @@ def demo_command(
     baselines: bool = typer.Option(
         True, "--baselines/--no-baselines", help="Run FlashRAG's naive and standard beside the untrained agent."
     ),
+    retrain: bool = typer.Option(
+        False,
+        "--retrain",
+        help="Replace a stage whose recipe or inputs changed since it ran, and every stage after it "
+        "(without it such a stage is refused, naming what changed, and nothing is deleted).",
+    ),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides of the SFT recipe."),
 ) -> None:
     """Baselines, untrained agent, SFT warm-up, SFT agent, the system's training, trained agent, report."""
@@ -104,6 +110,7 @@ def demo_command(
         threads=threads or None,
         limit=limit,
         baselines=baselines,
+        retrain=retrain,
     )
     try:
         run_demo(_Terminal(), system, out, opts)

@@ -37,7 +37,7 @@ from harness.models import MODEL_FILES
 from harness.registry import Registry
 from harness.run_records import RunManifest, RunResults
 from harness.runlock import run_lock
-from harness.runlog import RUN_ENTRIES
+from harness.runlog import RUN_ENTRIES, config_differences
 from harness.safe_delete import FILE, OPAQUE, Folder, Layout
 from harness.tokenization import byte_tokenizer
 from harness.types import Example
@@ -446,14 +446,32 @@ def _relocated(value: Any, home: Path) -> Any:
 IDENTITY = "cache_identity.json"  # what train_cached trained a run as (its config, where-independent)
 
 
-def train_cached(cfg: TrainConfig, run: str | Path) -> tuple[Path, bool]:
+class StaleRunError(ValueError):
+    """A folder already holds finished work (a trained model, a search) made with another config
+    or other inputs: it is not replaced unless asked (:func:`train_cached`'s ``replace``).
+    ``differences`` lists ``key: old → new``; ``hint`` says how to replace it."""
+
+    def __init__(
+        self, run: Path, differences: list[str], hint: str = "replace it explicitly, or use another folder"
+    ) -> None:
+        self.run, self.differences, self.hint = run, differences, hint
+        shown = "; ".join(differences[:8]) + (f"; and {len(differences) - 8} more" if len(differences) > 8 else "")
+        super().__init__(
+            f"{run} was made with another config ({len(differences)} difference(s): {shown}); it is kept: {hint}"
+        )
+
+
+def train_cached(cfg: TrainConfig, run: str | Path, *, replace: bool = False) -> tuple[Path, bool]:
     """Train ``cfg`` into ``run`` unless ``run`` already holds a final model trained with this
     config (its :data:`IDENTITY`, or else its ``config.json``, compared without the
     :data:`EXECUTION_ONLY` options and ``trainer.out``, and with the paths inside ``run``'s parent
     folder relative to it: :func:`_relocated`); returns the
     final model folder and whether it trained now. Training is :func:`train`'s (the engine launch,
-    the run-folder claim); a ``run`` of any other config is cleared first (a cached demo or stage
-    never mixes recipes), as ``--overwrite`` clears: only a harness training run is ever cleared."""
+    the run-folder claim). A finished model of another config is never replaced silently: without
+    ``replace`` that is a :class:`StaleRunError` naming the keys that differ (a harness upgrade that
+    changed a default would otherwise delete a user's trained model). A run without a final model
+    (interrupted), or one ``replace`` allows, is cleared first (a cached demo or stage never mixes
+    recipes), as ``--overwrite`` clears: only a harness training run is ever cleared."""
     run = Path(run)
     final, home = run / TRAINERS.info(cfg.algo.kind).get("output", "final"), run.parent
     # The identity a cached run recorded, its paths relative to its folder's parent then (a copy
@@ -461,8 +479,13 @@ def train_cached(cfg: TrainConfig, run: str | Path) -> tuple[Path, bool]:
     recorded = next((p for p in (run / IDENTITY, run / "config.json") if p.exists()), None)
     wanted = _identity(json.loads(json.dumps(to_dict(cfg))), home)  # as config.json holds it (tuples as lists)
     with run_lock(run, "train"):  # re-entrant: train() takes it again
-        if final.is_dir() and recorded is not None and _identity(_as_current(recorded), home) == wanted:
-            return final, False
+        if final.is_dir() and recorded is not None:
+            have = _identity(_as_current(recorded), home)
+            if have == wanted:
+                return final, False
+            if not replace:
+                said = config_differences(have, wanted) if isinstance(have, dict) else []
+                raise StaleRunError(run, said or [f"{recorded.name}: a config this harness no longer loads"])
         if safe_delete.check_removable(run, TRAIN_ENTRIES, kind="train"):
             logger.info("retraining: %s holds no final model of this config", run)
         final = train(cfg, run, overwrite=True)[1]

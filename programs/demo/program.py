@@ -22,8 +22,10 @@ For every system (:mod:`programs.demo.systems` says what each trains):
 
 Every step is cached under ``out``, so a rerun is fast: evaluations resume (a finished one is not
 rerun), the synthesized data is kept while its inputs are unchanged, and each training is skipped
-when its ``final`` model exists and the run's recorded config equals the recipe's. A retrained
-model makes every later stage that used it start over. What it shows goes through a
+when its ``final`` model exists and the run's recorded config equals the recipe's. A stage whose
+recipe or inputs changed since it ran is refused, naming what changed (nothing is deleted), unless
+``--retrain`` (:attr:`DemoOptions.retrain`) asks to replace it; a retrained model makes every later
+stage that used it start over. What it shows goes through a
 :class:`DemoUI` the caller gives (the CLI prints tables).
 """
 
@@ -52,12 +54,12 @@ from harness.eval_config import EvalConfig, RetrieverConfig
 from harness.fsutil import write_json_atomic
 from harness.memory import release_memory, resident_kb
 from harness.models import load_tokenizer
-from harness.runlog import RUN_ENTRIES, RunDir, file_hash
+from harness.runlog import RUN_ENTRIES, RunDir, config_differences, file_hash
 from harness.safe_delete import FILE
 from pipelines.dialects import resolve_dialect
 from pipelines.dialects.base import chat_template_file
 from programs.demo.systems import METHODS_CONFIG, DemoSystem, get_system, shipped
-from training.build import TRAIN_ENTRIES, train_cached
+from training.build import TRAIN_ENTRIES, StaleRunError, train_cached
 from training.config import RolloutAgentConfig, SamplingConfig, TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -67,6 +69,8 @@ TEST_SPLIT, TRAIN_SPLIT = "test", "train"
 # first/second 50/50: build_demo.py), so these subsets keep the splits' balance.
 BASELINE_LIMIT = 42  # test questions for the baselines and the untrained agent
 SFT_QUESTIONS = 28  # train questions the SFT warm-up's trajectories are synthesized from (one pass)
+# What a refused stage says to do (StaleRunError): replacing a trained stage deletes what follows it.
+RETRAIN_HINT = "to replace it and every stage after it, rerun with --retrain; or use another --out folder"
 
 
 class DemoUI(Protocol):
@@ -96,6 +100,9 @@ class DemoOptions:
     threads: int | None = None
     limit: int | None = None  # the first N test questions only (a quick look; the figures need all 154)
     baselines: bool = True  # FlashRAG's naive and standard beside the untrained agent (context only)
+    # Replace a stage whose recipe or inputs changed since it ran (and what was built on it); without
+    # it such a stage is refused (training.build.StaleRunError), so nothing trained is lost unasked.
+    retrain: bool = False
 
 
 def labels(system: DemoSystem) -> tuple[str, str, str]:
@@ -184,10 +191,14 @@ def run_demo(
         st.reused = _evaluate(ui, _limited(base, min(BASELINE_LIMIT, o.limit or BASELINE_LIMIT)), methods)
     ui.step(f"2/{n} SFT data: synthesized in {s.method}'s dialect from the first {SFT_QUESTIONS} train questions")
     with timings.stage("synthesis") as st:
-        data, st.reused = _synthesize(ui, base, root / "sft", s.method)
+        data, kept_data = _synthesize(ui, base, root / "sft", s.method, o.retrain)
+        st.reused = kept_data
     ui.step(f"3/{n} SFT warm-up")
     with timings.stage("sft") as st:
-        model, retrained = _train_sft(ui, o.sft_config or shipped(s.sft), sft_over, data, root / "sft" / "model")
+        if not kept_data:  # new SFT data: a model trained on other data is stale whatever its recipe
+            safe_delete.remove(root / "sft" / "model", TRAIN_ENTRIES, kind="train", why="harness demo: new SFT data")
+        recipe = compose(TrainConfig, [o.sft_config or shipped(s.sft)], [_sft_source(data), *sft_over])
+        model, retrained = _train(ui, recipe, root / "sft" / "model", o.retrain)
         st.reused = not retrained
     if retrained:  # everything after the SFT model belongs to an older one: folders harness made
         _clear_after_sft(root, s, eval_dir)
@@ -195,7 +206,7 @@ def run_demo(
     with timings.stage("eval_sft") as st:
         st.reused = _evaluate(ui, _with_model(base, model), [s.method], sft_label)
     finals: list[tuple[int, Path, str]] = []  # (seed, the trained run's folder, its label)
-    chain = Chain(ui, s, rl_over, base, model, root)
+    chain = Chain(ui, s, rl_over, base, model, root, o.retrain)
     for seed in o.seeds:
         ui.step(f"5/{n} {s.name}'s training from the SFT model, seed {seed}: {s.algorithm}")
         with timings.stage(seeded("train", seed)) as st:
@@ -262,12 +273,13 @@ def _finished(run_dir: Path) -> bool:
     return results is not None and results.complete
 
 
-def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path, dialect: str) -> tuple[Path, bool]:
+def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path, dialect: str, retrain: bool) -> tuple[Path, bool]:
     """The ``dialect`` trajectories (its small-model variant where the agent runs it) of the first
     :data:`SFT_QUESTIONS` questions of the demo's train split, kept while their inputs are unchanged.
     Each record names the agent's chat template file, if it has one (``agent.chat_template``), so
     SFT renders the prompts the evaluations and the rollouts see. Returns the file and whether it
-    was kept from an earlier run."""
+    was kept from an earlier run. New inputs where an SFT model was trained on the old data are
+    refused unless ``retrain`` (the new data would make that model, and all after it, stale)."""
     # deferred: training.synthesize imports flashrag and torch (seconds)
     from training.synthesize import corpus_titles, synthesize
 
@@ -290,9 +302,14 @@ def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path, dialect: str) -
         **({"chat_template": [chat_template, file_hash(chat_template_file(chat_template))]} if chat_template else {}),
     }
     path, stamp = sft_dir / "train.jsonl", sft_dir / "train.inputs.json"
-    if path.exists() and stamp.exists() and json.loads(stamp.read_text()) == inputs:
+    before = json.loads(stamp.read_text()) if stamp.exists() else None
+    if path.exists() and before == inputs:
         ui.say(f"cached: {path}")
         return path, True
+    if not retrain and (sft_dir / "model" / "final").is_dir():
+        said = config_differences(before, inputs) if isinstance(before, dict) else [f"{stamp.name}: missing"]
+        said = said or [f"{path.name}: missing"]  # the same inputs, the file gone
+        raise StaleRunError(sft_dir / "model", [f"its SFT data's {d}" for d in said], RETRAIN_HINT)
     sft_dir.mkdir(parents=True, exist_ok=True)
     examples = load_examples("demo", TRAIN_SPLIT, limit=SFT_QUESTIONS)
     retriever = dataset_retriever(rcfg, "demo", TRAIN_SPLIT)
@@ -306,10 +323,9 @@ def _synthesize(ui: DemoUI, data: dict[str, Any], sft_dir: Path, dialect: str) -
     return path, False
 
 
-def _train_sft(ui: DemoUI, recipe: str, overrides: list[str], data: Path, run: Path) -> tuple[Path, bool]:
-    """The SFT model folder and whether it was (re)trained now (see :func:`training.build.train_cached`)."""
-    source = f"sft.sources=[{{kind: synth, path: {json.dumps(str(data))}}}]"
-    return _train(ui, compose(TrainConfig, [recipe], [source, *overrides]), run)
+def _sft_source(data: Path) -> str:
+    """The SFT recipe's override that trains on the synthesized file ``data``."""
+    return f"sft.sources=[{{kind: synth, path: {json.dumps(str(data))}}}]"
 
 
 def _clear_after_sft(root: Path, s: DemoSystem, eval_dir: Path) -> None:
@@ -350,6 +366,7 @@ class Chain:
     data: dict[str, Any]
     sft: Path
     root: Path
+    retrain: bool = False  # DemoOptions.retrain
 
 
 def _prorag_chain(c: Chain, recipe: str, seed: int) -> tuple[Path, bool]:
@@ -359,7 +376,7 @@ def _prorag_chain(c: Chain, recipe: str, seed: int) -> tuple[Path, bool]:
     seed's. Returns the RL run and whether anything trained now."""
     ui, s, overrides, data, sft, root = c.ui, c.system, c.overrides, c.data, c.sft, c.root
     threads = [o for o in overrides if o.startswith("optim.threads=")]
-    mcts, new = _mcts(ui, shipped(s.extra["mcts"]), data, sft, root / MCTS_DIR)
+    mcts, new = _mcts(ui, shipped(s.extra["mcts"]), data, sft, root / MCTS_DIR, c.retrain)
     prm_cfg = compose(
         TrainConfig,
         [shipped(s.extra["prm"])],
@@ -367,7 +384,7 @@ def _prorag_chain(c: Chain, recipe: str, seed: int) -> tuple[Path, bool]:
     )
     if new:
         safe_delete.remove(root / PRM_RUN, TRAIN_ENTRIES, kind="train", why="harness demo")
-    prm, new_prm = _train(ui, prm_cfg, root / PRM_RUN)
+    prm, new_prm = _train(ui, prm_cfg, root / PRM_RUN, c.retrain)
     kept, new_set = _rft_set(ui, data, sft, prm, root / RFT_DIR, renew=new or new_prm)
     rft_cfg = compose(
         TrainConfig,
@@ -376,20 +393,21 @@ def _prorag_chain(c: Chain, recipe: str, seed: int) -> tuple[Path, bool]:
     )
     if new_set:
         safe_delete.remove(root / RFT_DIR / "model", TRAIN_ENTRIES, kind="train", why="harness demo")
-    rft, new_rft = _train(ui, rft_cfg, root / RFT_DIR / "model")
+    rft, new_rft = _train(ui, rft_cfg, root / RFT_DIR / "model", c.retrain)
     run = root / seeded(s.stage_names[-1], seed)
     earlier = new or new_prm or new_set or new_rft
     if earlier:
         safe_delete.remove(run, TRAIN_ENTRIES, kind="train", why="harness demo")
     rl_over = [*overrides, f"trainer.seed={seed}", f"algo.step_scorer_path={json.dumps(str(prm))}"]
-    _, new_rl = _train(ui, rl_stage_config(recipe, s.method, data, rft, run, rl_over), run)
+    _, new_rl = _train(ui, rl_stage_config(recipe, s.method, data, rft, run, rl_over), run, c.retrain)
     return run, earlier or new_rl
 
 
-def _mcts(ui: DemoUI, recipe: str, data: dict[str, Any], sft: Path, out: Path) -> tuple[Path, bool]:
+def _mcts(ui: DemoUI, recipe: str, data: dict[str, Any], sft: Path, out: Path, retrain: bool) -> tuple[Path, bool]:
     """MCTS step values of the SFT model (the recipe's questions and budget, the evaluation's agent,
-    backend and retriever), resumed per question; a folder made for other inputs is cleared first.
-    Returns the folder and whether it searched anything now."""
+    backend and retriever), resumed per question; a folder made for other inputs is cleared first
+    (a finished one only with ``retrain``, else refused). Returns the folder and whether it
+    searched anything now."""
     from training.data.mcts import run_mcts_recipe  # deferred: flashrag and torch (seconds)
 
     over = [
@@ -399,12 +417,15 @@ def _mcts(ui: DemoUI, recipe: str, data: dict[str, Any], sft: Path, out: Path) -
     ]
     inputs = {"recipe": load_yaml(recipe), "overrides": over, "sft": _run_identity(sft.parent)}
     stamp = out / "inputs.json"
-    if stamp.exists() and json.loads(stamp.read_text()) == inputs and (out / "done.jsonl").exists():
+    before = json.loads(stamp.read_text()) if stamp.exists() else None
+    if before == inputs and (out / "done.jsonl").exists():
         stats, _ = run_mcts_recipe([recipe], over, str(out))  # resumes: finished questions are skipped
         if not stats.questions:
             ui.say(f"cached: {out}")
             return out, False
         return out, True
+    if not retrain and isinstance(before, dict) and (out / "done.jsonl").exists():
+        raise StaleRunError(out, config_differences(before, inputs), RETRAIN_HINT)
     safe_delete.remove(out, MCTS_LAYOUT, kind="mcts", why="harness demo: MCTS of another SFT model or recipe")
     safe_delete.claim(out, "mcts")
     write_json_atomic(stamp, inputs)
@@ -480,7 +501,7 @@ def _train_chain(c: Chain, recipes: list[str], seed: int) -> tuple[Path, bool]:
             cfg = retriever_stage_config(recipe, s.method, data, sft, run, stage_over)
         else:
             cfg = rl_stage_config(recipe, s.method, data, model, run, stage_over)
-        final, new = _train(ui, cfg, run)
+        final, new = _train(ui, cfg, run, c.retrain)
         model, any_new = final, any_new or new
     return run, any_new
 
@@ -522,9 +543,13 @@ def retriever_stage_config(
     return compose(TrainConfig, [recipe], [*same_agent, *overrides])
 
 
-def _train(ui: DemoUI, cfg: TrainConfig, run: Path) -> tuple[Path, bool]:
-    """Train ``cfg`` into ``run`` unless it holds this config's output (:func:`training.build.train_cached`)."""
-    final, retrained = train_cached(cfg, run)
+def _train(ui: DemoUI, cfg: TrainConfig, run: Path, retrain: bool) -> tuple[Path, bool]:
+    """Train ``cfg`` into ``run`` unless it holds this config's output (:func:`training.build.train_cached`;
+    another config's output is replaced only with ``retrain``, else refused with what differs)."""
+    try:
+        final, retrained = train_cached(cfg, run, replace=retrain)
+    except StaleRunError as e:
+        raise StaleRunError(e.run, e.differences, RETRAIN_HINT) from None
     ui.say(f"trained → {final}" if retrained else f"cached: {final} (trained with this recipe)")
     return final, retrained
 

@@ -65,7 +65,8 @@ def main() -> None:
         return
 
     overrides = [f"data.data_dir={args.data_dir}", f"trainer.max_steps={args.steps}", "trainer.save_every=0"]
-    overrides += ["data.val_split=null", "trainer.progress=false", *args.overrides]
+    # No validation: a recipe that keeps its best validated step (trainer.best_metric) keeps none here.
+    overrides += ["data.val_split=null", "trainer.best_metric=null", "trainer.progress=false", *args.overrides]
     cfg = compose(TrainConfig, [args.config], overrides)
     out = Path(args.out or tempfile.mkdtemp(prefix="train_step_"))
     trainer = build_trainer(cfg, out)

@@ -118,10 +118,11 @@ def test_a_label_flows_into_the_run_dir_the_report_and_the_demo_text(tmp_path):
 
 
 def test_demo_training_is_skipped_only_for_the_same_recipe(tmp_path, monkeypatch):
-    """A final model trained with the recipe's exact config is reused; any other config retrains."""
+    """A final model trained with the recipe's exact config is reused; another config is refused
+    unless replacing it is asked for, and then retrains."""
     from harness import safe_delete
     from harness.config import compose, to_dict
-    from training.build import train_cached
+    from training.build import StaleRunError, train_cached
     from training.config import TrainConfig
 
     data, run = tmp_path / "train.jsonl", tmp_path / "model"
@@ -146,7 +147,13 @@ def test_demo_training_is_skipped_only_for_the_same_recipe(tmp_path, monkeypatch
 
     monkeypatch.setattr("training.build.make_trainer", lambda c, r, backend=None: built.append(c) or Trainer())
     three = compose(TrainConfig, [TRAIN_CONFIG], [source, "trainer.max_steps=3"])
-    assert train_cached(three, run) == (run / "final", True)
+    # Another config's finished model is kept unless replacing it is asked for: the refusal names
+    # the key that differs (a harness upgrade that changed a default must not delete a trained model).
+    with pytest.raises(StaleRunError, match=r"trainer\.max_steps: .* → 3") as refused:
+        train_cached(three, run)
+    assert refused.value.differences == [f"trainer.max_steps: {cfg.trainer.max_steps!r} → 3"]
+    assert (run / "config.json").exists() and not built
+    assert train_cached(three, run, replace=True) == (run / "final", True)
     assert built[0].trainer.max_steps == 3 and not (run / "config.json").exists()  # the old run was cleared
 
 

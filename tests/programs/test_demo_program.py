@@ -49,3 +49,27 @@ def test_stage_times_survive_a_cached_rerun_and_another_seeds_demo(tmp_path):
         st.reused = True  # reused, but no earlier record: this run's is written
     again = json.loads(path.read_text())
     assert again["sft"]["seconds"] == 241.5 and set(again) == {"sft", "train-s1", "report"}
+
+
+def test_new_sft_data_where_a_model_was_trained_on_the_old_is_refused_unless_retrain(tmp_path, monkeypatch):
+    """Synthesized SFT data made for other inputs, with an SFT model trained on it, is not renewed
+    silently (that would make the model and all after it stale): the refusal names the input."""
+    import pytest
+
+    from programs.demo.program import _synthesize
+    from training.build import StaleRunError
+
+    sft_dir = tmp_path / "sft"
+    (sft_dir / "model" / "final").mkdir(parents=True)
+    (sft_dir / "train.jsonl").write_text("{}\n")
+    data = {"agent": {"variant": "small", "max_doc_tokens": 64}, "retriever": {"kind": "bm25", "topk": 3}}
+    with pytest.raises(StaleRunError, match="train.inputs.json: missing.*--retrain"):
+        _synthesize(None, data, sft_dir, "research", retrain=False)
+    monkeypatch.setattr("programs.demo.program.file_hash", lambda path: "h")
+    stamp = {"questions": "h", "limit": 28, "corpus": "h", "dialect": "research", "variant": "small"}
+    stamp |= {"max_doc_tokens": 128, "tokenizer": "smollm2-135m-instruct", "retriever": "bm25", "topk": 3}
+    (sft_dir / "train.inputs.json").write_text(json.dumps(stamp))
+    with pytest.raises(StaleRunError, match="max_doc_tokens: 128 → 64") as refused:
+        _synthesize(None, data, sft_dir, "research", retrain=False)
+    assert refused.value.differences == ["its SFT data's max_doc_tokens: 128 → 64"]
+    assert (sft_dir / "train.jsonl").read_text() == "{}\n" and (sft_dir / "model" / "final").is_dir()

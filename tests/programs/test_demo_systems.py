@@ -15,6 +15,7 @@ from harness.models import load_tokenizer
 from programs.demo.program import DemoOptions, labels, run_demo, seeded
 from programs.demo.systems import SYSTEMS, get_system
 from tests.helpers.models import random_llama
+from training.build import StaleRunError
 
 pytestmark = pytest.mark.slow
 
@@ -153,6 +154,13 @@ def test_seeds_train_apart_from_one_sft_model_and_a_rerun_trains_nothing(tmp_pat
 
     monkeypatch.setattr("training.build.train", no_training)
     run_demo(_Quiet(), "research", out, _opts(tmp_path, tiny_model, seeds=(0, 1)))
+    # A changed recipe (a harness upgrade that moved a default reads the same) does not delete the
+    # trained model and its evaluation: the stage is refused, naming what differs, unless --retrain.
+    changed = _opts(tmp_path, tiny_model, seeds=(0, 1))
+    changed.rl_overrides.append("optim.weight_decay=0.123")
+    with pytest.raises(StaleRunError, match=r"optim\.weight_decay: .* → 0\.123.*--retrain"):
+        run_demo(_Quiet(), "research", out, changed)
+    assert (out / "rl" / "final").is_dir() and (out / "eval" / f"{trained}-demo-test").is_dir()
 
 
 def test_unknown_system_and_bad_seeds_are_refused(tmp_path):

@@ -81,7 +81,7 @@ def test_a_cached_run_is_the_same_however_its_folder_is_spelled_or_wherever_it_i
     shutil.copytree(root, tmp_path / "copy")
     assert train_cached(recipe(tmp_path / "copy"), tmp_path / "copy/sft/model")[1] is False
     assert len(trained) == 1
-    # another data file (here one outside the folder) is another recipe: it retrains
+    # another data file (here one outside the folder) is another recipe: it retrains when asked
     elsewhere = f"sft.sources=[{{kind: synth, path: {json.dumps(str(tmp_path / 'other.jsonl'))}}}]"
     other = compose(TrainConfig, [SFT_DEMO], [elsewhere, f"trainer.out={root}"])
-    assert train_cached(other, root / "sft" / "model")[1] is True and len(trained) == 2
+    assert train_cached(other, root / "sft" / "model", replace=True)[1] is True and len(trained) == 2
