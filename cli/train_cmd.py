@@ -48,7 +48,7 @@ def train_command(
     if plan:
         # deferred: the command's library loads when it runs, not at every harness --help
         from harness.config import ConfigError
-        from training.memory_plan import plan_report
+        from training.memory_plan import plan_recipe, plan_report
 
         if not config:
             fail("--plan needs a recipe: -c configs/train/NAME.yaml")
@@ -57,9 +57,8 @@ def train_command(
         if not (math.isfinite(gpu_mem) and gpu_mem > 0):
             fail(f"--gpu-mem must be a positive number of GB (one GPU's memory), got {gpu_mem}")
         try:
-            console.print(
-                plan_report(list(config), list(overrides or []), gpus, gpu_mem, arch), highlight=False, soft_wrap=True
-            )
+            plans = plan_recipe(list(config), list(overrides or []), gpus, gpu_mem, arch)
+            console.print(plan_report(plans, config[0]), highlight=False, soft_wrap=True)
         except (ConfigError, FileNotFoundError, ValueError) as e:
             fail(f"--plan: {e}")
         return

@@ -361,17 +361,10 @@ def format_plan(p: Plan) -> str:
     return "\n".join(lines)
 
 
-def plan_report(
-    files: list[str],
-    overrides: list[str] | None = None,
-    gpus: int = 8,
-    gpu_mem_gb: float = 80.0,
-    arch: str | None = None,
-) -> str:
-    """What ``harness train --plan`` prints: :func:`plan_recipe`'s plans as text."""
-    plans = plan_recipe(files, overrides, gpus, gpu_mem_gb, arch)
+def plan_report(plans: list[Plan], recipe: str) -> str:
+    """What ``harness train --plan`` prints: the plans :func:`plan_recipe` made of ``recipe`` as text."""
     if not plans:
-        return f"{files[0]}: not a training recipe (an eval, MCTS or sampling config trains nothing): nothing to plan"
+        return f"{recipe}: not a training recipe (an eval, MCTS or sampling config trains nothing): nothing to plan"
     return "\n\n".join(format_plan(p) for p in plans)
 
 

@@ -218,14 +218,20 @@ SYSTEM = System(
 )
 
 _TEMPLATE = shipped_template("r1_searcher")
-register(
-    SYSTEM,
-    observe=r1_searcher_observe,
-    validate=r1_searcher_validate,
+# R1-Searcher's tags: its own dialect's and r1_searcher_small's.
+R1_SEARCHER_TAGS = dict(
     query_open="<|begin_of_query|>",
     query_close="<|end_of_query|>",
     obs_open="<|begin_of_documents|>",
     obs_close="<|end_of_documents|>",
+)
+# Evaluation's stop strings (eval_search_loacl.py), the same for every turn.
+R1_SEARCHER_EVAL_STOPS = ("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>")
+register(
+    SYSTEM,
+    observe=r1_searcher_observe,
+    validate=r1_searcher_validate,
+    **R1_SEARCHER_TAGS,
     rewrite=r1_searcher_rewrite,
     # Read by training.rewards.R1SearcherStage1: the stage-1 server's own two checks.
     extra_options={"stage1_checks": r1_searcher_stage1},
@@ -239,8 +245,8 @@ register(
         "eval": dict(
             trained_obs_prefix="",  # evaluation trains nothing
             parse=r1_searcher_parse,
-            search_stops=("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>"),
-            final_stops=("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>"),
+            search_stops=R1_SEARCHER_EVAL_STOPS,
+            final_stops=R1_SEARCHER_EVAL_STOPS,
             template=_TEMPLATE["template"],
             base_template=None,
             placement="raw",
@@ -278,8 +284,5 @@ register(
 register_small(
     "r1_searcher",
     ending=" Finish with the short final answer as {answer_open} answer {answer_close}.",
-    query_open="<|begin_of_query|>",
-    query_close="<|end_of_query|>",
-    obs_open="<|begin_of_documents|>",
-    obs_close="<|end_of_documents|>",
+    **R1_SEARCHER_TAGS,
 )

@@ -13,6 +13,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from harness.retrieval.index import build_index
 from harness.textfiles import read_jsonl
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"  # ../shared/data from the repo root
@@ -47,6 +49,32 @@ def questions(limit: int | None = None) -> list[str]:
         raise SystemExit(f"needs the shared benchmark data: {DEV} is missing")
     rows = [r["question"] for _, r in read_jsonl(DEV)]
     return rows[:limit] if limit else rows
+
+
+def harness_index(given: str | None, kind: str, tmp: Path) -> Path:
+    """The index the harness server loads: ``given`` (a built index directory), else a ``kind``
+    index of :data:`CORPUS` built into ``tmp`` (minutes on CPU for dense)."""
+    if given:
+        return Path(given)
+    out = tmp / f"idx-{kind}"
+    build_index(CORPUS, kind, out)
+    return out
+
+
+def harness_server_cmd(index: Path, port: int, *options: str) -> list[str]:
+    """The command line of ``harness serve retriever`` on ``index`` and ``port``, plus ``options``."""
+    return [
+        sys.executable,
+        "-m",
+        "cli.main",
+        "serve",
+        "retriever",
+        "--index",
+        str(index),
+        "--port",
+        str(port),
+        *options,
+    ]
 
 
 def write_lua(path: Path, qs: list[str], per_request: int, topk: int = 3) -> Path:
@@ -142,12 +170,6 @@ def rss_mb(pid: int) -> float:
         except OSError:
             pass
     return total / 1024
-
-
-def median(xs: list[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
 def cpu_seconds(pid: int) -> float:

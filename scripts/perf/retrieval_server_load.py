@@ -20,20 +20,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from statistics import median
 
 import httpx
 
-from harness.retrieval.index import build_index
+from harness.ports import free_port
 from scripts.perf.loadgen import (
-    CORPUS,
     cpu_seconds,
-    free_port,
-    median,
+    harness_index,
+    harness_server_cmd,
     post_retrieve,
     questions,
     rss_mb,
@@ -41,12 +40,6 @@ from scripts.perf.loadgen import (
     server,
     write_lua,
 )
-
-
-def build(kind: str, tmp: Path) -> Path:
-    out = tmp / f"idx-{kind}"
-    build_index(CORPUS, kind, out)
-    return out
 
 
 def single_vs_batched(url: str, pid: int, args: argparse.Namespace, qs: list[str], tmp: Path) -> None:
@@ -138,10 +131,9 @@ def main() -> int:
     qs = questions()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        index = Path(args.index) if args.index else build(args.kind, tmp)
+        index = harness_index(args.index, args.kind, tmp)
         port = free_port()
-        cmd = [sys.executable, "-m", "cli.main", "serve", "retriever", "--index", str(index)]
-        cmd += ["--port", str(port), *args.server_args.split()]
+        cmd = harness_server_cmd(index, port, *args.server_args.split())
         print(f"# server: {' '.join(cmd[1:])}; load: wrk -t1, Lua-rotated bodies of {len(qs)} HotpotQA questions")
         with server(cmd, port, tmp / "server.log") as (url, proc):
             if args.soak:

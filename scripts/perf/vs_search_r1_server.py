@@ -34,14 +34,16 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from statistics import median
 
+from harness.ports import free_port
 from harness.retrieval.encoders import default_encoder_path
-from harness.retrieval.index import build_index, read_manifest
+from harness.retrieval.index import read_manifest
 from scripts.perf.loadgen import (
     CORPUS,
     cpu_seconds,
-    free_port,
-    median,
+    harness_index,
+    harness_server_cmd,
     post_retrieve,
     questions,
     run_wrk,
@@ -160,18 +162,16 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        index = Path(args.index) if args.index else tmp / "idx-dense"
         if not args.index:
             print("building the harness dense index (minutes on CPU) ...", flush=True)
-            build_index(CORPUS, "dense", index)
+        index = harness_index(args.index, "dense", tmp)
         m = read_manifest(index)
         if m.get("kind") != "dense" or m.get("faiss", "flat") != "flat" or m.get("model") != "all-MiniLM-L6-v2":
             raise SystemExit(f"--index {index} must be a flat dense all-MiniLM-L6-v2 index, manifest says {m}")
         shutil.copy(index / "faiss.index", tmp / "MiniLM_Flat.index")
         (tmp / "peer_launcher.py").write_text(SHIM)
         hp, pp = free_port(), free_port()
-        ours = [sys.executable, "-m", "cli.main", "serve", "retriever", "--index", str(index)]
-        ours += ["--port", str(hp), "--default-k", str(args.k), "--embed-cache", str(args.embed_cache)]
+        ours = harness_server_cmd(index, hp, "--default-k", str(args.k), "--embed-cache", str(args.embed_cache))
         theirs = [sys.executable, str(tmp / "peer_launcher.py"), str(peer), str(pp), "--index_path"]
         theirs += [str(tmp / "MiniLM_Flat.index"), "--corpus_path", str(CORPUS), "--topk", str(args.k)]
         theirs += ["--retriever_name", "minilm", "--retriever_model", default_encoder_path()]
