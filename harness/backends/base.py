@@ -11,14 +11,16 @@ flight. Each backend builds itself from a :class:`~harness.eval_config.BackendCo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from harness import safe_delete
+from harness.backends.lockstep import Lockstep
 from harness.errors import InfrastructureError
 from harness.models import save_model_dir
 
@@ -190,6 +192,13 @@ class BackendBase:
         so the samples differ."""
         seeded = [params if params.seed is None else params.with_(seed=params.seed + i) for i in range(n)]
         return list(await asyncio.gather(*(self.agenerate(input_ids, p) for p in seeded)))
+
+    @contextlib.contextmanager
+    def lockstep(self, clients: int, concurrency: int) -> Iterator[Lockstep]:
+        """Run ``clients`` coroutines (at most ``concurrency`` at once) in lockstep, so the batches
+        they share do not depend on timing (:mod:`harness.backends.lockstep`). Only the in-process
+        backend can: a server batches its requests as it will, so here the block just runs."""
+        yield Lockstep(clients, concurrency)
 
     # ---- building and weight sync ----------------------------------------------------------
     @classmethod

@@ -40,6 +40,12 @@ each copy the whole cache, and a step or two of a dead row costs less than a cop
   through the model and taken from the cache; ``Completion.meta["cached_tokens"]`` says it per
   request.
 - Prefill asks the model for the last position's logits only (``logits_to_keep=1``).
+- Admission in lockstep (:mod:`harness.backends.lockstep`): while a collector holds
+  :meth:`HFBackend.lockstep`, rows are admitted only at a boundary where every running client of
+  it has its request waiting or decoding, in the order of the clients' keys, so which rows share
+  a forward does not depend on timing and an RL run's rollouts reproduce run to run. Otherwise
+  (evaluation, servers of many callers) whatever waits at the boundary is admitted, in arrival
+  order.
 - Models whose cache is not a plain per-layer key/value cache (e.g. sliding-window layers) cannot
   have rows joined mid-decode: they fall back to batch-at-a-time (new rows wait for the batch),
   without prefix reuse.
@@ -48,10 +54,12 @@ each copy the whole cache, and a step or two of a dead row costs less than a cop
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
@@ -59,8 +67,13 @@ from harness.backends.base import BackendBase, BackendError, Completion, Samplin
 from harness.backends.dtype import choose_dtype
 from harness.backends.hf_batch import _fail, _joinable_config, _Request, _Running
 from harness.backends.hf_prefix import PrefixCache
+from harness.backends.lockstep import Lockstep, current_client
 
 logger = logging.getLogger(__name__)
+
+# How long a lockstep admission waits for a client between two requests before it admits what it
+# has (and says so): only a client that never sends its request again (a bug) waits this long.
+LOCKSTEP_PATIENCE_S = 120.0
 
 
 class HFBackend(BackendBase):
@@ -131,6 +144,8 @@ class HFBackend(BackendBase):
         # once a prefill shows it)
         self.continuous = _joinable_config(self.model.config)
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self._gate: Lockstep | None = None  # set while a collector's clients run in lockstep
+        self._held: list[_Request] = []  # taken from the queue, not admitted yet (lockstep: no room)
         self._worker = threading.Thread(target=self._run, name="hf-backend", daemon=True)
         self._worker.start()
         self.batches_run = 0  # admissions (prefills of the requests waiting at a step boundary)
@@ -155,7 +170,7 @@ class HFBackend(BackendBase):
         if len(input_ids) >= self.max_context:
             raise BackendError(f"prompt of {len(input_ids)} tokens does not fit the context of {self.max_context}")
         fut: Future = Future()
-        self._queue.put(_Request(list(input_ids), params, fut))
+        self._queue.put(_Request(list(input_ids), params, fut, client=current_client()))
         return await asyncio.wrap_future(fut)
 
     def close(self) -> None:
@@ -169,6 +184,19 @@ class HFBackend(BackendBase):
                     self.prefill_reused,
                     self.prefix_cache.peak_tokens,
                 )
+
+    @contextlib.contextmanager
+    def lockstep(self, clients: int, concurrency: int) -> Iterator[Lockstep]:
+        """Admit the requests of ``clients`` coroutines (at most ``concurrency`` at once) in
+        lockstep while the block runs: see :mod:`harness.backends.lockstep`. One collector at a time."""
+        if self._gate is not None:
+            raise BackendError("the hf backend is already running a collector in lockstep")
+        gate = Lockstep(clients, concurrency)
+        self._gate = gate
+        try:
+            yield gate
+        finally:
+            self._gate = None
 
     @classmethod
     def from_config(cls, cfg: Any) -> HFBackend:
@@ -247,13 +275,17 @@ class HFBackend(BackendBase):
                     state = None
                     self._lock.release()  # idle: a pending weight update may run now
                 if closing:
+                    for r in self._held:  # taken before the close: answered, not left hanging
+                        _fail(r, BackendError("the backend was closed"))
                     return
-                first = self._queue.get()
-                if first is None:
-                    return
+                new = []
+                if not self._held:  # else requests wait already: the admission below takes them
+                    first = self._queue.get()
+                    if first is None:
+                        return
+                    new = [first]
                 self._lock.acquire()  # held while any row runs (one weight version per completion)
                 state = _Running(self)
-                new = [first]
             else:
                 new = []
                 if self._update_pending.is_set() and self._pause_rows:
@@ -267,7 +299,7 @@ class HFBackend(BackendBase):
                         state.reset()
             joinable = self.continuous or not state.rows
             if joinable and not self._update_pending.is_set() and not closing:
-                closing = self._take_waiting(new, self.max_batch_size - state.live_count - len(new))
+                closing = self._take_waiting(new, self.max_batch_size - state.live_count - len(new), state.live_rows)
             try:
                 new = [r for r in new if not r.future.cancelled()]  # callers that gave up while queued
                 if new:
@@ -291,18 +323,68 @@ class HFBackend(BackendBase):
             time.sleep(0.0005)
         self._lock.acquire()
 
-    def _take_waiting(self, into: list[_Request], room: int) -> bool:
-        """Move up to ``room`` waiting requests into ``into``; True when a close was asked for."""
-        while room > 0:
-            try:
-                nxt = self._queue.get_nowait()
-            except queue.Empty:
+    def _take_waiting(self, into: list[_Request], room: int, running: list[_Request]) -> bool:
+        """Move up to ``room`` more waiting requests into ``into``; True when a close was asked for.
+        In lockstep (``_gate``), first wait until every running client's request is waiting or
+        among ``running``, then take them in the clients' order."""
+        gate = self._gate
+        if gate is None and not self._held:
+            while room > 0:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    return False
+                if nxt is None:
+                    return True
+                into.append(nxt)
+                room -= 1
+            return False
+        room += len(into)
+        self._held += into
+        into.clear()
+        if room <= 0:  # a full batch admits nothing, whoever waits
+            return False
+        closing = self._hold_until_ready(gate, running)
+        self._held.sort(key=lambda r: (r.client is None, r.client if r.client is not None else 0))
+        into += self._held[: max(room, 0)]
+        del self._held[: max(room, 0)]
+        return closing
+
+    def _hold_until_ready(self, gate: Lockstep | None, running: list[_Request]) -> bool:
+        """Move queued requests to ``_held`` until, in lockstep, every running client has a
+        request held or decoding (without a gate: until the queue is empty). True on close."""
+        deadline = time.monotonic() + LOCKSTEP_PATIENCE_S
+        while True:
+            while True:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    return True
+                self._held.append(nxt)
+            if gate is None:
                 return False
+            ready = {r.client for r in self._held if r.client is not None}
+            ready |= {r.client for r in running if r.client is not None}
+            if len(ready) >= gate.running:
+                return False
+            if time.monotonic() > deadline:
+                logger.warning(
+                    "hf lockstep: %d of %d clients sent no request for %.0f s; admitting without them "
+                    "(this step's batch depends on timing)",
+                    gate.running - len(ready),
+                    gate.running,
+                    LOCKSTEP_PATIENCE_S,
+                )
+                return False
+            try:  # a client between two requests: wait for it (or for a client to end)
+                nxt = self._queue.get(timeout=0.002)
+            except queue.Empty:
+                continue
             if nxt is None:
                 return True
-            into.append(nxt)
-            room -= 1
-        return False
+            self._held.append(nxt)
 
     def _decode(self, batch: list[_Request]) -> None:
         """Run ``batch`` to completion with no admissions (the caller holds ``_lock``)."""

@@ -40,6 +40,7 @@ class _Request:
     versions: list[str] = field(default_factory=list)  # weight versions that decoded this row
     tokens: Any = None  # input_ids as a numpy int64 array [P] (prefix matching), set at admission
     cached: int = 0  # leading input tokens whose KV came from the prefix cache
+    client: Any = None  # the lockstep key of the coroutine that sent it (harness.backends.lockstep)
 
 
 def _fail(r: _Request, e: Exception) -> None:

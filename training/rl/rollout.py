@@ -10,7 +10,9 @@ needs on top:
   draws the same samples as an uninterrupted one;
 - the group id of a rollout = its prompt's index in the step (never a fresh id per sample,
   which would make every group a singleton and silently zero GRPO's advantages);
-- the policy version the rollout was generated with, recorded on every trajectory.
+- the policy version the rollout was generated with, recorded on every trajectory;
+- admission in lockstep (:mod:`harness.backends.lockstep`): with the in-process backend, which
+  rollouts share a decode batch does not depend on timing, so a rerun draws the same tokens.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.backends.base import SamplingParams, run_sync
+from harness.backends.lockstep import client, lockstep_of
 from harness.types import Example, Trajectory
 from pipelines.concurrency import run_bounded
 from pipelines.method import Method
@@ -78,17 +81,24 @@ def collect(
     ``group_offset`` shifts the group ids (a data-parallel rank's prompts are a slice of the step's).
     """
     params = sampling.with_(logprobs=True)
-
-    async def one(i: int, ex: Example, j: int) -> Trajectory:
-        return await agent.arun(
-            ex,
-            sample_index=j,
-            sampling=params.with_(seed=sample_seed(seed, i + group_offset, j, n_samples)),
-            policy_version=policy_version,
-        )
-
     items = [(i, ex, j) for i, ex in enumerate(prompts) for j in range(n_samples)]
-    # The same bounded loop and cap run_examples applies.
-    trajectories = run_sync(run_bounded(one, items, agent.config.max_concurrency))
+    limit = agent.max_concurrency  # the same bounded loop and cap run_examples applies
+    # In lockstep, which rollouts share a decode batch does not depend on timing: a rerun of the
+    # same seed draws the same tokens (harness.backends.lockstep).
+    with lockstep_of(getattr(agent, "backend", None), len(items), limit) as gate:
+
+        async def one(i: int, ex: Example, j: int) -> Trajectory:
+            try:
+                with client((i, j)):
+                    return await agent.arun(
+                        ex,
+                        sample_index=j,
+                        sampling=params.with_(seed=sample_seed(seed, i + group_offset, j, n_samples)),
+                        policy_version=policy_version,
+                    )
+            finally:
+                gate.done()
+
+        trajectories = run_sync(run_bounded(one, items, limit))
     group_ids = [group_offset + i for i in range(len(prompts)) for _ in range(n_samples)]
     return RolloutBatch(trajectories, group_ids, policy_version)
