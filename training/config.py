@@ -550,14 +550,13 @@ def updates_per_training_step(cfg: TrainConfig, world: int) -> int:
 
 
 def check_filter_groups(cfg: TrainConfig, world: int) -> None:
-    """``algo.filter_groups`` makes the batch size vary per step, so a step must be one mini-batch
-    of one micro-batch (DeepSpeed's gradient accumulation counts a fixed number of micro-steps),
-    and the advantage must be group-relative."""
+    """``algo.filter_groups`` makes the batch size vary per step, so a rank's step must be one
+    micro-batch (DeepSpeed's gradient accumulation counts a fixed number of micro-steps). The rules
+    that hold for any rank count (one mini-batch, a group-relative advantage) are
+    :func:`check_rl_recipe`'s, checked when the recipe loads."""
     rows = cfg.rollout.prompts_per_step * cfg.rollout.n_samples // world  # rows per step on this rank
-    if mini_batch_rows(cfg, world) < rows or cfg.optim.micro_batch_size < rows:
+    if cfg.optim.micro_batch_size < rows:
         raise ValueError(
             f"algo.filter_groups=true needs one mini-batch of one micro-batch per step: set "
             f"algo.ppo_mini_batch_size=null and optim.micro_batch_size>={rows} (rows per step per rank)"
         )
-    if cfg.algo.advantage == "gae":
-        raise ValueError("algo.filter_groups=true applies to group-relative advantages, not gae")
