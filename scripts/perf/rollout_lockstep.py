@@ -54,22 +54,25 @@ def main() -> None:
     real = rollout.lockstep_of
     order = [m for k in range(args.rounds) for m in (("lockstep", "free") if k % 2 == 0 else ("free", "lockstep"))]
     first: dict[str, list[list[int]]] = {}
-    for mode in order:
-        rollout.lockstep_of = real if mode == "lockstep" else free_admission
-        steps0, toks0 = backend.steps_run, backend.tokens_generated
-        t0 = time.perf_counter()
-        batch = rollout.collect(trainer.agent, prompts, cfg.rollout.n_samples, trainer.sampling, 0, cfg.rollout_seed)
-        wall = time.perf_counter() - t0
-        steps, toks = backend.steps_run - steps0, backend.tokens_generated - toks0
-        tokens = [[t for s in tr.segments for t in (s.token_ids or [])] for tr in batch.trajectories]
-        same = sum(a == b for a, b in zip(first.setdefault(mode, tokens), tokens, strict=True))
-        print(
-            f"{mode:8s} {wall:7.1f} s  {steps:5d} decode steps  {toks / max(steps, 1):5.1f} rows a step  "
-            f"{same}/{len(tokens)} rollouts as this mode's first run",
-            flush=True,
-        )
-    rollout.lockstep_of = real
-    backend.close()
+    try:
+        for mode in order:
+            rollout.lockstep_of = real if mode == "lockstep" else free_admission
+            steps0, toks0 = backend.steps_run, backend.tokens_generated
+            t0 = time.perf_counter()
+            n, seed = cfg.rollout.n_samples, cfg.rollout_seed
+            batch = rollout.collect(trainer.agent, prompts, n, trainer.sampling, 0, seed)
+            wall = time.perf_counter() - t0
+            steps, toks = backend.steps_run - steps0, backend.tokens_generated - toks0
+            tokens = [[t for s in tr.segments for t in (s.token_ids or [])] for tr in batch.trajectories]
+            same = sum(a == b for a, b in zip(first.setdefault(mode, tokens), tokens, strict=True))
+            print(
+                f"{mode:8s} {wall:7.1f} s  {steps:5d} decode steps  {toks / max(steps, 1):5.1f} rows a step  "
+                f"{same}/{len(tokens)} rollouts as this mode's first run",
+                flush=True,
+            )
+    finally:
+        rollout.lockstep_of = real
+        backend.close()
 
 
 if __name__ == "__main__":
