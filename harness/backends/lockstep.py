@@ -15,7 +15,8 @@ order of their keys. Which rows share each forward is then a function of the tok
 
 The price: a decode step waits for the agents' own work between turns (parsing, a retrieval), which
 continuous batching would otherwise overlap with it. With an in-process retriever that is
-milliseconds a turn.
+milliseconds a turn: on the demo's rollouts no cost could be measured
+(``scripts/perf/rollout_lockstep.py``, docs/training.md "Reproducible rollouts").
 """
 
 from __future__ import annotations
