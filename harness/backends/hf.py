@@ -346,8 +346,8 @@ class HFBackend(BackendBase):
             return False
         closing = self._hold_until_ready(gate, running)
         self._held.sort(key=lambda r: (r.client is None, r.client if r.client is not None else 0))
-        into += self._held[: max(room, 0)]
-        del self._held[: max(room, 0)]
+        into += self._held[:room]
+        del self._held[:room]
         return closing
 
     def _hold_until_ready(self, gate: Lockstep | None, running: list[_Request]) -> bool:

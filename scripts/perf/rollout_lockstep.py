@@ -54,12 +54,12 @@ def main() -> None:
     real = rollout.lockstep_of
     order = [m for k in range(args.rounds) for m in (("lockstep", "free") if k % 2 == 0 else ("free", "lockstep"))]
     first: dict[str, list[list[int]]] = {}
+    n, seed = cfg.rollout.n_samples, cfg.rollout_seed
     try:
         for mode in order:
             rollout.lockstep_of = real if mode == "lockstep" else free_admission
             steps0, toks0 = backend.steps_run, backend.tokens_generated
             t0 = time.perf_counter()
-            n, seed = cfg.rollout.n_samples, cfg.rollout_seed
             batch = rollout.collect(trainer.agent, prompts, n, trainer.sampling, 0, seed)
             wall = time.perf_counter() - t0
             steps, toks = backend.steps_run - steps0, backend.tokens_generated - toks0

@@ -16,6 +16,7 @@ from harness.backends.hf import HFBackend
 from harness.backends.hf_batch import _Running
 from harness.backends.lockstep import Lockstep, client, current_client, lockstep_of
 from harness.tokenization import byte_tokenizer
+from pipelines.concurrency import run_bounded
 from tests.helpers.models import random_llama
 
 
@@ -63,19 +64,14 @@ def _agents(backend, tok, jitter_seed: int, lockstep: bool, clients: int = 6, co
         finally:
             gate.done()
 
-    async def main(gate: Lockstep) -> list[list[int]]:
-        sem = asyncio.Semaphore(concurrency)
-
-        async def bounded(c: int) -> list[int]:
-            async with sem:
-                return await agent(c, gate)
-
-        return list(await asyncio.gather(*(bounded(c) for c in range(clients))))
+    def run(gate: Lockstep) -> list[list[int]]:
+        # The bounded loop RL rollouts run in, whose starts Lockstep.running counts.
+        return asyncio.run(run_bounded(agent, [(c, gate) for c in range(clients)], concurrency))
 
     if lockstep:
         with backend.lockstep(clients, concurrency) as gate:
-            return asyncio.run(main(gate))
-    return asyncio.run(main(Lockstep(clients, concurrency)))
+            return run(gate)
+    return run(Lockstep(clients, concurrency))
 
 
 def test_batches_do_not_depend_on_timing_in_lockstep(tiny, admissions):
