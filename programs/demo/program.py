@@ -111,6 +111,12 @@ def labels(system: DemoSystem) -> tuple[str, str, str]:
     return system.method, f"{system.method}+sft", trained
 
 
+def start_label(system: DemoSystem) -> str:
+    """The run label of HARR's start: the SFT agent searching with the untrained query tower in
+    HARR's state, what every seed's training starts from (``search_r1+sft+harr-start``)."""
+    return f"{labels(system)[2]}-start"
+
+
 def seeded(name: str, seed: int) -> str:
     """A folder or label of a seed's training: the name itself for seed 0 (the demo's own), else
     ``NAME-sSEED``."""
@@ -205,8 +211,12 @@ def run_demo(
     ui.step(f"4/{n} the SFT agent ({sft_label}, demo test split)")
     with timings.stage("eval_sft") as st:
         st.reused = _evaluate(ui, _with_model(base, model), [s.method], sft_label)
-    finals: list[tuple[int, Path, str]] = []  # (seed, the trained run's folder, its label)
     chain = Chain(ui, s, rl_over, base, model, root, o.retrain)
+    if s.chain == "harr":
+        ui.step(f"4/{n} HARR's start: the SFT agent searching with the untrained query tower ({start_label(s)})")
+        with timings.stage("eval_start") as st:
+            st.reused = _harr_start(chain, rl_configs[0], eval_dir)
+    finals: list[tuple[int, Path, str]] = []  # (seed, the trained run's folder, its label)
     for seed in o.seeds:
         ui.step(f"5/{n} {s.name}'s training from the SFT model, seed {seed}: {s.algorithm}")
         with timings.stage(seeded("train", seed)) as st:
@@ -558,9 +568,37 @@ def _trained_eval(data: dict[str, Any], s: DemoSystem, sft: Path, last_run: Path
     """The evaluation of the trained agent: its model, or (HARR) the SFT generator with the trained
     query tower searching as it was trained (``--retriever harr``)."""
     if s.chain == "harr":
-        retriever = {**data.get("retriever", {}), "kind": "harr", "encoder": str(last_run / "encoder")}
-        return {**_with_model(data, sft), "retriever": retriever}
+        return _harr_eval(data, sft, last_run / "encoder")
     return _with_model(data, last_run / "final")
+
+
+def _harr_eval(data: dict[str, Any], generator: Path, encoder: Path) -> dict[str, Any]:
+    """``generator`` searching with the query tower ``encoder`` in the state it was saved with."""
+    retriever = {**data.get("retriever", {}), "kind": "harr", "encoder": str(encoder)}
+    return {**_with_model(data, generator), "retriever": retriever}
+
+
+# HARR's untrained query tower, saved as a trained one is (its state format in the sidecar).
+HARR_START = "retriever-start"
+
+
+def _harr_start(c: Chain, recipe: str, eval_dir: Path) -> bool:
+    """HARR's own start: the SFT generator searching with the recipe's query tower before training,
+    in the recipe's history-aware state (what the training's step 0 searches with, greedily),
+    evaluated on the test split. The bare-query SFT agent is the user's start; this one is the
+    retriever's, so demo.md pairs each trained tower against it too. Returns whether nothing ran
+    now. A start tower built from another recipe is replaced, and its evaluation removed."""
+    from training.retriever.retriever_rl import save_start_encoder  # deferred: torch (seconds)
+
+    s = c.system
+    seed0 = [*c.overrides, "trainer.seed=0", "retriever_rl.rl.seed=0"]
+    cfg = retriever_stage_config(recipe, s.method, c.data, c.sft, c.root / seeded(s.stage_names[0], 0), seed0)
+    folder, label = c.root / HARR_START, start_label(s)
+    written = save_start_encoder(cfg, folder)
+    if written:
+        safe_delete.remove(eval_dir / f"{label}-demo-test", RUN_ENTRIES, kind="eval", why="harness demo: a new start")
+    c.ui.say(f"untrained query tower → {folder}" if written else f"cached: {folder} (this recipe's untrained tower)")
+    return _evaluate(c.ui, _harr_eval(c.data, c.sft, folder), [s.method], label) and not written
 
 
 def _report(ui: DemoUI, s: DemoSystem, eval_dir: Path, out: Path, finals: list[tuple[int, Path, str]]) -> Path:
@@ -573,7 +611,10 @@ def _report(ui: DemoUI, s: DemoSystem, eval_dir: Path, out: Path, finals: list[t
     )
     ui.report(report)
     stages = [eval_dir / f"{name}-demo-test" for name in (untrained, sft_label)]
-    stages += [eval_dir / f"{label}-demo-test" for _, _, label in finals]
+    # HARR: its own start (the untrained tower in its state) after the SFT agent; the trained
+    # towers are paired against it, the leaderboard against the SFT agent as for every system.
+    starts = [eval_dir / f"{start_label(s)}-demo-test"] if s.chain == "harr" else []
+    stages += starts + [eval_dir / f"{label}-demo-test" for _, _, label in finals]
     seeds = ", ".join(str(seed) for seed, _, _ in finals)
     note = (
         f"{s.name}: {s.algorithm}. The baselines and the untrained agent ran on the first {BASELINE_LIMIT} questions "
@@ -584,7 +625,12 @@ def _report(ui: DemoUI, s: DemoSystem, eval_dir: Path, out: Path, finals: list[t
     for seed, run, _ in finals:
         if chosen := _rl_choice(run):
             note += f" Seed {seed}: {chosen}"
-    against = [None, 0] + [1] * len(finals)
+    if starts:
+        note += (
+            f" HARR's start ({start_label(s)}) is the SFT agent searching with the untrained query tower in HARR's "
+            "history-aware state, as its training starts; each trained tower is paired against it."
+        )
+    against = [None, 0] + ([1] if starts else []) + [1 + len(starts)] * len(finals)
     text = summarize(*stages, curves=[(Path(c).stem, c) for c in report.curves], note=note, against=against)
     (out / "demo.md").write_text(text)
     ui.say(text)

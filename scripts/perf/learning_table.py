@@ -4,9 +4,11 @@ demo's 154 ``test`` questions (docs/training.md, "Every seed system learns").
 For each system it runs ``harness demo --system NAME --seeds S --out DIR/NAME`` (one SFT model, one
 trained agent per seed; a finished demo is cached, so a rerun only reads), then reads the demo's
 run folders and prints one row per system and seed: the algorithm, EM of the SFT agent (the start)
-and of the trained agent, the paired EM difference with its 95% interval and one-sided p (paired
-bootstrap over the shared questions, :func:`benchmarks.stats.paired_bootstrap`), for HARR the
-share of supporting passages its searches retrieved, and each stage's wall time
+and of the trained agent (HARR has a second row per seed, against its own start: the SFT agent
+searching with the untrained query tower in HARR's state), the paired EM difference with its
+95% interval and one-sided p (paired bootstrap over the shared questions,
+:func:`benchmarks.stats.paired_bootstrap`), for HARR the share of supporting passages its searches
+retrieved, and each stage's wall time
 (``DIR/NAME/timings.json``) with the machine's load average when the demo started and ended.
 
     PYTHONPATH=. .venv/bin/python scripts/perf/learning_table.py --out runs/learning \\
@@ -30,7 +32,7 @@ from benchmarks.demo_summary import supporting_passages, supporting_recall
 from benchmarks.fmt import p_value, pct
 from benchmarks.report import load_run
 from benchmarks.stats import paired_bootstrap
-from programs.demo.program import labels, seeded
+from programs.demo.program import labels, seeded, start_label
 from programs.demo.systems import SYSTEMS, get_system
 
 logger = logging.getLogger("learning_table")
@@ -48,16 +50,18 @@ def run_system(name: str, out: Path, seeds: list[int], threads: int | None, extr
 
 
 def rows(name: str, out: Path, seeds: list[int]) -> list[dict[str, object]]:
-    """One row per seed of a finished demo folder."""
+    """One row per seed of a finished demo folder, against the SFT agent; HARR's also against its
+    own start (``start`` names which)."""
     s = get_system(name)
     _, sft_label, trained = labels(s)
-    sft = load_run(out / "eval" / f"{sft_label}-demo-test")
+    starts = [("SFT", load_run(out / "eval" / f"{sft_label}-demo-test"))]
     timings = json.loads((out / "timings.json").read_text()) if (out / "timings.json").exists() else {}
     supporting = None
     if s.chain == "harr":
-        supporting = supporting_passages(sft)
+        supporting = supporting_passages(starts[0][1])
+        starts.append(("untrained tower", load_run(out / "eval" / f"{start_label(s)}-demo-test")))
     result = []
-    for seed in seeds:
+    for seed, (start_name, sft) in ((seed, start) for seed in seeds for start in starts):
         run = load_run(out / "eval" / f"{seeded(trained, seed)}-demo-test")
         mine, theirs = run.item_values("em"), sft.item_values("em")
         shared = sorted(set(mine) & set(theirs))
@@ -66,6 +70,7 @@ def rows(name: str, out: Path, seeds: list[int]) -> list[dict[str, object]]:
             "system": name,
             "algorithm": s.algorithm,
             "seed": seed,
+            "start": start_name,
             "n": d.n,
             "em_start": sum(theirs[k] for k in shared) / max(1, len(shared)),
             "em_trained": sum(mine[k] for k in shared) / max(1, len(shared)),
@@ -90,9 +95,9 @@ def _minutes(seconds: object) -> str:
 
 def markdown(table: list[dict[str, object]], loads: dict[str, dict[str, float]]) -> str:
     lines = [
-        "| system | algorithm | seed | n | EM start (SFT) | EM trained | paired diff [95% CI] | one-sided p | "
+        "| system | algorithm | seed | n | start | EM start | EM trained | paired diff [95% CI] | one-sided p | "
         "supporting recall (start → trained) | SFT / training / eval min | load (start → end) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table:
         recall = (
@@ -101,7 +106,8 @@ def markdown(table: list[dict[str, object]], loads: dict[str, dict[str, float]])
         load = loads.get(str(r["system"]))
         load_text = f"{load['load_start']:.1f} → {load['load_end']:.1f}" if load else "–"
         lines.append(
-            f"| {r['system']} | {r['algorithm']} | {r['seed']} | {r['n']} | {pct(r['em_start'])} | "  # type: ignore[arg-type]
+            f"| {r['system']} | {r['algorithm']} | {r['seed']} | {r['n']} | {r.get('start', 'SFT')} | "
+            f"{pct(r['em_start'])} | "  # type: ignore[arg-type]
             f"{pct(r['em_trained'])} | {pct(r['diff'], signed=True)} [{pct(r['low'])}, {pct(r['high'])}] | "  # type: ignore[arg-type]
             f"{p_value(r['p_greater'], bare=True)} | {recall} | {_minutes(r['sft_s'])} / {_minutes(r['train_s'])} / "  # type: ignore[arg-type]
             f"{_minutes(r['eval_s'])} | {load_text} |"

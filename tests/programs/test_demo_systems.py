@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from harness.models import load_tokenizer
-from programs.demo.program import DemoOptions, labels, run_demo, seeded
+from programs.demo.program import HARR_START, DemoOptions, labels, run_demo, seeded, start_label
 from programs.demo.systems import SYSTEMS, get_system
 from tests.helpers.models import random_llama
 from training.build import StaleRunError
@@ -107,6 +107,14 @@ def test_each_system_chain_hands_its_outputs_on(system, tmp_path, tiny_model):
         assert (out / "retriever" / "encoder").is_dir()
         manifest = json.loads((out / "eval" / f"{trained}-demo-test" / "manifest.json").read_text())
         assert manifest["config"]["retriever"]["encoder"] == str(out / "retriever" / "encoder")
+        # HARR's own start: the SFT generator with the untrained tower, in the trained tower's state
+        start = json.loads((out / "eval" / f"{start_label(s)}-demo-test" / "manifest.json").read_text())
+        assert start["config"]["retriever"]["encoder"] == str(out / HARR_START)
+        assert start["config"]["backend"]["model"] == manifest["config"]["backend"]["model"] == str(sft_final)
+        sidecar = json.loads((out / HARR_START / "harr_encoder.json").read_text())
+        assert sidecar == json.loads((out / "retriever" / "encoder" / "harr_encoder.json").read_text())
+        text = (report / "demo.md").read_text()
+        assert f"## {trained} against {start_label(s)}" in text and f"## {start_label(s)} against {sft_label}" in text
     else:
         assert first["model"]["path"] == str(sft_final)
         assert first["rollout"]["method"] == s.method
@@ -125,7 +133,9 @@ def test_each_system_chain_hands_its_outputs_on(system, tmp_path, tiny_model):
             traj = json.loads((out / "eval" / f"{label}-demo-test" / "trajectories.jsonl").read_text().splitlines()[0])
             assert "<tools>" in traj["segments"][0]["text"]  # the prompt lists the tools (SmolLM2's own would not)
     text = (report / "demo.md").read_text()
-    assert f"## {trained} against {sft_label}" in text and f"## {sft_label} against {untrained}" in text
+    if s.chain != "harr":  # HARR's trained tower is paired against its start (above)
+        assert f"## {trained} against {sft_label}" in text
+    assert f"## {sft_label} against {untrained}" in text
     if s.chain == "rl":  # the RL runs' training health is drawn with their curves (issue 49)
         assert any("health" in p.name for p in (report / "curves").iterdir()), sorted((report / "curves").iterdir())
     assert set(json.loads((out / "timings.json").read_text())) >= {"baselines", "sft", "train", "eval_trained"}

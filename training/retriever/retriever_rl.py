@@ -379,11 +379,22 @@ def build_from_config(cfg: TrainConfig, backend: Backend | None = None) -> tuple
     """The stochastic retriever (tower + fixed index) and the rollout runner of an
     ``algo.kind: retriever`` recipe (its ``retriever_rl`` section; the corpus of ``data``)."""
     r = cfg.retriever_rl
-    e, s = r.encoder, r.sampling
     agent = method_kind(r.method) == "agent"
     options = rollout_options(cfg)
     # before anything slow is built: errors name the recipe key
     validate_options(r.method, options, where=f"retriever_rl.{'agent' if agent else 'baseline'}")
+    retriever = build_retriever(cfg)
+    backend = backend or build_backend(r.backend)
+    if agent:
+        return retriever, AgentRunner(build_method(r.method, backend, retriever, options))
+    return retriever, BaselineRunner(r.method, backend, retriever, options)
+
+
+def build_retriever(cfg: TrainConfig) -> StochasticDenseRetriever:
+    """The recipe's stochastic retriever before any step: its query tower as loaded (untrained)
+    over the fixed document index, sampling and rendering the state as ``retriever_rl.sampling`` says."""
+    r = cfg.retriever_rl
+    e, s = r.encoder, r.sampling
     tower = QueryTower(
         e.name,
         lora_r=e.lora_r,
@@ -403,11 +414,43 @@ def build_from_config(cfg: TrainConfig, backend: Backend | None = None) -> tuple
         max_titles=s.max_titles,
         max_chars=s.max_chars,
     )
-    retriever = StochasticDenseRetriever(index, tower, s.n_candidates, s.tau, state_format=fmt, seed=r.rl.seed)
-    backend = backend or build_backend(r.backend)
-    if agent:
-        return retriever, AgentRunner(build_method(r.method, backend, retriever, options))
-    return retriever, BaselineRunner(r.method, backend, retriever, options)
+    return StochasticDenseRetriever(index, tower, s.n_candidates, s.tau, state_format=fmt, seed=r.rl.seed)
+
+
+START_RECORD = "start.json"  # in a start encoder's folder: what it was built from (start_record)
+
+
+def start_record(cfg: TrainConfig) -> dict[str, Any]:
+    """What decides a recipe's untrained tower and how it searches: the encoder, the sampling and
+    state format, and the document side (index, corpus, document encoder, the data it is read from)."""
+    r = cfg.retriever_rl
+    record = {
+        "encoder": to_dict(r.encoder),
+        "sampling": to_dict(r.sampling),
+        "index": r.index,
+        "corpus": r.corpus,
+        "doc_encoder": r.doc_encoder,
+        "data": {"dataset": cfg.data.dataset, "split": cfg.data.split, "data_dir": cfg.data.data_dir},
+    }
+    return json.loads(json.dumps(record, default=str))  # as it reads back from START_RECORD (lists, not tuples)
+
+
+def save_start_encoder(cfg: TrainConfig, out: str | Path) -> bool:
+    """Write the recipe's query tower as it is before training into ``out`` (marked as harness's,
+    with the sidecar of its state format and tau, as a trained ``encoder/``, and
+    :data:`START_RECORD`): ``--retriever harr --encoder OUT`` then searches exactly as the
+    training's step 0 does (greedily), so a trained tower can be paired against its own start.
+    Nothing is written when ``out`` already holds this recipe's start; returns whether it was
+    written now (a replaced start makes what was evaluated with it stale). No generator is loaded."""
+    out = Path(out)
+    record = start_record(cfg)
+    if (out / START_RECORD).is_file() and json.loads((out / START_RECORD).read_text(encoding="utf-8")) == record:
+        return False
+    retriever = build_retriever(cfg)
+    with atomic_dir(out, kind="encoder") as tmp:  # replaces only an encoder harness wrote
+        retriever.save_tower(tmp)
+        (tmp / START_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return True
 
 
 def _corpus(cfg: TrainConfig) -> Path:

@@ -401,3 +401,43 @@ def test_a_rollout_without_a_search_trains_on_a_pseudo_call(tmp_path):
     )
     assert off.step(EXAMPLES[:1]).metrics["retrievals_per_traj"] == 0.0
     assert rl.step(EXAMPLES[:1]).metrics["retrievals_per_traj"] == 1.0
+
+
+def test_start_encoder_searches_as_step_zero_and_is_rewritten_only_for_another_recipe(tmp_path):
+    """save_start_encoder: the recipe's untrained tower with its state format in the sidecar, so the
+    eval factory's ``harr`` retriever renders the training's state; kept while the recipe's tower
+    and sampling are the same, replaced (and said so) when they change."""
+    from harness.config import compose
+    from harness.eval_config import RetrieverConfig
+    from harness.retrieval.factory import build_retriever as eval_retriever
+    from harness.retrieval.state import RetrievalState
+    from harness.retrieval.stochastic import render_state
+    from training.config import TrainConfig
+    from training.retriever.retriever_rl import START_RECORD, build_retriever, save_start_encoder
+
+    tower_dir = tiny_tower(seed=3).save(tmp_path / "tower")
+    index = toy_index(tmp_path, tiny_tower(seed=3))
+    base = [
+        "algo.kind=retriever",
+        f"retriever_rl.index={index}",
+        f"retriever_rl.encoder.name={tower_dir}",
+        "retriever_rl.sampling.max_chars=300",
+    ]
+    cfg = compose(TrainConfig, [], base)
+    start = tmp_path / "start"
+    assert save_start_encoder(cfg, start) is True
+    assert json.loads((start / START_RECORD).read_text())["sampling"]["max_chars"] == 300
+    assert save_start_encoder(cfg, start) is False  # the same recipe: kept
+    trained_side = build_retriever(cfg)  # what the training's step 0 searches with
+    evaluated = eval_retriever(RetrieverConfig(kind="harr", index=str(index), encoder=str(start), topk=2))
+    state = RetrievalState(question="Name the secret of the purple owl?")
+    assert evaluated.state_format == trained_side.state_format and evaluated.state_format.max_chars == 300
+    query = "purple owl"
+    assert render_state(query, state, evaluated.state_format) == render_state(query, state, trained_side.state_format)
+    a = evaluated.search([query], 2, state=[state])[0]
+    trained_side.greedy = True
+    b = trained_side.search([query], 2, state=[state])[0]
+    assert [d.id for d in a] == [d.id for d in b] and len(a) == 2
+    other = compose(TrainConfig, [], [*base[:-1], "retriever_rl.sampling.max_chars=200"])
+    assert save_start_encoder(other, start) is True  # another state format: a new start
+    assert json.loads((start / START_RECORD).read_text())["sampling"]["max_chars"] == 200
