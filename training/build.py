@@ -410,14 +410,19 @@ def _as_current(recorded: Path) -> Any:
 # Options that change how a run executes, not what it trains: a cached run trained with other
 # values of these is still the run asked for (torch threads change float summation order only).
 EXECUTION_ONLY = ("optim.threads", "trainer.progress")
+# What a recipe says about itself, not what it trains: the original it shrinks (a path into the
+# checkout, so a moved or second checkout would otherwise make every cached run stale), the papers
+# it follows, and the reason given for each deviation (rewording one changes no result).
+PROVENANCE = ("source", "papers", "deviations")
 
 
 def _identity(config: Any, home: Path) -> Any:
-    """A recorded config (a fresh dict, or None) less :data:`EXECUTION_ONLY` and ``trainer.out``
-    (where runs go when no folder is given: a cached run's folder is given), in place, with every
-    path inside ``home`` (the folder the run lives in) written relative to it (:func:`_relocated`)."""
+    """A recorded config (a fresh dict, or None) less :data:`EXECUTION_ONLY`, :data:`PROVENANCE`
+    and ``trainer.out`` (where runs go when no folder is given: a cached run's folder is given), in
+    place, with every path inside ``home`` (the folder the run lives in) written relative to it
+    (:func:`_relocated`)."""
     if isinstance(config, dict):
-        pop_paths(config, (*EXECUTION_ONLY, "trainer.out"))
+        pop_paths(config, (*EXECUTION_ONLY, *PROVENANCE, "trainer.out"))
     return _relocated(config, Path(home).resolve())
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from harness.config import compose
 from tests.training.prm.test_prm import TINY_PRM, mcts_dir  # noqa: F401 (mcts_dir: the module fixture)
 from tests.training.retriever.test_retriever_rl import _setup
@@ -15,6 +17,7 @@ from training.config import TrainConfig
 
 TINY = "{hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}"
 SFT_DEMO = str(Path(__file__).resolve().parents[2] / "configs" / "train" / "smollm2_cpu_sft_demo.yaml")
+GRPO_DEMO = str(Path(__file__).resolve().parents[2] / "configs" / "train" / "smollm2_cpu_grpo_demo.yaml")
 QUIET = ["trainer.tensorboard=false", "trainer.progress=false"]
 
 
@@ -46,6 +49,40 @@ def test_every_trainer_kind_builds_a_trainer(tmp_path, monkeypatch, mcts_dir):  
     assert ret.step_no == 1 and "reward" in " ".join(metrics)
     assert (tmp_path / "ret" / "config.json").exists()
     assert len((tmp_path / "ret" / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_a_cached_run_is_the_same_from_another_checkout_or_with_a_deviation_reworded(tmp_path, monkeypatch):
+    """A recipe's provenance (``source.shrinks``, a path into the checkout it was composed from;
+    ``papers``; each deviation's reason) says where it comes from, not what it trains: a second
+    checkout, or a reworded reason, must not make its cached run stale. A trained value still does."""
+    from harness import safe_delete
+    from harness.config import to_dict
+    from training.build import IDENTITY, StaleRunError, train_cached
+
+    trained = []
+
+    def train(cfg, run, overwrite=False):
+        trained.append(run)
+        safe_delete.claim(run, "train")
+        safe_delete.claim(run / "final", "model")
+        (run / "config.json").write_text(json.dumps(to_dict(cfg)))
+        return None, run / "final"
+
+    monkeypatch.setattr("training.build.train", train)
+    run = tmp_path / "demo" / "rl"
+    cfg = compose(TrainConfig, [GRPO_DEMO], [])
+    assert cfg.source.shrinks and cfg.deviations
+    assert train_cached(cfg, run)[1] is True
+    # what another checkout recorded (as a run cached before provenance was left out holds it)
+    recorded = json.loads((run / "config.json").read_text())
+    recorded["source"]["shrinks"] = "/elsewhere/checkout/" + Path(cfg.source.shrinks).name
+    recorded["deviations"][0]["reason"] = "reworded"
+    recorded["papers"] = "reworded"
+    for name in ("config.json", IDENTITY):
+        (run / name).write_text(json.dumps(recorded))
+    assert train_cached(cfg, run) == (run / "final", False) and len(trained) == 1
+    with pytest.raises(StaleRunError, match=r"optim\.lr"):
+        train_cached(compose(TrainConfig, [GRPO_DEMO], ["optim.lr=1e-6"]), run)
 
 
 def test_a_cached_run_is_the_same_however_its_folder_is_spelled_or_wherever_it_is_copied(tmp_path, monkeypatch):
