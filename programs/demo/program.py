@@ -616,11 +616,12 @@ def _report(ui: DemoUI, s: DemoSystem, eval_dir: Path, out: Path, finals: list[t
     starts = [eval_dir / f"{start_label(s)}-demo-test"] if s.chain == "harr" else []
     stages += starts + [eval_dir / f"{label}-demo-test" for _, _, label in finals]
     seeds = ", ".join(str(seed) for seed, _, _ in finals)
+    paired_with = "HARR's start" if starts else "the SFT agent"
     note = (
         f"{s.name}: {s.algorithm}. The baselines and the untrained agent ran on the first {BASELINE_LIMIT} questions "
         f"of the test split (a balanced prefix), the SFT and trained agents on all of it; each pair of stages is "
         f"compared on the questions both answered. Training seeds: {seeds} ({len(finals)} draw"
-        f"{'s' if len(finals) > 1 else ''}; each trained agent is paired against the SFT agent)."
+        f"{'s' if len(finals) > 1 else ''}; each trained agent is paired against {paired_with})."
     )
     for seed, run, _ in finals:
         if chosen := _rl_choice(run):
@@ -628,7 +629,7 @@ def _report(ui: DemoUI, s: DemoSystem, eval_dir: Path, out: Path, finals: list[t
     if starts:
         note += (
             f" HARR's start ({start_label(s)}) is the SFT agent searching with the untrained query tower in HARR's "
-            "history-aware state, as its training starts; each trained tower is paired against it."
+            "history-aware state, as its training starts; the leaderboard pairs every row against the SFT agent."
         )
     against = [None, 0] + ([1] if starts else []) + [1 + len(starts)] * len(finals)
     text = summarize(*stages, curves=[(Path(c).stem, c) for c in report.curves], note=note, against=against)
