@@ -51,15 +51,14 @@ def test_every_trainer_kind_builds_a_trainer(tmp_path, monkeypatch, mcts_dir):  
     assert len((tmp_path / "ret" / "metrics.jsonl").read_text().splitlines()) == 1
 
 
-def test_a_cached_run_is_the_same_from_another_checkout_or_with_a_deviation_reworded(tmp_path, monkeypatch):
-    """A recipe's provenance (``source.shrinks``, a path into the checkout it was composed from;
-    ``papers``; each deviation's reason) says where it comes from, not what it trains: a second
-    checkout, or a reworded reason, must not make its cached run stale. A trained value still does."""
+@pytest.fixture
+def fake_train(monkeypatch) -> list[Path]:
+    """``training.build.train`` replaced by what it leaves (a marked run folder with final/ and its
+    config.json); the list of the runs it was asked to train."""
     from harness import safe_delete
     from harness.config import to_dict
-    from training.build import IDENTITY, StaleRunError, train_cached
 
-    trained = []
+    trained: list[Path] = []
 
     def train(cfg, run, overwrite=False):
         trained.append(run)
@@ -69,6 +68,16 @@ def test_a_cached_run_is_the_same_from_another_checkout_or_with_a_deviation_rewo
         return None, run / "final"
 
     monkeypatch.setattr("training.build.train", train)
+    return trained
+
+
+def test_a_cached_run_is_the_same_from_another_checkout_or_with_a_deviation_reworded(tmp_path, fake_train):
+    """A recipe's provenance (``source.shrinks``, a path into the checkout it was composed from;
+    ``papers``; each deviation's reason) says where it comes from, not what it trains: a second
+    checkout, or a reworded reason, must not make its cached run stale. A trained value still does."""
+    from training.build import IDENTITY, StaleRunError, train_cached
+
+    trained = fake_train
     run = tmp_path / "demo" / "rl"
     cfg = compose(TrainConfig, [GRPO_DEMO], [])
     assert cfg.source.shrinks and cfg.deviations
@@ -85,30 +94,21 @@ def test_a_cached_run_is_the_same_from_another_checkout_or_with_a_deviation_rewo
         train_cached(compose(TrainConfig, [GRPO_DEMO], ["optim.lr=1e-6"]), run)
 
 
-def test_a_cached_run_is_the_same_however_its_folder_is_spelled_or_wherever_it_is_copied(tmp_path, monkeypatch):
+def test_a_cached_run_is_the_same_however_its_folder_is_spelled_or_wherever_it_is_copied(
+    tmp_path, monkeypatch, fake_train
+):
     """Issue 44: the demo's folder copied, then run with ``--out`` spelled relative instead of
     absolute, retrained SFT and re-evaluated everything after it: ``train_cached`` compared the
     recorded paths (the SFT data, the model an RL run starts from, ``trainer.out``) as given."""
     import shutil
 
-    from harness import safe_delete
-    from harness.config import to_dict
     from training.build import train_cached
 
     def recipe(root) -> TrainConfig:
         source = f"sft.sources=[{{kind: synth, path: {json.dumps(str(root / 'sft' / 'train.jsonl'))}}}]"
         return compose(TrainConfig, [SFT_DEMO], [source, f"trainer.out={root}"])
 
-    trained = []
-
-    def train(cfg, run, overwrite=False):  # what training.build.train leaves: a run folder with final/
-        trained.append(run)
-        safe_delete.claim(run, "train")
-        safe_delete.claim(run / "final", "model")
-        (run / "config.json").write_text(json.dumps(to_dict(cfg)))
-        return None, run / "final"
-
-    monkeypatch.setattr("training.build.train", train)
+    trained = fake_train
     root = tmp_path / "demo"
     (root / "sft").mkdir(parents=True)
     (root / "sft" / "train.jsonl").write_text("{}\n")
