@@ -61,9 +61,9 @@ def rows(name: str, out: Path, seeds: list[int]) -> list[dict[str, object]]:
         supporting = supporting_passages(starts[0][1])
         starts.append(("untrained tower", load_run(out / "eval" / f"{start_label(s)}-demo-test")))
     result = []
-    for seed, (start_name, sft) in ((seed, start) for seed in seeds for start in starts):
+    for seed, (start_name, start) in ((seed, start) for seed in seeds for start in starts):
         run = load_run(out / "eval" / f"{seeded(trained, seed)}-demo-test")
-        mine, theirs = run.item_values("em"), sft.item_values("em")
+        mine, theirs = run.item_values("em"), start.item_values("em")
         shared = sorted(set(mine) & set(theirs))
         d = paired_bootstrap([mine[k] for k in shared], [theirs[k] for k in shared])
         row: dict[str, object] = {
@@ -83,7 +83,7 @@ def rows(name: str, out: Path, seeds: list[int]) -> list[dict[str, object]]:
             "sft_s": timings.get("sft", {}).get("seconds"),
         }
         if supporting:
-            row["recall_start"] = supporting_recall(sft.path, supporting)
+            row["recall_start"] = supporting_recall(start.path, supporting)
             row["recall_trained"] = supporting_recall(run.path, supporting)
         result.append(row)
     return result
@@ -106,7 +106,7 @@ def markdown(table: list[dict[str, object]], loads: dict[str, dict[str, float]])
         load = loads.get(str(r["system"]))
         load_text = f"{load['load_start']:.1f} → {load['load_end']:.1f}" if load else "–"
         lines.append(
-            f"| {r['system']} | {r['algorithm']} | {r['seed']} | {r['n']} | {r.get('start', 'SFT')} | "
+            f"| {r['system']} | {r['algorithm']} | {r['seed']} | {r['n']} | {r['start']} | "
             f"{pct(r['em_start'])} | "  # type: ignore[arg-type]
             f"{pct(r['em_trained'])} | {pct(r['diff'], signed=True)} [{pct(r['low'])}, {pct(r['high'])}] | "  # type: ignore[arg-type]
             f"{p_value(r['p_greater'], bare=True)} | {recall} | {_minutes(r['sft_s'])} / {_minutes(r['train_s'])} / "  # type: ignore[arg-type]
