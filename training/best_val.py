@@ -53,6 +53,7 @@ class BestValidation:
     metric: str
     value: float | None = None
     step: int | None = None
+    kind: str = "model"  # what a kept folder is (its safe_delete marker): retriever RL keeps "encoder"s
 
     def consider(self, metrics: dict, step: int) -> bool:
         """Whether validation ``metrics`` of ``step`` beat the best so far (then they are the best).
@@ -68,10 +69,10 @@ class BestValidation:
         return True
 
     @classmethod
-    def from_log(cls, metric: str, log_path: Path, upto: int) -> BestValidation:
+    def from_log(cls, metric: str, log_path: Path, upto: int, kind: str = "model") -> BestValidation:
         """The best of the ``val/<metric>`` records of a run's ``metrics.jsonl`` up to step ``upto``
         (the run a resume continues), chosen as :meth:`consider` chooses (in step order)."""
-        best = cls(metric)
+        best = cls(metric, kind=kind)
         key = f"val/{metric}"
         records: list[tuple[int, float]] = []
         if Path(log_path).exists():  # a torn last line (a kill mid-write) is dropped, as a resume drops it
@@ -91,7 +92,7 @@ class BestValidation:
                 continue
             if keep_later and (self.step is None or int(m.group(1)) > self.step):
                 continue
-            safe_delete.remove(path, kind="model", why=f"not the best validation (step {self.step})")
+            safe_delete.remove(path, kind=self.kind, why=f"not the best validation (step {self.step})")
 
     def to_final(self, out: Path, final: Path) -> Path:
         """Make ``final`` a copy of the best step's folder, by hard links (no second copy of the
@@ -103,17 +104,24 @@ class BestValidation:
             raise FileNotFoundError(
                 f"trainer.best_metric: the weights of the best validation (step {self.step}) are not in {src}"
             )
-        with atomic_dir(final, kind="model") as tmp:
+        with atomic_dir(final, kind=self.kind) as tmp:
             for f in src.iterdir():
-                if f.is_file() and not safe_delete.bookkeeping(f.name):
-                    try:
-                        os.link(f, tmp / f.name)
-                    except OSError:
-                        shutil.copy2(f, tmp / f.name)
+                if f.is_dir():  # a LoRA tower's adapter/ beside its merged weights
+                    shutil.copytree(f, tmp / f.name, copy_function=_link)
+                elif f.is_file() and not safe_delete.bookkeeping(f.name):
+                    _link(f, tmp / f.name)
         self.prune(out, keep_later=False)
         what = f"val/{self.metric} {self.value:.4f}" if self.value is not None else "its record"
         logger.info("final model: step %d's weights, the best validation (%s) → %s", self.step, what, final)
         return final
+
+
+def _link(src: Path | str, dst: Path | str) -> None:
+    """``dst`` a hard link of ``src`` (a copy where the filesystem has none)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def from_rank0(value: int) -> int:
@@ -153,7 +161,7 @@ class BestSelection:
         ``best-step-N/`` must still be there."""
         step, missing = -1, 0  # -1: no validation yet
         if self.rank == 0:
-            self.best = BestValidation.from_log(self.best.metric, self.out / "metrics.jsonl", step_no)
+            self.best = BestValidation.from_log(self.best.metric, self.out / "metrics.jsonl", step_no, self.best.kind)
             if self.best.step is not None:
                 step, missing = self.best.step, int(not best_dir(self.out, self.best.step).is_dir())
         step, missing = from_rank0(step), from_rank0(missing)  # every rank stops, not rank 0 alone

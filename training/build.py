@@ -118,20 +118,18 @@ class Validation:
         return evaluate(self.method, self.examples, self.out / f"step-{step}" / name, self.metrics, manifest)
 
 
-def build_validation(cfg: TrainConfig, backend: Backend | None, out: Path) -> Validation | None:
+def build_validation(cfg: TrainConfig, backend: Backend | None, out: Path, retriever: Any = None) -> Validation | None:
     """The validation of ``data.val_split`` (None without one), built like ``harness eval``
-    builds a run: the split's own corpus, the rollout agent's options at temperature 0."""
+    builds a run: the split's own corpus, the rollout agent's options at temperature 0.
+    ``retriever``: one already built to search with instead (retriever RL's tower, greedy)."""
     d = cfg.data
     if not d.val_split:
         return None
     ecfg = from_dict(
         EvalConfig,
         {
-            "method": cfg.rollout.method,
+            **_validated(cfg),
             "dataset": {"name": first_dataset(cfg), "split": d.val_split, "limit": d.val_limit, "data_dir": d.data_dir},
-            "retriever": to_dict(cfg.retriever),
-            "backend": {"kind": cfg.rollout.backend.kind, "model": cfg.model.path},
-            "agent": rollout_agent_options(cfg, validation=True),
             "out": str(out / "validation"),
         },
         where="validation",
@@ -139,8 +137,25 @@ def build_validation(cfg: TrainConfig, backend: Backend | None, out: Path) -> Va
     best = cfg.trainer.best_metric
     if best is not None and best not in ecfg.metrics:
         raise ValueError(f"trainer.best_metric={best!r} is not a validation metric (it reports {list(ecfg.metrics)})")
-    run = build_eval(ecfg, backend=backend)
+    run = build_eval(ecfg, backend=backend, retriever=retriever)
     return Validation(run.method, run.examples, run.manifest, tuple(ecfg.metrics), out / "validation")
+
+
+def _validated(cfg: TrainConfig) -> dict[str, Any]:
+    """What a validation evaluates (an eval config's method, agent, retriever and backend): the
+    RL policy's rollout agent, or for ``algo.kind: retriever`` the frozen generator's agent
+    searching with the tower (``training.retriever.retriever_rl.validated_run``)."""
+    if cfg.algo.kind == "retriever":
+        # deferred: training.retriever.retriever_rl imports torch (~1.4 s)
+        from training.retriever.retriever_rl import validated_run
+
+        return validated_run(cfg)
+    return {
+        "method": cfg.rollout.method,
+        "retriever": to_dict(cfg.retriever),
+        "backend": {"kind": cfg.rollout.backend.kind, "model": cfg.model.path},
+        "agent": rollout_agent_options(cfg, validation=True),
+    }
 
 
 def rollout_agent_options(cfg: TrainConfig, validation: bool = False) -> dict[str, object]:

@@ -436,15 +436,14 @@ BEST_METRICS = {"sft": "loss", "prm": "pair_acc"}
 
 
 def check_best_metric(cfg: TrainConfig) -> None:
-    """``trainer.best_metric`` chooses among validations: RL's through the eval path (any metric it
-    reports; data.val_split), SFT's held-out loss (sft.val_fraction), the PRM's held-out pair
+    """``trainer.best_metric`` chooses among validations: RL's and retriever RL's through the eval
+    path (any metric it reports; data.val_split), SFT's held-out loss (sft.val_fraction), the PRM's held-out pair
     accuracy (prm.val_fraction); every one needs trainer.eval_every > 0."""
     t, kind, metric = cfg.trainer, cfg.algo.kind, cfg.trainer.best_metric
-    if kind == "retriever":
-        raise ValueError("trainer.best_metric applies to algo.kind rl, sft or prm, not retriever")
     if kind in BEST_METRICS and metric != BEST_METRICS[kind]:
         raise ValueError(f"trainer.best_metric for algo.kind={kind} is {BEST_METRICS[kind]!r}, not {metric!r}")
-    held_out = {"rl": ("data.val_split", cfg.data.val_split), "sft": ("sft.val_fraction", cfg.sft.val_fraction),
+    held_out = {"rl": ("data.val_split", cfg.data.val_split), "retriever": ("data.val_split", cfg.data.val_split),
+                "sft": ("sft.val_fraction", cfg.sft.val_fraction),
                 "prm": ("prm.val_fraction", cfg.prm.val_fraction)}[kind]  # fmt: skip
     if not (t.eval_every and held_out[1]):
         raise ValueError(

@@ -52,7 +52,7 @@ def test_a_best_metric_the_validation_does_not_report_is_refused_when_the_traine
         (["trainer.eval_every=0", "data.val_split=test"], "needs data.val_split and trainer.eval_every"),
         (["trainer.eval_every=1", "data.val_split=null"], "needs data.val_split and trainer.eval_every"),
         (["algo.kind=sft", "trainer.eval_every=1", "data.val_split=test"], "for algo.kind=sft is 'loss', not 'em'"),
-        (["algo.kind=retriever", "trainer.eval_every=1"], "applies to algo.kind rl, sft or prm"),
+        (["algo.kind=retriever", "trainer.eval_every=1", "data.val_split=null"], "needs data.val_split and trainer"),
     ],
 )
 def test_a_best_metric_without_validations_to_choose_from_is_refused(tmp_path, overrides, message):

@@ -28,7 +28,8 @@ dense :class:`~harness.retrieval.encoders.Encoder` loads as the query encoder of
 :func:`filter_examples` is HARR's data filter: keep questions where some sampled retrievals
 succeed and some fail under the frozen generator. :class:`RetrieverTrainer` is ``algo.kind:
 retriever`` in ``training.build.TRAINERS``. Evaluation is the eval path (``simple_evaluate``)
-with the retriever set to ``greedy`` (top-k), as ``harness eval --retriever harr`` runs it.
+with the retriever set to ``greedy`` (top-k), as ``harness eval --retriever harr`` runs it; so is
+the trainer's validation (``data.val_split``, ``trainer.eval_every``, ``trainer.best_metric``).
 The rewards and losses (steps 2 and 3, and PPO's) are :mod:`training.retriever.retriever_loss`; the names
 this module used to hold are importable from here too.
 """
@@ -62,6 +63,7 @@ from pipelines.baselines.flashrag_methods import BaselineConfig, FlashRAGBaselin
 from pipelines.method import Method
 from pipelines.methods import build_method, method_kind, validate_options
 from training.advantages import grpo
+from training.best_val import BestSelection, BestValidation
 from training.checkpoint import write_safetensors
 from training.config import TrainConfig, TrainerConfig
 from training.divergence import NonFiniteGuard, check_finite, is_finite
@@ -375,6 +377,27 @@ def rollout_options(cfg: TrainConfig) -> dict[str, Any]:
     return {"topk": r.sampling.topk, **(r.agent if method_kind(r.method) == "agent" else r.baseline)}
 
 
+def validated_run(cfg: TrainConfig) -> dict[str, Any]:
+    """What a retriever-RL validation evaluates, as an eval config's blocks: the frozen generator's
+    agent at temperature 0 (``rollout_options``) searching with the tower greedily, as
+    ``harness eval --retriever harr --encoder RUN/encoder`` searches (the trainer hands its own
+    retriever over; the ``retriever`` block records what it is). An agent method only: a FlashRAG
+    baseline generator is not validated (not implemented)."""
+    r = cfg.retriever_rl
+    if method_kind(r.method) != "agent":
+        raise ValueError(
+            f"data.val_split with retriever_rl.method={r.method!r}: validating a baseline generator's "
+            "retriever is not implemented (an agent method only)"
+        )
+    corpus = None if r.index else str(_corpus(cfg))
+    return {
+        "method": r.method,
+        "retriever": {"kind": "harr", "topk": r.sampling.topk, "index": r.index, "corpus": corpus},
+        "backend": {"kind": r.backend.kind, "model": r.backend.model},
+        "agent": {**rollout_options(cfg), "temperature": 0.0},
+    }
+
+
 def build_from_config(cfg: TrainConfig, backend: Backend | None = None) -> tuple[StochasticDenseRetriever, Runner]:
     """The stochastic retriever (tower + fixed index) and the rollout runner of an
     ``algo.kind: retriever`` recipe (its ``retriever_rl`` section; the corpus of ``data``)."""
@@ -465,16 +488,30 @@ def _corpus(cfg: TrainConfig) -> Path:
 
 class RetrieverTrainer:
     """``algo.kind: retriever``: GRPO (or PPO) on the query tower, generator frozen; the trained
-    encoder lands in ``RUN/encoder`` (what :meth:`train` returns)."""
+    encoder lands in ``RUN/encoder`` (what :meth:`train` returns).
+
+    With ``data.val_split`` and ``trainer.eval_every``, the tower is validated through the eval
+    path every N steps (and at step 0 with ``trainer.val_before_train``): the frozen generator,
+    greedy, searching with the tower greedily on the split's first ``data.val_limit`` questions,
+    into ``RUN/validation/step-N/``, logged as ``val/<metric>``. ``trainer.best_metric`` then makes
+    ``encoder/`` the validated step's tower that scored highest (the earliest on a tie, so the
+    untrained tower at step 0 if nothing beat it), as the RL trainer's ``final/``."""
 
     def __init__(self, cfg: TrainConfig, out: Path, backend: Backend | None = None) -> None:
         self.cfg, self.out = cfg, Path(out)
         # Built here, before the run folder is claimed: a recipe that fails to build leaves none.
+        r = cfg.retriever_rl
+        backend = backend or build_backend(r.backend)  # the frozen generator: rollouts and validation
         self.retriever, self.runner = build_from_config(cfg, backend)
         self.examples = train_examples(cfg)
         t = cfg.trainer
-        r = cfg.retriever_rl
         self.rl = RetrieverRL(self.retriever, self.runner, r.rl, self.out, t.max_nonfinite_steps, r.sampling.topk)
+        # deferred: training.build imports the trainers' registry (and this module, lazily)
+        from training.build import build_validation
+
+        self.validate = build_validation(cfg, backend, self.out, retriever=self.retriever) if t.eval_every else None
+        metric = t.best_metric
+        self.best = BestSelection(BestValidation(metric, kind="encoder"), self.out) if metric else None
         self._log: TextIO | None = None  # metrics.jsonl, opened by the first step
 
     @property
@@ -497,27 +534,72 @@ class RetrieverTrainer:
             self._log = open(self.out / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
 
     def step(self) -> dict[str, float]:
-        """One step of :class:`RetrieverRL` on the next questions; its metrics."""
+        """One step of :class:`RetrieverRL` on the next questions (then a validation when one is
+        due); its metrics."""
         self._start()
-        return self.rl.logged_step(self.examples, self._log).metrics
+        metrics = self.rl.logged_step(self.examples, self._log).metrics
+        if self.validate is not None and self.step_no % self.cfg.trainer.eval_every == 0:
+            self.run_validation()
+        return metrics
+
+    def run_validation(self) -> dict[str, Any]:
+        """Validate the tower as it is now (greedy search; the next step samples again), log its
+        metrics as ``val/<metric>``, and keep it when ``trainer.best_metric`` says it is the best."""
+        assert self.validate is not None and self._log is not None
+        greedy, self.retriever.greedy = self.retriever.greedy, True
+        try:
+            val = self.validate(self.step_no).metrics
+        finally:
+            self.retriever.greedy = greedy
+        log = _StepLog(self._log)
+        log.write(self.step_no, {f"val/{k}": float(v) for k, v in val.items() if isinstance(v, int | float)})
+        if self.best is not None:
+            self.best.keep_if_best(val, self.step_no, self._export, log)
+        return val
+
+    def _export(self, folder: Path) -> Path:
+        """The tower as it is now into ``folder`` (an encoder folder, marked as harness's)."""
+        check_finite(self.retriever.tower.state_dict(), f"not writing the encoder {folder}")
+        with atomic_dir(folder, kind="encoder") as tmp:
+            self.retriever.save_tower(tmp)
+        return folder
 
     def train(self) -> Path:
-        """Run ``retriever_rl.rl.steps`` steps; returns the trained encoder's folder."""
+        """Run ``retriever_rl.rl.steps`` steps; returns the trained encoder's folder: the last
+        step's, or with ``trainer.best_metric`` the best validated step's."""
         if not self.examples:
             raise ValueError("no training questions")
         self._start()
+        t = self.cfg.trainer
         try:
+            if self.validate is not None and t.val_before_train and self.step_no == 0:
+                self.run_validation()  # step 0: the untrained tower
             while self.step_no < self.cfg.retriever_rl.rl.steps:
                 self.step()
         finally:
             self.close()
-        return self.rl.finish()
+        encoder = self.rl.finish()
+        if self.best is not None and self.best.chosen:
+            return self.best.finish(encoder)  # encoder/ replaced by the best validated tower
+        return encoder
 
     def close(self) -> None:
         """Close the run's metrics log."""
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+class _StepLog:
+    """``write(step, metrics)`` as one ``metrics.jsonl`` line (the RL trainer's log's interface,
+    which :meth:`BestSelection.keep_if_best` writes ``val/best_step`` through)."""
+
+    def __init__(self, f: TextIO) -> None:
+        self.f = f
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        self.f.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.f.flush()
 
 
 def harr_filter(

@@ -441,3 +441,103 @@ def test_start_encoder_searches_as_step_zero_and_is_rewritten_only_for_another_r
     other = compose(TrainConfig, [], [*base[:-1], "retriever_rl.sampling.max_chars=200"])
     assert save_start_encoder(other, start) is True  # another state format: a new start
     assert json.loads((start / START_RECORD).read_text())["sampling"]["max_chars"] == 200
+
+
+def _validated_trainer(tmp_path, *overrides):
+    """A retriever-RL trainer (tiny tower over the toy index, the oracle generator) validated on a
+    local split of the toy questions (``data_dir/bamboogle/toyval.jsonl``) every step."""
+    from harness.config import compose
+    from training.build import build_trainer
+    from training.config import TrainConfig
+
+    tower_dir = tiny_tower(seed=4).save(tmp_path / "tower")
+    index = toy_index(tmp_path, tiny_tower(seed=4))
+    (tmp_path / "data" / "bamboogle").mkdir(parents=True)
+    rows = "".join(json.dumps(e.to_dict()) + "\n" for e in EXAMPLES)
+    (tmp_path / "data" / "bamboogle" / "toyval.jsonl").write_text(rows)
+    (tmp_path / "q.jsonl").write_text(rows)
+    cfg = compose(
+        TrainConfig,
+        [],
+        [
+            "algo.kind=retriever",
+            "data.dataset=bamboogle",
+            f"data.data_dir={tmp_path / 'data'}",
+            f"data.file={tmp_path / 'q.jsonl'}",
+            "data.val_split=toyval",
+            "data.val_limit=4",
+            "trainer.eval_every=1",
+            "retriever_rl.method=search_r1",
+            f"retriever_rl.index={index}",
+            f"retriever_rl.encoder.name={tower_dir}",
+            "retriever_rl.sampling.n_candidates=8",
+            "retriever_rl.sampling.topk=2",
+            "retriever_rl.agent.max_turns=1",
+            "retriever_rl.rl.steps=2",
+            "retriever_rl.rl.group_size=4",  # every question each step: both steps have a signal
+            "retriever_rl.rl.questions_per_step=4",
+            "retriever_rl.rl.lr=0.05",
+            "retriever_rl.rl.reward=em",
+            *overrides,
+        ],
+    )
+    return build_trainer(cfg, tmp_path / "run", backend=OracleReader.backend(TARGETS)), index
+
+
+def test_validation_searches_greedily_as_the_eval_path_does_the_trained_encoder(tmp_path):
+    """data.val_split + trainer.eval_every: the tower is validated at steps 0, 1, 2 through the eval
+    path, greedily; the last validation scores what `harness eval --retriever harr --encoder` gives
+    the saved encoder, and the rollouts between them still sample."""
+    from harness.eval_config import RetrieverConfig
+    from harness.retrieval.factory import build_retriever as eval_retriever
+
+    trainer, index = _validated_trainer(tmp_path)
+    encoder = trainer.train()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    val = {r["step"]: r["val/em"] for r in rows if "val/em" in r}
+    assert sorted(val) == [0, 1, 2]
+    assert [r["step"] for r in rows if "reward" in r] == [1, 2]
+    for step in (0, 1, 2):
+        (traj_file,) = (tmp_path / "run" / "validation" / f"step-{step}").glob("*/trajectories.jsonl")
+        searches = [s for line in traj_file.read_text().splitlines() for s in json.loads(line)["searches"]]
+        assert searches and all(s["sample"]["greedy"] for s in searches)
+    assert not trainer.retriever.greedy  # rollouts sample again after a validation
+    cfg = EvalConfig(
+        method="search_r1",
+        backend=BackendConfig(kind="scripted"),
+        metrics=["em"],
+        out=str(tmp_path / "eval"),
+        agent={"max_turns": 1, "topk": 2},
+    )
+    evaluated = eval_retriever(RetrieverConfig(kind="harr", index=str(index), encoder=str(encoder), topk=2))
+    res = simple_evaluate(cfg, backend=OracleReader.backend(TARGETS), retriever=evaluated, examples=EXAMPLES)
+    assert res.metrics["em"] == val[2]
+
+
+def test_best_metric_makes_the_encoder_the_best_validated_tower(tmp_path):
+    """trainer.best_metric: encoder/ is the tower of the validation that scored highest (step 1
+    here, scores given), not the last step's; the other kept towers are pruned."""
+    from types import SimpleNamespace
+
+    from safetensors.torch import load_file
+
+    from harness.retrieval.stochastic import state_format_of
+
+    trainer, _ = _validated_trainer(tmp_path, "trainer.best_metric=em")
+    scores = {0: 0.25, 1: 0.75, 2: 0.5}
+
+    def validate(step):
+        trainer.retriever.save_tower(tmp_path / "seen" / f"step-{step}")  # the tower each validation saw
+        return SimpleNamespace(metrics={"em": scores[step]})
+
+    trainer.validate = validate
+    encoder = trainer.train()
+    weights = load_file(encoder / "model.safetensors")
+    step1 = load_file(tmp_path / "seen" / "step-1" / "model.safetensors")
+    step2 = load_file(tmp_path / "seen" / "step-2" / "model.safetensors")
+    assert all(torch.equal(weights[k], step1[k]) for k in step1)
+    assert any(not torch.equal(weights[k], step2[k]) for k in step2)  # the last step moved on
+    assert state_format_of(encoder) == trainer.retriever.state_format  # the sidecar came along
+    assert sorted(p.name for p in (tmp_path / "run").glob("best-step-*")) == ["best-step-1"]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["val/best_step"] for r in rows if "val/best_step" in r] == [0.0, 1.0, 1.0]
