@@ -182,3 +182,23 @@ def test_sft_final_holds_the_step_with_the_lowest_held_out_loss(tmp_path):
     rows = read_jsonl(run / "metrics.jsonl")
     assert [r["val/loss"] for r in rows if "val/loss" in r] == [2.0, 1.0, 1.5]
     assert [r["val/best_step"] for r in rows if "val/best_step" in r] == [1, 2, 2]
+
+
+def test_final_is_made_of_the_best_folder_with_its_subfolders_and_kind(tmp_path):
+    """A kept encoder (retriever RL: kind "encoder") with a LoRA tower's adapter/ subfolder: final
+    holds every file of it, the subfolder too, marked as the same kind; the other kept folders go."""
+    from harness import safe_delete
+    from harness.fsutil import atomic_dir
+    from training.best_val import best_dir
+
+    for step in (0, 2):
+        with atomic_dir(best_dir(tmp_path, step), kind="encoder") as tmp:
+            (tmp / "model.safetensors").write_text(f"weights {step}")
+            (tmp / "adapter").mkdir()
+            (tmp / "adapter" / "adapter_model.safetensors").write_text(f"adapter {step}")
+    best = BestValidation("em", value=0.7, step=2, kind="encoder")
+    final = best.to_final(tmp_path, tmp_path / "encoder")
+    assert (final / "model.safetensors").read_text() == "weights 2"
+    assert (final / "adapter" / "adapter_model.safetensors").read_text() == "adapter 2"
+    assert safe_delete.read_marker(final)["kind"] == "encoder"
+    assert not best_dir(tmp_path, 0).exists() and best_dir(tmp_path, 2).is_dir()
