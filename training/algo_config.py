@@ -91,7 +91,9 @@ class AlgoConfig:
     # stays on model tokens either way. With gamma = lam = 1 the model tokens' advantages are the
     # same; the whitening statistics and the critic's targets differ.
     gae_over: Literal["model", "response"] = "model"
-    critic_warmup: int = 0  # PPO: the first N steps update only the critic (verl's trainer.critic_warmup)
+    # PPO: the actor first learns at step N, the steps before it update only the critic (verl's
+    # trainer.critic_warmup, compared with its global step counted from 1: N - 1 critic-only steps)
+    critic_warmup: int = 0
     gamma: float = 1.0
     lam: float = 1.0
     vf_coef: float = 0.5

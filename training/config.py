@@ -471,7 +471,7 @@ def check_rl_recipe(cfg: TrainConfig) -> None:
             f"algo.kl_in_reward=true does not apply to algo.advantage={a.advantage} (it would be "
             "dropped silently); set algo.kl_in_reward=false and use a KL loss term (algo.kl_coef > 0)"
         )
-    if a.critic_warmup and not adv_info.get("needs_critic"):
+    if a.critic_warmup > 1 and not adv_info.get("needs_critic"):  # 0 and 1: no critic-only step
         raise ValueError(f"algo.critic_warmup={a.critic_warmup} needs a critic (algo.advantage: gae)")
     batch = cfg.rollout.prompts_per_step * cfg.rollout.n_samples  # rows per step, all ranks
     mini = a.ppo_mini_batch_size or batch

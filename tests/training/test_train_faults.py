@@ -63,7 +63,7 @@ def test_a_failed_resume_rewrites_no_run_record(tmp_path):
     [
         ("sft", ["sft.sources=[{kind: chat, path: /nonexistent/chat.jsonl}]"], "/nonexistent/chat.jsonl"),
         ("sft", ["algo.kind=prm"], "needs prm.data"),
-        ("rl", ["algo.critic_warmup=1"], "algo.critic_warmup=1 needs a critic"),
+        ("rl", ["algo.critic_warmup=2"], "algo.critic_warmup=2 needs a critic"),
     ],
 )
 def test_an_invalid_recipe_claims_no_run_folder(tmp_path, kind, overrides, says):

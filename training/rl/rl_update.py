@@ -172,15 +172,17 @@ class RLUpdate:
     ) -> dict[str, float]:
         """verl's schedule: ``ppo_epochs`` passes over the batch's mini-batches, one optimizer step per
         mini-batch (DeepSpeed accumulates its micro-batches). ``step_no`` is the training steps
-        taken (the step being trained is ``step_no + 1``): during the first ``critic_warmup`` only
-        the critic learns. Stats are means over micro-batches; ``clip_frac/epoch_k`` per epoch."""
+        taken (the step being trained is ``step_no + 1``): before step ``critic_warmup`` only the
+        critic learns (verl's ``trainer.critic_warmup``: its actor learns once ``critic_warmup <=
+        global_steps``, counted from 1, so N gives N − 1 critic-only steps and 0 or 1 none). Stats
+        are means over micro-batches; ``clip_frac/epoch_k`` per epoch."""
         a, o = self.cfg.algo, fwd.offset
         self.skipped_updates = 0
         mask = batch.mask[:, o:]  # [B, W]
         old = fwd.old_logp.clone() if fwd.old_logp is not None else torch.zeros_like(mask)  # [B, W]
         have_old = fwd.old_logp is not None
         value_mask = batch.response_mask[:, o:] if a.gae_over == "response" else mask  # [B, W] the critic's tokens
-        train_policy = step_no >= a.critic_warmup
+        train_policy = step_no + 1 >= a.critic_warmup
         entropy = self._wants_entropy(step_no)
         gas = self.policy.gradient_accumulation_steps()
         # The LRs this training step runs at (the schedule moves once per training step), logged as verl does.

@@ -32,7 +32,7 @@ def test_mini_batch_rows_by_hand(tmp_path):
     ("overrides", "says"),
     [
         (["algo.advantage=dual_granularity", "algo.kl_coef=0.01", "algo.kl_in_reward=true"], "does not apply to"),
-        (["algo.critic_warmup=1"], "algo.critic_warmup=1 needs a critic"),
+        (["algo.critic_warmup=2"], "algo.critic_warmup=2 needs a critic"),
         (["algo.ppo_mini_batch_size=3"], "must divide the step's batch"),
         (["algo.filter_groups=true", "algo.ppo_mini_batch_size=2"], "one mini-batch of one micro-batch"),
         (["algo.filter_groups=true", "optim.micro_batch_size=4", "algo.advantage=gae"], "group-relative"),
@@ -107,8 +107,8 @@ def test_mini_batches_are_optimizer_steps_with_accumulation(tmp_path):
 @pytest.mark.slow
 def test_critic_warmup_updates_only_the_critic(tmp_path):
     trainer = make(
-        tmp_path, "algo.advantage=gae", "algo.critic_warmup=1", "algo.reward=test_length", "trainer.save_every=0"
-    )
+        tmp_path, "algo.advantage=gae", "algo.critic_warmup=2", "algo.reward=test_length", "trainer.save_every=0"
+    )  # verl's count: the actor first learns at step 2
     p0, c0 = _lm_head(trainer), trainer.critic.module.head.weight.detach().clone()
     m = trainer.step()  # step 1: warm-up
     assert m["policy_updates"] == 0.0 and "value_loss" in m
@@ -116,6 +116,15 @@ def test_critic_warmup_updates_only_the_critic(tmp_path):
     assert not torch.equal(c0, trainer.critic.module.head.weight)
     m = trainer.step()  # step 2: both learn
     assert m["policy_updates"] == 1.0 and not torch.equal(p0, _lm_head(trainer))
+
+
+@pytest.mark.slow
+def test_critic_warmup_one_is_no_warmup_as_in_verl(tmp_path):
+    """verl updates the actor when critic_warmup <= global_steps, its first step being 1."""
+    trainer = make(
+        tmp_path, "algo.advantage=gae", "algo.critic_warmup=1", "algo.reward=test_length", "trainer.save_every=0"
+    )
+    assert trainer.step()["policy_updates"] == 1.0
 
 
 @pytest.mark.slow
