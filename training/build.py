@@ -16,12 +16,11 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from benchmarks.build import build_eval, dataset_retriever
-from benchmarks.evaluate import evaluate
+from benchmarks.build import dataset_retriever
 from harness import safe_delete
 from harness.backends import build_backend
 from harness.backends.base import Backend
@@ -31,20 +30,17 @@ from harness.backends.vllm_sync import RL_ARGS as VLLM_RL_ARGS
 from harness.backends.vllm_sync import RL_ENV as VLLM_RL_ENV
 from harness.config import ConfigError, compose, from_dict, pop_paths, to_dict
 from harness.engines import ENGINE_LOGS, EngineConfig, engine_for_backend, sigterm_as_exit, start_engine
-from harness.eval_config import EvalConfig
 from harness.fsutil import write_json_atomic
 from harness.models import MODEL_FILES
 from harness.registry import Registry
-from harness.run_records import RunManifest, RunResults
 from harness.runlock import run_lock
 from harness.runlog import RUN_ENTRIES, config_differences
 from harness.safe_delete import FILE, OPAQUE, Folder, Layout
 from harness.tokenization import byte_tokenizer
-from harness.types import Example
-from pipelines.method import Method
 from pipelines.methods import AGENT_METHODS, build_method, method_kind, validate_options
 from training.config import TrainConfig, check_ranks
-from training.examples import first_dataset, merged_corpus_dataset, train_examples
+from training.examples import merged_corpus_dataset, train_examples
+from training.validation import build_validation, rollout_agent_options
 
 logger = logging.getLogger(__name__)
 
@@ -100,77 +96,6 @@ def rollout_backend(cfg: TrainConfig) -> Backend:
             prefix_cache_tokens=b.prefix_cache_tokens,
         )
     return build_backend(replace(b, model=cfg.model.path, dtype=dtype, threads=b.threads or cfg.optim.threads))
-
-
-@dataclass
-class Validation:
-    """Greedy evaluation of the current policy on the validation split, through ``evaluate``."""
-
-    method: Method
-    examples: list[Example]
-    manifest: RunManifest
-    metrics: tuple[str, ...]
-    out: Path
-
-    def __call__(self, step: int) -> RunResults:
-        manifest = replace(self.manifest, model=f"{self.manifest.model}@step-{step}", extra=dict(self.manifest.extra))
-        name = f"{manifest.method}-{manifest.dataset}-{manifest.split}"
-        return evaluate(self.method, self.examples, self.out / f"step-{step}" / name, self.metrics, manifest)
-
-
-def build_validation(cfg: TrainConfig, backend: Backend | None, out: Path, retriever: Any = None) -> Validation | None:
-    """The validation of ``data.val_split`` (None without one), built like ``harness eval``
-    builds a run: the split's own corpus, the rollout agent's options at temperature 0.
-    ``retriever``: one already built to search with instead (retriever RL's tower, greedy)."""
-    d = cfg.data
-    if not d.val_split:
-        return None
-    ecfg = from_dict(
-        EvalConfig,
-        {
-            **_validated(cfg),
-            "dataset": {"name": first_dataset(cfg), "split": d.val_split, "limit": d.val_limit, "data_dir": d.data_dir},
-            "out": str(out / "validation"),
-        },
-        where="validation",
-    )
-    best = cfg.trainer.best_metric
-    if best is not None and best not in ecfg.metrics:
-        raise ValueError(f"trainer.best_metric={best!r} is not a validation metric (it reports {list(ecfg.metrics)})")
-    run = build_eval(ecfg, backend=backend, retriever=retriever)
-    return Validation(run.method, run.examples, run.manifest, tuple(ecfg.metrics), out / "validation")
-
-
-def _validated(cfg: TrainConfig) -> dict[str, Any]:
-    """What a validation evaluates (an eval config's method, agent, retriever and backend): the
-    RL policy's rollout agent, or for ``algo.kind: retriever`` the frozen generator's agent
-    searching with the tower (``training.retriever.retriever_rl.validated_run``)."""
-    if cfg.algo.kind == "retriever":
-        # deferred: training.retriever.retriever_rl imports torch (~1.4 s)
-        from training.retriever.retriever_rl import validated_run
-
-        return validated_run(cfg)
-    return {
-        "method": cfg.rollout.method,
-        "retriever": to_dict(cfg.retriever),
-        "backend": {"kind": cfg.rollout.backend.kind, "model": cfg.model.path},
-        "agent": rollout_agent_options(cfg, validation=True),
-    }
-
-
-def rollout_agent_options(cfg: TrainConfig, validation: bool = False) -> dict[str, object]:
-    """The agent options RL rollouts build the agent with: ``rollout.agent`` (validated when the
-    recipe loaded) in the dialect's training mode (unless ``rollout.agent.mode`` says another),
-    with ``rollout.sampling``'s temperature, top_p and max_new_tokens, the values the trainer
-    samples with. The agent's own seed is left at its default: every rollout gets its seed from
-    ``TrainConfig.rollout_seed``. ``validation``: the validation agent's instead, greedy in the
-    dialect's default mode, with the same turn length. The recipe test resolves the effective
-    agent from it."""
-    s, options = cfg.rollout.sampling, to_dict(cfg.rollout.agent)
-    if validation:
-        return {**options, "max_new_tokens": s.max_new_tokens, "temperature": 0.0}
-    mode = options["mode"] or "train"
-    return {**options, "mode": mode, "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p}
 
 
 def _rl_trainer(cfg: TrainConfig, out: Path, backend: Backend | None = None) -> Trainer:

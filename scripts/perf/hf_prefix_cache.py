@@ -47,11 +47,12 @@ from harness.eval_config import BackendConfig, EvalConfig
 from harness.textfiles import read_jsonl
 from pipelines.methods import build_method
 from programs.demo.program import auto_threads
-from training.build import rollout_agent_options, rollout_backend
+from training.build import rollout_backend
 from training.config import TrainConfig
 from training.examples import merged_corpus_dataset, train_examples
 from training.rewards import build_reward
 from training.rl.rollout import PromptSampler, collect
+from training.validation import rollout_agent_options
 
 METHODS_CONFIG = "configs/methods/demo_cpu.yaml"
 RL_CONFIG = "configs/train/smollm2_cpu_grpo_demo.yaml"

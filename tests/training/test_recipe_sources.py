@@ -16,9 +16,10 @@ from harness.config import ConfigError, compose, to_dict
 from pipelines.methods import validate_options
 from programs.demo.systems import SYSTEMS as DEMO_SYSTEMS
 from training.advantages import ADVANTAGES, adv_eps
-from training.build import rollout_agent_options, train_config
+from training.build import train_config
 from training.config import AlgoConfig, TrainConfig
 from training.retriever.retriever_rl import rollout_options
+from training.validation import rollout_agent_options
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = [

@@ -79,6 +79,7 @@ from training.retriever.retriever_loss import (
 )
 from training.retriever.retriever_loss import per_call_loss as per_call_loss
 from training.retriever_config import RetrieverRLConfig
+from training.validation import build_validation
 
 logger = logging.getLogger(__name__)
 
@@ -506,10 +507,9 @@ class RetrieverTrainer:
         self.examples = train_examples(cfg)
         t = cfg.trainer
         self.rl = RetrieverRL(self.retriever, self.runner, r.rl, self.out, t.max_nonfinite_steps, r.sampling.topk)
-        # deferred: training.build imports the trainers' registry (and this module, lazily)
-        from training.build import build_validation
-
-        self.validate = build_validation(cfg, backend, self.out, retriever=self.retriever) if t.eval_every else None
+        self.validate = (
+            build_validation(cfg, backend, self.out, validated_run(cfg), self.retriever) if t.eval_every else None
+        )
         metric = t.best_metric
         self.best = BestSelection(BestValidation(metric, kind="encoder"), self.out) if metric else None
         self._log: TextIO | None = None  # metrics.jsonl, opened by the first step

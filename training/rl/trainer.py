@@ -172,7 +172,7 @@ class RLTrainer:
         )
         self.reward_fn = build_reward(a.reward)
         self.sampler = PromptSampler(examples, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
-        s = cfg.rollout.sampling  # the agent was built with the same values (training.build.rollout_agent_options)
+        s = cfg.rollout.sampling  # the agent was built with the same values (training.validation.rollout_agent_options)
         self.sampling = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)
         self.step_no = 0  # optimizer steps taken = the policy version the backend serves
         self.async_rollouts: AsyncRollouts | None = None  # trainer.async's producer, from the first step
@@ -535,7 +535,7 @@ class RLTrainer:
         logger.info("resumed from %s at step %d", ckpt, self.step_no)
 
     def run_validation(self) -> dict:
-        """Validation through the eval path (``training.build.Validation``); metrics logged as ``val/...``."""
+        """Validation through the eval path (``training.validation.Validation``); metrics logged as ``val/...``."""
         val = self.validate(self.step_no).metrics if self.rank == 0 else {}
         if self.log is not None:
             self.log.write(self.step_no, {f"val/{k}": float(v) for k, v in val.items() if isinstance(v, int | float)})
