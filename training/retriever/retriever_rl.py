@@ -507,8 +507,9 @@ class RetrieverTrainer:
         self.examples = train_examples(cfg)
         t = cfg.trainer
         self.rl = RetrieverRL(self.retriever, self.runner, r.rl, self.out, t.max_nonfinite_steps, r.sampling.topk)
+        validating = bool(t.eval_every and cfg.data.val_split)
         self.validate = (
-            build_validation(cfg, backend, self.out, validated_run(cfg), self.retriever) if t.eval_every else None
+            build_validation(cfg, backend, self.out, validated_run(cfg), self.retriever) if validating else None
         )
         metric = t.best_metric
         self.best = BestSelection(BestValidation(metric, kind="encoder"), self.out) if metric else None
