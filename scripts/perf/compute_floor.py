@@ -6,8 +6,9 @@ It times, on random token ids (the cost does not depend on their values), fp32, 
 2. the model body's forward, and forward + backward with gradient checkpointing off and on
    (A B B A), as the trainer's update runs them,
 and prints each pass's FLOPs (counted from the model's own linear layers and attention), seconds
-and rate, and the share of the matmul rate it reaches. A pass near that rate cannot be made much
-faster by software; only fewer FLOPs (no recomputation, fewer tokens) or a faster number format.
+and rate, the share of the matmul rate it reaches, and whether checkpointing changed a gradient
+bit. A pass near that rate cannot be made much faster by software; only fewer FLOPs (no
+recomputation, fewer tokens) or a faster number format.
 
     PYTHONPATH=. .venv/bin/python scripts/perf/compute_floor.py [--rows 8] [--tokens 448] [--threads 1]
 """
@@ -44,7 +45,8 @@ def body_flops(model: torch.nn.Module, rows: int, tokens: int) -> float:
 
 
 def train_pass(model: torch.nn.Module, ids: torch.Tensor, checkpointing: bool) -> float:
-    """Seconds of one forward + backward of the body (loss: the mean square of the last hidden states)."""
+    """Seconds of one forward + backward of the body (loss: the mean square of the last hidden
+    states); the gradients stay in the parameters' ``.grad``."""
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
@@ -90,8 +92,12 @@ def main() -> None:
         f"{fwd / s / 1e9 / peak:.0%} of the matmul rate"
     )
     times: dict[bool, list[float]] = {False: [], True: []}
+    grads: dict[bool, list[torch.Tensor]] = {}
     for ckpt in (False, True, True, False):  # A B B A
         times[ckpt].append(train_pass(model, ids, ckpt))
+        grads.setdefault(ckpt, [p.grad.clone() for p in model.parameters() if p.grad is not None])
+    same = all(torch.equal(a, b) for a, b in zip(grads[False], grads[True], strict=True))
+    print(f"gradients with checkpointing on and off: {'bitwise equal' if same else 'NOT equal'}")
     for ckpt, ts in times.items():
         flops = fwd * (4 if ckpt else 3)  # backward = 2 forwards; checkpointing recomputes one more
         best = min(ts)
