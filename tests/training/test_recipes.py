@@ -12,9 +12,9 @@ import pytest
 from harness.config import ConfigError, compose
 from pipelines.methods import validate_options
 from pipelines.search_agent import AgentConfig
-from training.build import rollout_agent_options
 from training.config import _SAMPLING_KEYS, RolloutAgentConfig, SamplingConfig, TrainConfig
 from training.rewards import build_reward
+from training.validation import rollout_agent_options
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "configs" / "train").glob("*.yaml"))
 
