@@ -44,13 +44,9 @@ def body_flops(model: torch.nn.Module, rows: int, tokens: int) -> float:
     return rows * tokens * (2 * linear + attn * cfg.num_hidden_layers)
 
 
-def train_pass(model: torch.nn.Module, ids: torch.Tensor, checkpointing: bool) -> float:
+def train_pass(model: torch.nn.Module, ids: torch.Tensor) -> float:
     """Seconds of one forward + backward of the body (loss: the mean square of the last hidden
     states); the gradients stay in the parameters' ``.grad``."""
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_disable()
     model.train()
     model.zero_grad(set_to_none=True)
 
@@ -69,13 +65,14 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
-    from transformers import AutoModelForCausalLM
-
-    from harness.models import resolve_model
+    from training.config import ModelConfig
+    from training.engine import build_model
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(args.model), torch_dtype=torch.float32)
+    # The trainer's own loader, once per side: the same weights, checkpointing as a recipe sets it.
+    models = {ckpt: build_model(ModelConfig(path=args.model, gradient_checkpointing=ckpt)) for ckpt in (False, True)}
+    model = models[False]
     n = args.rows * args.tokens
     peak = matmul_gflops(n, model.config.hidden_size, model.config.intermediate_size, args.repeats)
     fwd = body_flops(model, args.rows, args.tokens)
@@ -94,8 +91,8 @@ def main() -> None:
     times: dict[bool, list[float]] = {False: [], True: []}
     grads: dict[bool, list[torch.Tensor]] = {}
     for ckpt in (False, True, True, False):  # A B B A
-        times[ckpt].append(train_pass(model, ids, ckpt))
-        grads.setdefault(ckpt, [p.grad.clone() for p in model.parameters() if p.grad is not None])
+        times[ckpt].append(train_pass(models[ckpt], ids))
+        grads.setdefault(ckpt, [p.grad.clone() for p in models[ckpt].parameters() if p.grad is not None])
     same = all(torch.equal(a, b) for a, b in zip(grads[False], grads[True], strict=True))
     print(f"gradients with checkpointing on and off: {'bitwise equal' if same else 'NOT equal'}")
     for ckpt, ts in times.items():

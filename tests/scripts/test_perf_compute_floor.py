@@ -9,11 +9,10 @@ import pytest
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from transformers import AutoModelForCausalLM
+    from training.config import ModelConfig
+    from training.engine import build_model
 
-    from harness.models import resolve_model
-
-    return AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m-instruct"))
+    return build_model(ModelConfig())
 
 
 def test_body_flops_by_hand(smollm2):
