@@ -323,8 +323,7 @@ class RetrieverRL:
         n = self.cfg.questions_per_step
         batch, self._order = self._order[:n], self._order[n:]
         res = self.step(batch)
-        log.write(json.dumps({"step": res.step, **res.metrics}) + "\n")
-        log.flush()
+        _StepLog(log).write(res.step, res.metrics)
         logger.info("step %d: %s", res.step, {k: round(v, 4) for k, v in res.metrics.items()})
         self.guard.stop_if_diverged()
         return res
