@@ -61,6 +61,10 @@ class SGLangBackend(HTTPBackendBase):
     """
 
     name = "sglang"
+    # A weight update's own timeout, not the generation's per-attempt one: with ``drain`` the
+    # server's model-update lock waits for every request in flight, however long they run, and
+    # a 7B load from disk takes minutes (as vLLM's ``sync_timeout``).
+    sync_timeout: float = 600.0
 
     def __init__(
         self,
@@ -344,12 +348,18 @@ class SGLangBackend(HTTPBackendBase):
         return body
 
     async def update_weights_from_disk(self, model_path: str, weight_version: str, flush_cache: bool = True) -> dict:
-        """RL weight sync: load a saved checkpoint into every server, tagged with a version."""
+        """RL weight sync: load a saved checkpoint into every server, tagged with a version. Waits
+        up to ``sync_timeout`` seconds a server (a drain waits for the requests in flight)."""
         results = {}
         for u in self.sync_urls():
             payload = {"model_path": model_path, "weight_version": weight_version, "flush_cache": flush_cache}
             client, _ = self._client()
-            r = await client.post(u + "/update_weights_from_disk", json=payload)
+            try:
+                r = await client.post(u + "/update_weights_from_disk", json=payload, timeout=self.sync_timeout)
+            except httpx.HTTPError as e:
+                raise BackendError(
+                    f"{u}/update_weights_from_disk: {type(e).__name__} (sync_timeout {self.sync_timeout:g} s): {e}"
+                ) from e
             body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {"text": r.text}
             if r.status_code != 200 or not body.get("success", False):
                 raise BackendError(f"{u}/update_weights_from_disk failed ({r.status_code}): {body}")

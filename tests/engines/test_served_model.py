@@ -14,17 +14,20 @@ pytestmark = [pytest.mark.engines, pytest.mark.slow]
 
 @pytest.fixture(scope="module", params=["sglang", "vllm"])
 def backend(request, model_dir, tmp_path_factory):
-    """One engine at a time: its server lives while its tests run, then stops before the next."""
+    """One engine at a time: its server lives while its tests run, then stops before the next.
+    Generation attempts may take 10 minutes: on a loaded 2-core VM a 300-token completion took
+    over the default 120 s, and the client's retry left the first request running on the server
+    (its weight syncs then found the server busy)."""
     with checks.serve(request.param, model_dir, tmp_path_factory.mktemp(f"{request.param}-logs")) as server:
         if request.param == "sglang":
             from harness.backends.sglang import SGLangBackend
 
-            b = SGLangBackend(server.url)
+            b = SGLangBackend(server.url, timeout=600.0)
             assert b.model_path == model_dir  # the tokenizer came from what the server reports on /model_info
         else:
             from harness.backends.openai import OpenAIBackend
 
-            b = OpenAIBackend(server.url, model=model_dir)
+            b = OpenAIBackend(server.url, model=model_dir, timeout=600.0)
         yield b
         b.close()
 

@@ -152,6 +152,20 @@ def test_update_weights_from_disk(replay, smol_tokenizer):
     assert list(out.values())[0]["success"] is True
 
 
+def test_a_weight_update_waits_longer_than_a_generation_attempt(replay, smol_tokenizer):
+    """A drain holds the update until the requests in flight end, which may take longer than the
+    generation's per-attempt timeout: the update has its own (``sync_timeout``), and a server
+    that outlasts it is a BackendError naming the route, not a bare httpx exception."""
+    replay.push(rec("update"), delay=0.6)
+    b = backend(replay, smol_tokenizer, timeout=0.2)
+    out = asyncio.run(b.update_weights_from_disk("/ckpt/step-2", "2"))
+    assert list(out.values())[0]["success"] is True
+    replay.push(rec("update"), delay=0.6)
+    b.sync_timeout = 0.2
+    with pytest.raises(BackendError, match=r"/update_weights_from_disk: ReadTimeout \(sync_timeout 0.2 s\)"):
+        asyncio.run(b.update_weights_from_disk("/ckpt/step-3", "3"))
+
+
 def test_unhealthy_server_fails_fast(replay, smol_tokenizer):
     replay.healthy = False
     with pytest.raises(BackendError, match=r"no healthy sglang server at .*answered 503 on /health"):
