@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -61,6 +62,7 @@ from pipelines.dialects.base import chat_template_file
 from programs.demo.systems import METHODS_CONFIG, DemoSystem, get_system, shipped
 from training.build import TRAIN_ENTRIES, StaleRunError, train_cached
 from training.config import RolloutAgentConfig, SamplingConfig, TrainConfig
+from training.epochs import split_held_out
 
 logger = logging.getLogger(__name__)
 
@@ -360,6 +362,7 @@ def _clear_after_sft(root: Path, s: DemoSystem, eval_dir: Path) -> None:
 # derives from the SFT model, so a retrained SFT model clears them all (see _clear_after_sft).
 MCTS_DIR, PRM_RUN, RFT_DIR = "mcts", "prm", "rft"
 MCTS_LAYOUT = {"steps.jsonl": FILE, "pairs.jsonl": FILE, "done.jsonl": FILE, "inputs.json": FILE}
+PRM_EPOCHS = 3  # ProRAG's scripts/prm.sh: --num_train_epochs 3 over its pairs
 RFT_SAMPLES = 4  # samples per question for RFT (ProRAG samples its training set; K=4 as cpu_chain.yaml)
 RFT_QUESTIONS = 28  # train questions sampled for RFT
 
@@ -387,11 +390,10 @@ def _prorag_chain(c: Chain, recipe: str, seed: int) -> tuple[Path, bool]:
     ui, s, overrides, data, sft, root = c.ui, c.system, c.overrides, c.data, c.sft, c.root
     threads = [o for o in overrides if o.startswith("optim.threads=")]
     mcts, new = _mcts(ui, shipped(s.extra["mcts"]), data, sft, root / MCTS_DIR, c.retrain)
-    prm_cfg = compose(
-        TrainConfig,
-        [shipped(s.extra["prm"])],
-        [f"model.path={json.dumps(str(sft))}", f"prm.data=[{json.dumps(str(mcts))}]", *threads],
-    )
+    prm_over = [f"model.path={json.dumps(str(sft))}", f"prm.data=[{json.dumps(str(mcts))}]", *threads]
+    steps = prm_steps(mcts, compose(TrainConfig, [shipped(s.extra["prm"])], prm_over))
+    prm_over += [f"trainer.max_steps={steps}", f"trainer.eval_every={steps}"]
+    prm_cfg = compose(TrainConfig, [shipped(s.extra["prm"])], prm_over)
     if new:
         safe_delete.remove(root / PRM_RUN, TRAIN_ENTRIES, kind="train", why="harness demo")
     prm, new_prm = _train(ui, prm_cfg, root / PRM_RUN, c.retrain)
@@ -411,6 +413,16 @@ def _prorag_chain(c: Chain, recipe: str, seed: int) -> tuple[Path, bool]:
     rl_over = [*overrides, f"trainer.seed={seed}", f"algo.step_scorer_path={json.dumps(str(prm))}"]
     _, new_rl = _train(ui, rl_stage_config(recipe, s.method, data, rft, run, rl_over), run, c.retrain)
     return run, earlier or new_rl
+
+
+def prm_steps(mcts: Path, cfg: TrainConfig) -> int:
+    """The PRM's steps for ProRAG's :data:`PRM_EPOCHS` epochs over the pairs the MCTS found (ProRAG
+    trains by epochs; the number of pairs is only known after the search): the pairs that train
+    (after ``prm.val_fraction`` is held out, as the trainer splits them) × the epochs, over
+    ``prm.batch_size`` pairs a step, rounded up; at least one."""
+    n = sum(1 for line in (mcts / "pairs.jsonl").read_text().splitlines() if line.strip())
+    train, _ = split_held_out(list(range(n)), cfg.prm.val_fraction, cfg.trainer.seed)
+    return max(1, math.ceil(PRM_EPOCHS * len(train) / cfg.prm.batch_size))
 
 
 def _mcts(ui: DemoUI, recipe: str, data: dict[str, Any], sft: Path, out: Path, retrain: bool) -> tuple[Path, bool]:
