@@ -178,3 +178,55 @@ def test_unknown_system_and_bad_seeds_are_refused(tmp_path):
         run_demo(_Quiet(), "nope", tmp_path)
     with pytest.raises(ValueError, match="--seeds must be distinct"):
         run_demo(_Quiet(), "research", tmp_path, DemoOptions(seeds=(0, 0), threads=1))
+
+
+def test_prorag_chain_hands_mcts_to_prm_to_rft_to_rl(tmp_path, tiny_model, monkeypatch):
+    """ProRAG's chain: the SFT model's MCTS → a PRM on its pairs → RFT samples kept by outcome and
+    that PRM → SFT on them → RL from the RFT model scored by the PRM → the trained agent's evaluation.
+    A random model finds no contrastive pair and answers nothing right, so two gates are opened
+    here (and only here): the MCTS's own step records give one pair if it found none, and the RFT
+    filter keeps every sample while still scoring each with the learned PRM. The MCTS and the RFT
+    samples run on two questions each."""
+    import dataclasses
+
+    import training.data.mcts as mcts_mod
+    import training.data.rft as rft_mod
+
+    real_mcts, real_filter = mcts_mod.run_mcts_recipe, rft_mod.rft_filter
+
+    def mcts_with_a_pair(paths, over, out):  # CI size: 2 questions (28 and 29 of train), 2 simulations
+        result = real_mcts(paths, [*over, "dataset.limit=30", "mcts.num_simulations=2"], out)
+        pairs = Path(out) / "pairs.jsonl"
+        if not pairs.read_text().strip():
+            steps = [json.loads(x) for x in (Path(out) / "steps.jsonl").read_text().splitlines()]
+            a, b = steps[0], steps[1]
+            pair = {"prefix": a["prefix"], "chosen": {"step": a["step"]}, "rejected": {"step": b["step"]}}
+            pairs.write_text(json.dumps(pair) + "\n")
+        return result
+
+    def keep_every_sample(paths, out, cfg):
+        assert cfg.step_scorer == "prm" and Path(cfg.step_scorer_args["path"]).parent == demo / "prm"
+        return real_filter(paths, out, dataclasses.replace(cfg, min_outcome=0.0, step_threshold=float("-inf")))
+
+    monkeypatch.setattr(mcts_mod, "run_mcts_recipe", mcts_with_a_pair)
+    monkeypatch.setattr(rft_mod, "rft_filter", keep_every_sample)
+    monkeypatch.setattr("programs.demo.program.RFT_QUESTIONS", 2)  # CI size: 2 questions × 4 samples
+    demo = tmp_path / "demo"
+    report = run_demo(_Quiet(), "prorag", demo, _opts(tmp_path, tiny_model))
+    s = get_system("prorag")
+    sft_final = demo / "sft" / "model" / "final"
+    assert json.loads((demo / "mcts" / "inputs.json").read_text())["overrides"][0].find(str(sft_final)) > 0
+    prm = json.loads((demo / "prm" / "config.json").read_text())
+    assert prm["model"]["path"] == str(sft_final) and prm["prm"]["data"] == [str(demo / "mcts")]
+    assert prm["trainer"]["max_steps"] == 1  # ProRAG's 3 epochs over the one pair: one step of 8
+    rft = json.loads((demo / "rft" / "model" / "config.json").read_text())
+    assert rft["model"]["path"] == str(sft_final)
+    assert rft["sft"]["sources"] == [{"kind": "run", "path": str(demo / "rft" / "set")}]
+    rl = json.loads((demo / "rl" / "config.json").read_text())
+    assert rl["model"]["path"] == str(demo / "rft" / "model" / "final")
+    assert rl["algo"]["step_scorer_path"] == str(demo / "prm" / "final")
+    assert rl["rollout"]["agent"]["max_turns"] == s.agent["max_turns"]
+    _, sft_label, trained = labels(s)
+    manifest = json.loads((demo / "eval" / f"{trained}-demo-test" / "manifest.json").read_text())
+    assert manifest["config"]["backend"]["model"] == str(demo / "rl" / "final")
+    assert f"## {trained} against {sft_label}" in (report / "demo.md").read_text()
