@@ -61,9 +61,9 @@ class SGLangBackend(HTTPBackendBase):
     """
 
     name = "sglang"
-    # A weight update's own timeout, not the generation's per-attempt one: with ``drain`` the
+    # The weight-sync routes' own timeout, not the generation's per-attempt one: with ``drain`` the
     # server's model-update lock waits for every request in flight, however long they run, and
-    # a 7B load from disk takes minutes (as vLLM's ``sync_timeout``).
+    # a 7B load from disk takes minutes (as vLLM's ``sync_timeout``). Every sync route uses it.
     sync_timeout: float = 600.0
 
     def __init__(
@@ -331,21 +331,29 @@ class SGLangBackend(HTTPBackendBase):
 
     def _post_session(self, path: str) -> None:
         for url in self.sync_urls():
-            r = httpx.post(url + path, json={}, timeout=120.0)
+            r = self._sync_post(url, path, {})
             if r.status_code == 404:
                 logger.debug("%s%s: not on this server; no weight-update session needed", url, path)
                 continue
             if r.status_code != 200:
                 raise BackendError(f"{url}{path} failed ({r.status_code}): {r.text[:300]}")
 
-    @staticmethod
-    def _post_ok(url: str, path: str, payload: dict[str, Any] | None) -> dict[str, Any]:
-        r = httpx.post(url + path, json=payload, timeout=120.0) if payload is not None else httpx.post(url + path)
+    def _post_ok(self, url: str, path: str, payload: dict[str, Any] | None) -> dict[str, Any]:
+        r = self._sync_post(url, path, payload)
         ok_json = r.headers.get("content-type", "").startswith("application/json")
         body = r.json() if ok_json else {"text": r.text}
         if r.status_code != 200 or (isinstance(body, dict) and body.get("success") is False):
             raise BackendError(f"{url}{path} failed ({r.status_code}): {str(body)[:300]}")
         return body
+
+    def _sync_post(self, url: str, path: str, payload: dict[str, Any] | None) -> httpx.Response:
+        """A weight-sync route (pause, LoRA, session, distributed update): each waits up to
+        ``sync_timeout`` (a pause or a session waits for the server's scheduler, a distributed
+        update for every tensor); a transport failure is a BackendError naming the route."""
+        try:
+            return httpx.post(url + path, json=payload, timeout=self.sync_timeout)
+        except httpx.HTTPError as e:
+            raise BackendError(f"{url}{path}: {type(e).__name__} (sync_timeout {self.sync_timeout:g} s): {e}") from e
 
     async def update_weights_from_disk(self, model_path: str, weight_version: str, flush_cache: bool = True) -> dict:
         """RL weight sync: load a saved checkpoint into every server, tagged with a version. Waits

@@ -166,6 +166,24 @@ def test_a_weight_update_waits_longer_than_a_generation_attempt(replay, smol_tok
         asyncio.run(b.update_weights_from_disk("/ckpt/step-3", "3"))
 
 
+def test_every_sync_route_waits_sync_timeout_and_fails_as_a_backend_error(replay, smol_tokenizer, tmp_path):
+    """The other weight-sync routes (LoRA, the distributed update's session, pause) share the
+    update's timeout, not the generation's, and a server that outlasts it is a BackendError
+    naming the route."""
+    b = backend(replay, smol_tokenizer, timeout=0.2)
+    replay.push({"success": True}, delay=0.6)
+    b._post_ok(replay.url, "/load_lora_adapter", {"lora_name": "x", "lora_path": str(tmp_path)})
+    replay.push({}, delay=0.6)
+    b.begin_weight_update()
+    b.sync_timeout = 0.2
+    replay.push({"success": True}, delay=0.6)
+    with pytest.raises(BackendError, match=r"/load_lora_adapter: ReadTimeout \(sync_timeout 0.2 s\)"):
+        b.update_lora_adapter(tmp_path, 1)
+    replay.push({}, delay=0.6)
+    with pytest.raises(BackendError, match=r"/begin_weight_update: ReadTimeout \(sync_timeout 0.2 s\)"):
+        b.begin_weight_update()
+
+
 def test_unhealthy_server_fails_fast(replay, smol_tokenizer):
     replay.healthy = False
     with pytest.raises(BackendError, match=r"no healthy sglang server at .*answered 503 on /health"):

@@ -17,7 +17,8 @@ from fastapi.responses import JSONResponse
 
 
 class Replay:
-    """Queued responses for ``/generate``, ``/v1/completions`` and ``/update_weights_from_disk``."""
+    """Queued responses for ``/generate``, ``/v1/completions`` and weight-sync routes
+    (``/update_weights_from_disk``, ``/load_lora_adapter``, ``/begin_weight_update``)."""
 
     def __init__(self) -> None:
         self.queue: deque[dict[str, Any]] = deque()
@@ -65,6 +66,12 @@ class Replay:
             finally:
                 self.in_flight -= 1
 
-        for path in ("/generate", "/v1/completions", "/update_weights_from_disk"):
+        for path in (
+            "/generate",
+            "/v1/completions",
+            "/update_weights_from_disk",
+            "/load_lora_adapter",
+            "/begin_weight_update",
+        ):
             app.post(path)(replay)
         return app
