@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, Protocol
 
 import httpx
 import torch
@@ -69,6 +69,7 @@ from training.config import TrainConfig, TrainerConfig
 from training.divergence import NonFiniteGuard, check_finite, is_finite
 from training.engine import ValueHead, lr_factor
 from training.examples import first_dataset, train_examples
+from training.logging_utils import MetricsLog, open_run_records
 from training.retriever.retriever_loss import (
     answer_recall,
     ppo_advantages,
@@ -303,15 +304,14 @@ class RetrieverRL:
         """``cfg.steps`` steps over shuffled ``examples``; writes metrics.jsonl and ``encoder/``."""
         if not examples:
             raise ValueError("no training questions")
-        self.out.mkdir(parents=True, exist_ok=True)
-        with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as log:
-            for _ in range(self.cfg.steps):
-                res = self.logged_step(examples, log)
-                if on_step is not None:
-                    on_step(res)
+        log = MetricsLog(self.out, tensorboard=False)
+        for _ in range(self.cfg.steps):
+            res = self.logged_step(examples, log)
+            if on_step is not None:
+                on_step(res)
         return self.finish()
 
-    def logged_step(self, examples: Sequence[Example], log: TextIO) -> StepResult:
+    def logged_step(self, examples: Sequence[Example], log: MetricsLog) -> StepResult:
         """The next ``questions_per_step`` questions of shuffled passes over ``examples``, one
         :meth:`step` on them, its metrics written to ``log``; stops a diverged run."""
         if not examples:
@@ -323,7 +323,7 @@ class RetrieverRL:
         n = self.cfg.questions_per_step
         batch, self._order = self._order[:n], self._order[n:]
         res = self.step(batch)
-        _StepLog(log).write(res.step, res.metrics)
+        log.write(res.step, res.metrics)
         logger.info("step %d: %s", res.step, {k: round(v, 4) for k, v in res.metrics.items()})
         self.guard.stop_if_diverged()
         return res
@@ -512,7 +512,7 @@ class RetrieverTrainer:
         )
         metric = t.best_metric
         self.best = BestSelection(BestValidation(metric, kind="encoder"), self.out) if metric else None
-        self._log: TextIO | None = None  # metrics.jsonl, opened by the first step
+        self._log: MetricsLog | None = None  # config.json and metrics.jsonl, opened by the first step
 
     @property
     def step_no(self) -> int:
@@ -527,11 +527,10 @@ class RetrieverTrainer:
         )
 
     def _start(self) -> None:
-        """The run's records, once: ``config.json`` and the open ``metrics.jsonl``."""
+        """The run's records, once: ``config.json`` and the metrics log (as every trainer's:
+        ``metrics.jsonl``, with TensorBoard and W&B as ``trainer`` says)."""
         if self._log is None:
-            self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / "config.json").write_text(json.dumps(to_dict(self.cfg), indent=2) + "\n", encoding="utf-8")
-            self._log = open(self.out / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+            self._log = open_run_records(self.out, self.cfg)
 
     def step(self) -> dict[str, float]:
         """One step of :class:`RetrieverRL` on the next questions (then a validation when one is
@@ -551,10 +550,9 @@ class RetrieverTrainer:
             val = self.validate(self.step_no).metrics
         finally:
             self.retriever.greedy = greedy
-        log = _StepLog(self._log)
-        log.write(self.step_no, {f"val/{k}": float(v) for k, v in val.items() if isinstance(v, int | float)})
+        self._log.write(self.step_no, {f"val/{k}": float(v) for k, v in val.items() if isinstance(v, int | float)})
         if self.best is not None:
-            self.best.keep_if_best(val, self.step_no, self._export, log)
+            self.best.keep_if_best(val, self.step_no, self._export, self._log)
         return val
 
     def _export(self, folder: Path) -> Path:
@@ -584,22 +582,10 @@ class RetrieverTrainer:
         return encoder
 
     def close(self) -> None:
-        """Close the run's metrics log."""
+        """Close the run's metrics log (its dashboards; ``metrics.jsonl`` is flushed per record)."""
         if self._log is not None:
             self._log.close()
             self._log = None
-
-
-class _StepLog:
-    """``write(step, metrics)`` as one ``metrics.jsonl`` line (the RL trainer's log's interface,
-    which :meth:`BestSelection.keep_if_best` writes ``val/best_step`` through)."""
-
-    def __init__(self, f: TextIO) -> None:
-        self.f = f
-
-    def write(self, step: int, metrics: dict[str, float]) -> None:
-        self.f.write(json.dumps({"step": step, **metrics}) + "\n")
-        self.f.flush()
 
 
 def harr_filter(
