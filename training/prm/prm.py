@@ -9,9 +9,10 @@ steps, ``−log σ(r_chosen − r_rejected)``; ``prm.loss: pointwise`` instead f
 step's MCTS value with binary cross-entropy (values must lie in [0, 1], as ``prorag_f1`` values do).
 A held-out share of the pairs (``prm.val_fraction``, ProRAG: 2 %) gives the logged pair accuracy.
 
-ProRAG's settings (scripts/prm.sh): lr 2e-5, 3 epochs, 32 pairs per optimizer step, full
-fine-tuning from the SFT model. Sequences are token ids as the agent produced them, so the PRM
-shares the policy's tokenizer (ProRAG's PRM starts from its SFT model too).
+ProRAG's settings (scripts/prm.sh): lr 2e-5, 3 epochs, 32 pairs per optimizer step a GPU (4 × 8
+accumulation; 128 on the 4 GPUs it runs on, configs/train/prorag_prm.yaml), full fine-tuning
+from the SFT model. Sequences are token ids as the agent produced them, so the PRM shares the
+policy's tokenizer (ProRAG's PRM starts from its SFT model too).
 
 The trained PRM (saving, loading it back, scoring, the RL step scorer, one PRM per node) is
 :mod:`training.prm.prm_scorer`; its public names are importable from here too.
