@@ -488,13 +488,36 @@ def _rft_set(ui: DemoUI, data: dict[str, Any], sft: Path, prm: Path, folder: Pat
     inputs = {"config": to_dict(cfg), "sft": _run_identity(sft.parent), "prm": _run_identity(prm.parent)}
     if not renew and stamp.exists() and json.loads(stamp.read_text()) == inputs and kept.exists():
         ui.say(f"cached: {kept}")
+        _refuse_an_empty_set(kept, cfg)
         return kept, False
     summary = rft_filter([samples], kept, cfg)
     write_json_atomic(stamp, inputs)
     ui.say(f"RFT set: kept {summary.n_kept} of {summary.n_in} samples ({summary.questions_kept} questions) → {kept}")
-    if not summary.n_kept:
-        raise RuntimeError(f"the RFT filter kept no sample of {summary.n_in}: see {kept}")
+    _refuse_an_empty_set(kept, cfg)
     return kept, True
+
+
+def _refuse_an_empty_set(kept: Path, cfg: Any) -> None:
+    """An RFT set with nothing in it ends the chain, with what dropped every sample and, when the
+    PRM did, how far its best step fell short (a PRM trained on a handful of MCTS pairs has an
+    arbitrary level: Bradley-Terry fits score differences only)."""
+    from training.data.rft import DECISIONS, SUMMARY  # deferred: torch (seconds)
+
+    summary = json.loads((kept / SUMMARY).read_text())
+    if summary["n_kept"]:
+        return
+    why = ", ".join(f"{k} {v}" for k, v in summary["dropped"].items())
+    decisions = [json.loads(x) for x in (kept / DECISIONS).read_text().splitlines() if x.strip()]
+    scores = [s for d in decisions for s in d.get("step_scores") or []]
+    prm = (
+        f"; every step the PRM ({cfg.step_scorer_args.get('path')}) scored was below step_threshold "
+        f"{cfg.step_threshold:g} (ProRAG's rule, logit >= 0; the highest: {max(scores):.3f}): a Bradley-Terry PRM "
+        "learns differences between steps, not their level, so one trained on few MCTS pairs may place none above it"
+        if scores and max(scores) < cfg.step_threshold
+        else ""
+    )
+    where = kept / DECISIONS
+    raise RuntimeError(f"the RFT filter kept no sample of {summary['n_in']} (dropped: {why}){prm}; see {where}")
 
 
 def _run_identity(run: Path) -> Any:

@@ -1,0 +1,58 @@
+"""ProRAG's demo chain: its PRM trains ProRAG's three epochs over the pairs its MCTS found, and an
+RFT set the filter left empty ends the chain saying why."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.config import compose
+from programs.demo.program import prm_steps
+from programs.demo.systems import get_system, shipped
+from training.config import TrainConfig
+
+
+def _cfg(*over: str) -> TrainConfig:
+    return compose(TrainConfig, [shipped(get_system("prorag").extra["prm"])], list(over))
+
+
+def _pairs(folder, n: int):
+    folder.mkdir(parents=True, exist_ok=True)
+    line = json.dumps({"prefix": [1], "chosen": {"step": [2]}, "rejected": {"step": [3]}})
+    (folder / "pairs.jsonl").write_text("".join(line + "\n" for _ in range(n)))
+    return folder
+
+
+def test_three_epochs_over_the_pairs_that_train(tmp_path):
+    cfg = _cfg()  # 8 pairs a step, a fifth held out
+    assert prm_steps(_pairs(tmp_path / "a", 5), cfg) == 2  # 4 train: 12 pair visits → 2 steps of 8
+    assert prm_steps(_pairs(tmp_path / "b", 100), cfg) == 30  # 80 train × 3 / 8
+    assert prm_steps(_pairs(tmp_path / "c", 100), _cfg("prm.batch_size=16")) == 15
+    nothing_held_out = _cfg("prm.val_fraction=0.0", "trainer.best_metric=null")
+    assert prm_steps(_pairs(tmp_path / "d", 100), nothing_held_out) == 38  # ceil(300 / 8)
+
+
+def test_at_least_one_step(tmp_path):
+    assert prm_steps(_pairs(tmp_path / "one", 1), _cfg()) == 1
+
+
+def test_an_empty_rft_set_ends_the_chain_saying_why(tmp_path):
+    from programs.demo.program import _refuse_an_empty_set
+    from training.data.rft import DECISIONS, SUMMARY, RFTFilterConfig
+
+    cfg = RFTFilterConfig(
+        metric="f1", min_outcome=0.5, step_scorer="prm", step_scorer_args={"path": "PRM"}, step_agg="step"
+    )
+    (tmp_path / SUMMARY).write_text(json.dumps({"n_in": 3, "n_kept": 0, "dropped": {"outcome": 1, "step_score": 2}}))
+    rows = [{"kept": False, "reason": "outcome"}, {"step_scores": [0.31, 0.44]}, {"step_scores": [0.28]}]
+    (tmp_path / DECISIONS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    said = r"kept no sample of 3 \(dropped: outcome 1, step_score 2\); every step the PRM \(PRM\) scored was below "
+    with pytest.raises(RuntimeError, match=said + r"step_threshold 0.5 .*highest: 0.440"):
+        _refuse_an_empty_set(tmp_path, cfg)
+    (tmp_path / SUMMARY).write_text(json.dumps({"n_in": 3, "n_kept": 0, "dropped": {"outcome": 3}}))
+    (tmp_path / DECISIONS).write_text(json.dumps({"kept": False, "reason": "outcome"}) + "\n")
+    with pytest.raises(RuntimeError, match=r"dropped: outcome 3\); see"):
+        _refuse_an_empty_set(tmp_path, cfg)
+    (tmp_path / SUMMARY).write_text(json.dumps({"n_in": 3, "n_kept": 1, "dropped": {"outcome": 2}}))
+    _refuse_an_empty_set(tmp_path, cfg)  # a set with something in it goes on
