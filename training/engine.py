@@ -184,13 +184,6 @@ class ValueHead(torch.nn.Module):
             self.config = lm.config
             self.body = lm.model if hasattr(lm, "model") else lm
             self.head: torch.nn.Module = torch.nn.Linear(lm.config.hidden_size, 1)
-            # As the originals' heads start: transformers' `_init_weights` for the classification
-            # head verl's critic (AutoModelForTokenClassification) and ProRAG's PRM
-            # (AutoModelForSequenceClassification) add: weight ~ N(0, initializer_range), bias 0.
-            # (The sequence head has no bias; a zero bias stays zero under the pairwise loss,
-            # whose gradient cancels it, so the PRM keeps the one layout.)
-            torch.nn.init.normal_(self.head.weight, mean=0.0, std=getattr(lm.config, "initializer_range", None) or 0.02)
-            torch.nn.init.zeros_(self.head.bias)
             return
         if dim is None:
             raise ValueError("ValueHead needs an LM (its body) or the size `dim` of the features it reads")

@@ -245,20 +245,3 @@ def test_the_fused_adamw_makes_the_loops_update_and_skips_a_non_finite_step():
     optimizer_step(engine)
     assert not engine.was_step_applied()
     assert all(torch.equal(before[k], v) for k, v in full_state_dict(engine).items())
-
-
-def test_the_value_head_starts_as_the_originals_classification_heads():
-    """The critic and the PRM head start as transformers initialises the heads verl's critic and
-    ProRAG's PRM add (weight ~ N(0, initializer_range), bias 0), not as torch's Linear does (a
-    uniform weight three times wider for hidden 64 and a random bias: a level every score carries)."""
-    from tests.helpers.models import random_llama
-    from training.engine import ValueHead
-
-    torch.manual_seed(0)
-    head = ValueHead(random_llama(300, seed=0, hidden_size=2048, intermediate_size=64, num_attention_heads=4)).head
-    assert torch.count_nonzero(head.bias) == 0
-    assert abs(float(head.weight.std()) - 0.02) < 0.002 and abs(float(head.weight.mean())) < 0.002
-    head = ValueHead(
-        random_llama(300, seed=0, hidden_size=2048, intermediate_size=64, num_attention_heads=4, initializer_range=0.1)
-    ).head
-    assert abs(float(head.weight.std()) - 0.1) < 0.01
