@@ -40,7 +40,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from benchmarks.build import dataset_retriever, run_dir_for
 from benchmarks.datasets import corpus_path, dataset_file, load_examples
@@ -63,6 +63,9 @@ from programs.demo.systems import METHODS_CONFIG, DemoSystem, get_system, shippe
 from training.build import TRAIN_ENTRIES, StaleRunError, train_cached
 from training.config import RolloutAgentConfig, SamplingConfig, TrainConfig
 from training.epochs import split_held_out
+
+if TYPE_CHECKING:
+    from training.data.rft import RFTFilterConfig
 
 logger = logging.getLogger(__name__)
 
@@ -497,16 +500,15 @@ def _rft_set(ui: DemoUI, data: dict[str, Any], sft: Path, prm: Path, folder: Pat
     return kept, True
 
 
-def _refuse_an_empty_set(kept: Path, cfg: Any) -> None:
+def _refuse_an_empty_set(kept: Path, cfg: RFTFilterConfig) -> None:
     """An RFT set with nothing in it ends the chain, with what dropped every sample and, when the
     PRM did, how far its best step fell short (a PRM trained on a handful of MCTS pairs has an
     arbitrary level: Bradley-Terry fits score differences only)."""
-    from training.data.rft import DECISIONS, SUMMARY  # deferred: torch (seconds)
+    from training.data.rft import DECISIONS, SUMMARY, RFTSummary  # deferred: torch (seconds)
 
-    summary = json.loads((kept / SUMMARY).read_text())
-    if summary["n_kept"]:
+    summary = RFTSummary(**json.loads((kept / SUMMARY).read_text()))
+    if summary.n_kept:
         return
-    why = ", ".join(f"{k} {v}" for k, v in summary["dropped"].items())
     decisions = [json.loads(x) for x in (kept / DECISIONS).read_text().splitlines() if x.strip()]
     scores = [s for d in decisions for s in d.get("step_scores") or []]
     prm = (
@@ -516,8 +518,7 @@ def _refuse_an_empty_set(kept: Path, cfg: Any) -> None:
         if scores and max(scores) < cfg.step_threshold
         else ""
     )
-    where = kept / DECISIONS
-    raise RuntimeError(f"the RFT filter kept no sample of {summary['n_in']} (dropped: {why}){prm}; see {where}")
+    raise RuntimeError(f"the RFT filter {summary.line()}{prm}; see {kept / DECISIONS}")
 
 
 def _run_identity(run: Path) -> Any:

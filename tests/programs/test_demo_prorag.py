@@ -38,21 +38,31 @@ def test_at_least_one_step(tmp_path):
 
 
 def test_an_empty_rft_set_ends_the_chain_saying_why(tmp_path):
+    from dataclasses import asdict
+
     from programs.demo.program import _refuse_an_empty_set
-    from training.data.rft import DECISIONS, SUMMARY, RFTFilterConfig
+    from training.data.rft import DECISIONS, SUMMARY, RFTFilterConfig, RFTSummary
 
     cfg = RFTFilterConfig(
         metric="f1", min_outcome=0.5, step_scorer="prm", step_scorer_args={"path": "PRM"}, step_agg="step"
     )
-    (tmp_path / SUMMARY).write_text(json.dumps({"n_in": 3, "n_kept": 0, "dropped": {"outcome": 1, "step_score": 2}}))
+
+    def summary(kept: int, **dropped: int) -> None:
+        n = kept + sum(dropped.values())
+        s = RFTSummary(asdict(cfg), ["S"], n_in=n, n_kept=kept, questions_in=2, dropped=dropped)
+        (tmp_path / SUMMARY).write_text(json.dumps(asdict(s)))
+
+    summary(0, outcome=1, step_score=2)
     rows = [{"kept": False, "reason": "outcome"}, {"step_scores": [0.31, 0.44]}, {"step_scores": [0.28]}]
     (tmp_path / DECISIONS).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    said = r"kept no sample of 3 \(dropped: outcome 1, step_score 2\); every step the PRM \(PRM\) scored was below "
-    with pytest.raises(RuntimeError, match=said + r"step_threshold 0.5 .*highest: 0.440"):
+    said = r"kept 0 of 3 trajectories \(0 of 2 questions\); dropped: step_score 2, outcome 1; "
+    with pytest.raises(
+        RuntimeError, match=said + r"every step the PRM \(PRM\) scored was below step_threshold 0.5 .*highest: 0.440"
+    ):
         _refuse_an_empty_set(tmp_path, cfg)
-    (tmp_path / SUMMARY).write_text(json.dumps({"n_in": 3, "n_kept": 0, "dropped": {"outcome": 3}}))
+    summary(0, outcome=3)
     (tmp_path / DECISIONS).write_text(json.dumps({"kept": False, "reason": "outcome"}) + "\n")
-    with pytest.raises(RuntimeError, match=r"dropped: outcome 3\); see"):
+    with pytest.raises(RuntimeError, match=r"dropped: outcome 3; see"):
         _refuse_an_empty_set(tmp_path, cfg)
-    (tmp_path / SUMMARY).write_text(json.dumps({"n_in": 3, "n_kept": 1, "dropped": {"outcome": 2}}))
+    summary(1, outcome=2)
     _refuse_an_empty_set(tmp_path, cfg)  # a set with something in it goes on
