@@ -57,6 +57,7 @@ from harness.memory import release_memory, resident_kb
 from harness.models import load_tokenizer
 from harness.runlog import RUN_ENTRIES, RunDir, config_differences, file_hash
 from harness.safe_delete import FILE
+from harness.textfiles import read_jsonl
 from pipelines.dialects import resolve_dialect
 from pipelines.dialects.base import chat_template_file
 from programs.demo.systems import METHODS_CONFIG, DemoSystem, get_system, shipped
@@ -423,7 +424,9 @@ def prm_steps(mcts: Path, cfg: TrainConfig) -> int:
     trains by epochs; the number of pairs is only known after the search): the pairs that train
     (after ``prm.val_fraction`` is held out, as the trainer splits them) × the epochs, over
     ``prm.batch_size`` pairs a step, rounded up; at least one."""
-    n = sum(1 for line in (mcts / "pairs.jsonl").read_text().splitlines() if line.strip())
+    from training.data.mcts import read_pairs  # deferred: flashrag and torch (seconds)
+
+    n = len(read_pairs(mcts))
     train, _ = split_held_out(list(range(n)), cfg.prm.val_fraction, cfg.trainer.seed)
     return max(1, math.ceil(PRM_EPOCHS * len(train) / cfg.prm.batch_size))
 
@@ -509,8 +512,7 @@ def _refuse_an_empty_set(kept: Path, cfg: RFTFilterConfig) -> None:
     summary = RFTSummary(**json.loads((kept / SUMMARY).read_text()))
     if summary.n_kept:
         return
-    decisions = [json.loads(x) for x in (kept / DECISIONS).read_text().splitlines() if x.strip()]
-    scores = [s for d in decisions for s in d.get("step_scores") or []]
+    scores = [s for _, d in read_jsonl(kept / DECISIONS) for s in d.get("step_scores") or []]
     prm = (
         f"; every step the PRM ({cfg.step_scorer_args.get('path')}) scored was below step_threshold "
         f"{cfg.step_threshold:g} (ProRAG's rule, logit >= 0; the highest: {max(scores):.3f}): a Bradley-Terry PRM "
