@@ -446,6 +446,10 @@ def _mcts(ui: DemoUI, recipe: str, data: dict[str, Any], sft: Path, out: Path, r
     inputs = {"recipe": load_yaml(recipe), "overrides": over, "sft": _run_identity(sft.parent)}
     stamp = out / "inputs.json"
     before = json.loads(stamp.read_text()) if stamp.exists() else None
+    if before != inputs and mcts_grown(before, inputs) and (out / "done.jsonl").exists():
+        ui.say(f"MCTS: the recipe asks for more questions than {out} searched; the searched ones stand, resuming")
+        write_json_atomic(stamp, inputs)  # before the search: an interrupted one resumes as this recipe
+        before = inputs
     if before == inputs and (out / "done.jsonl").exists():
         stats, _ = run_mcts_recipe([recipe], over, str(out))  # resumes: finished questions are skipped
         if not stats.questions:
@@ -460,6 +464,27 @@ def _mcts(ui: DemoUI, recipe: str, data: dict[str, Any], sft: Path, out: Path, r
     stats, _ = run_mcts_recipe([recipe], over, str(out))
     ui.say(f"MCTS: {stats.summary()} → {out}")
     return out, True
+
+
+def mcts_grown(before: Any, inputs: dict[str, Any]) -> bool:
+    """Whether ``inputs`` ask for the MCTS ``before`` was made for over a longer list of questions:
+    the recipe's ``dataset.limit`` raised (or removed), everything else the same, so the questions
+    searched before are the list's first ones. Each question's tree depends only on its own id and
+    the recipe (:mod:`training.data.mcts` seeds the search per question), so they stand, and the
+    search resumes over the added ones instead of starting again."""
+
+    def limit(stamp: Any) -> tuple[Any, Any]:  # (the stamp less its limit, the limit); None if no limit
+        if not isinstance(stamp, dict) or not isinstance(stamp.get("recipe"), dict):
+            return stamp, None
+        recipe = dict(stamp["recipe"])
+        dataset = recipe.get("dataset")
+        if not isinstance(dataset, dict):
+            return stamp, None
+        recipe["dataset"] = {k: v for k, v in dataset.items() if k != "limit"}
+        return {**stamp, "recipe": recipe}, dataset.get("limit")
+
+    (old_rest, old), (new_rest, new) = limit(before), limit(inputs)
+    return old_rest == new_rest and isinstance(old, int) and (new is None or (isinstance(new, int) and new > old))
 
 
 def _rft_set(ui: DemoUI, data: dict[str, Any], sft: Path, prm: Path, folder: Path, renew: bool) -> tuple[Path, bool]:

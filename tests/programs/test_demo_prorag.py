@@ -66,3 +66,56 @@ def test_an_empty_rft_set_ends_the_chain_saying_why(tmp_path):
         _refuse_an_empty_set(tmp_path, cfg)
     summary(1, outcome=2)
     _refuse_an_empty_set(tmp_path, cfg)  # a set with something in it goes on
+
+
+def test_a_raised_question_limit_resumes_the_mcts_and_anything_else_does_not():
+    from programs.demo.program import mcts_grown
+
+    def stamp(limit, offset=28, model="SFT"):
+        dataset = {"name": "demo", "split": "train"} | ({} if limit == "none" else {"limit": limit})
+        return {"recipe": {"dataset": dataset, "offset": offset}, "overrides": [model], "sft": {}}
+
+    assert mcts_grown(stamp(40), stamp(71))  # the 12 searched are the first of the 43 asked
+    assert mcts_grown(stamp(40), stamp("none"))  # every question
+    assert not mcts_grown(stamp(71), stamp(40))  # fewer: the folder holds questions outside the list
+    assert not mcts_grown(stamp(40), stamp(40))  # the same stamp: resumed as it is, not grown
+    assert not mcts_grown(stamp("none"), stamp(71))
+    assert not mcts_grown(stamp(40), stamp(71, offset=40))  # other questions first
+    assert not mcts_grown(stamp(40), stamp(71, model="RETRAINED"))
+    assert not mcts_grown(None, stamp(71))
+
+
+def test_the_demo_resumes_an_mcts_folder_whose_recipe_asks_for_more_questions(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import training.data.mcts as mcts_module
+    from programs.demo.program import _mcts
+    from training.build import StaleRunError
+
+    searched: list[str] = []
+
+    def fake_search(recipes, over, out):  # the search itself is training.data.mcts's (its own tests)
+        searched.append(out)
+        stats = SimpleNamespace(questions=31, summary=lambda: "31 questions")
+        return stats, None
+
+    monkeypatch.setattr(mcts_module, "run_mcts_recipe", fake_search)
+    said: list[str] = []
+    ui = SimpleNamespace(say=said.append)
+    (tmp_path / "sft" / "final").mkdir(parents=True)
+
+    def recipe(limit: int):
+        path = tmp_path / f"mcts{limit}.yaml"
+        path.write_text(f"method: prorag\ndataset: {{name: demo, split: train, limit: {limit}}}\noffset: 28\n")
+        return str(path)
+
+    out = tmp_path / "mcts"
+    _mcts(ui, recipe(40), {}, tmp_path / "sft" / "final", out, retrain=False)  # a new folder
+    (out / "done.jsonl").write_text('{"question_id": "q28"}\n')
+    folder, new = _mcts(ui, recipe(71), {}, tmp_path / "sft" / "final", out, retrain=False)
+    assert (folder, new) == (out, True) and searched == [str(out)] * 2
+    assert any("the searched ones stand, resuming" in line for line in said)
+    assert json.loads((out / "inputs.json").read_text())["recipe"]["dataset"]["limit"] == 71
+    assert (out / "done.jsonl").exists()  # nothing searched before was removed
+    with pytest.raises(StaleRunError):  # fewer questions: refused, as any other change
+        _mcts(ui, recipe(40), {}, tmp_path / "sft" / "final", out, retrain=False)
