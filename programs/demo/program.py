@@ -31,6 +31,7 @@ stage that used it start over. What it shows goes through a
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -50,7 +51,7 @@ from benchmarks.fmt import pct
 from benchmarks.report_write import write_report
 from benchmarks.training_curves import load_training_run
 from harness import safe_delete
-from harness.config import compose, deep_merge, from_dict, load_yaml, to_dict
+from harness.config import compose, deep_merge, from_dict, load_yaml, pop_paths, to_dict
 from harness.eval_config import EvalConfig, RetrieverConfig
 from harness.fsutil import write_json_atomic
 from harness.memory import release_memory, resident_kb
@@ -366,6 +367,7 @@ def _clear_after_sft(root: Path, s: DemoSystem, eval_dir: Path) -> None:
 # derives from the SFT model, so a retrained SFT model clears them all (see _clear_after_sft).
 MCTS_DIR, PRM_RUN, RFT_DIR = "mcts", "prm", "rft"
 MCTS_LAYOUT = {"steps.jsonl": FILE, "pairs.jsonl": FILE, "done.jsonl": FILE, "inputs.json": FILE}
+MCTS_LIMIT = "recipe.dataset.limit"  # where an MCTS folder's inputs.json holds its question limit
 PRM_EPOCHS = 3  # ProRAG's scripts/prm.sh: --num_train_epochs 3 over its pairs
 RFT_SAMPLES = 4  # samples per question for RFT (ProRAG samples its training set; K=4 as cpu_chain.yaml)
 RFT_QUESTIONS = 28  # train questions sampled for RFT
@@ -446,7 +448,7 @@ def _mcts(ui: DemoUI, recipe: str, data: dict[str, Any], sft: Path, out: Path, r
     inputs = {"recipe": load_yaml(recipe), "overrides": over, "sft": _run_identity(sft.parent)}
     stamp = out / "inputs.json"
     before = json.loads(stamp.read_text()) if stamp.exists() else None
-    if before != inputs and mcts_grown(before, inputs) and (out / "done.jsonl").exists():
+    if mcts_grown(before, inputs) and (out / "done.jsonl").exists():
         ui.say(f"MCTS: the recipe asks for more questions than {out} searched; the searched ones stand, resuming")
         write_json_atomic(stamp, inputs)  # before the search: an interrupted one resumes as this recipe
         before = inputs
@@ -472,18 +474,11 @@ def mcts_grown(before: Any, inputs: dict[str, Any]) -> bool:
     searched before are the list's first ones. Each question's tree depends only on its own id and
     the recipe (:mod:`training.data.mcts` seeds the search per question), so they stand, and the
     search resumes over the added ones instead of starting again."""
-
-    def limit(stamp: Any) -> tuple[Any, Any]:  # (the stamp less its limit, the limit); None if no limit
-        if not isinstance(stamp, dict) or not isinstance(stamp.get("recipe"), dict):
-            return stamp, None
-        recipe = dict(stamp["recipe"])
-        dataset = recipe.get("dataset")
-        if not isinstance(dataset, dict):
-            return stamp, None
-        recipe["dataset"] = {k: v for k, v in dataset.items() if k != "limit"}
-        return {**stamp, "recipe": recipe}, dataset.get("limit")
-
-    (old_rest, old), (new_rest, new) = limit(before), limit(inputs)
+    if not isinstance(before, dict):
+        return False
+    old_rest, new_rest = copy.deepcopy(before), copy.deepcopy(inputs)
+    old = pop_paths(old_rest, [MCTS_LIMIT]).get(MCTS_LIMIT)
+    new = pop_paths(new_rest, [MCTS_LIMIT]).get(MCTS_LIMIT)
     return old_rest == new_rest and isinstance(old, int) and (new is None or (isinstance(new, int) and new > old))
 
 
