@@ -78,6 +78,11 @@ class ModelConfig:
     # only inside a chunk, so the [batch, tokens, vocab] logits never exist (training.logprobs).
     # 0: the full-logits path (one [b, w, V] tensor and its fp32 copies), kept as a reference.
     logits_chunk_tokens: int = 1024
+    # RL's forwards run each group's prompt once, its samples' continuations over the prompt's
+    # keys and values (training.logprobs.shared_prompt_hidden): the G samples of a prompt no
+    # longer repeat its tokens. Same math, another float order. Needs the chunked path
+    # (logits_chunk_tokens > 0) and sdpa or eager attention; the PPO critic's forward is not shared.
+    share_prompt: bool = False
     # Attention kernel: sdpa (PyTorch's, any device), eager, or flash_attention_2 (needs the
     # flash-attn package and a CUDA GPU; refused with a clear error otherwise).
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
@@ -87,6 +92,13 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.logits_chunk_tokens < 0:
             raise ValueError(f"model.logits_chunk_tokens must be >= 0 (0: full logits), got {self.logits_chunk_tokens}")
+        if self.share_prompt and self.logits_chunk_tokens == 0:
+            raise ValueError("model.share_prompt needs the chunked log-probs (model.logits_chunk_tokens > 0), got 0")
+        if self.share_prompt and self.attn_implementation not in ("sdpa", "eager"):
+            raise ValueError(
+                "model.share_prompt needs attn_implementation sdpa or eager (an explicit mask), "
+                f"got {self.attn_implementation}"
+            )
 
 
 @dataclass(frozen=True)

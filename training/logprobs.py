@@ -161,6 +161,7 @@ def window_token_stats(
     chunk_tokens: int = 1024,
     entropy: bool = False,
     temperature: float = 1.0,
+    share: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> TokenStats:
     """Log-probs (and entropy) of the last ``w = targets.shape[1]`` targets of a forward.
 
@@ -171,6 +172,8 @@ def window_token_stats(
     ``temperature`` divides the logits first: the policy that sampled at temperature T is
     softmax(logits / T), and RL scores the samples under that policy (verl's actor divides its
     logits by the rollout temperature for the old, reference and training log-probs alike).
+    ``share`` = (prompt_len [b], group_ids [b]) runs each group's prompt once
+    (:func:`shared_prompt_hidden`, ``model.share_prompt``); the full-logits path ignores it.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for log-probs, got {temperature}")
@@ -189,18 +192,22 @@ def window_token_stats(
         return TokenStats(logp, ent)
 
     inner = _decoder(model)
-    box: dict[str, torch.Tensor] = {}
+    if share is not None:
+        positions = torch.arange(L - w - 1, L - 1, device=input_ids.device)  # [w]
+        hidden = shared_prompt_hidden(model, input_ids, attention_mask, share[0], share[1], positions)  # [b, w, H]
+    else:
+        box: dict[str, torch.Tensor] = {}
 
-    def grab(_module: Any, _args: Any, output: Any) -> None:
-        box["h"] = output[0] if isinstance(output, tuple) else output.last_hidden_state  # [b, L, H]
+        def grab(_module: Any, _args: Any, output: Any) -> None:
+            box["h"] = output[0] if isinstance(output, tuple) else output.last_hidden_state  # [b, L, H]
 
-    handle = inner.get_decoder().register_forward_hook(grab)
-    try:
-        # logits_to_keep=1: the model's own vocabulary projection sees one position, not L.
-        model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=1)
-    finally:
-        handle.remove()
-    hidden = box["h"][:, L - w - 1 : L - 1]  # [b, w, H]
+        handle = inner.get_decoder().register_forward_hook(grab)
+        try:
+            # logits_to_keep=1: the model's own vocabulary projection sees one position, not L.
+            model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=1)
+        finally:
+            handle.remove()
+        hidden = box["h"][:, L - w - 1 : L - 1]  # [b, w, H]
     flat_h = hidden.reshape(b * w, -1)  # [b·w, H]
     flat_t = targets.reshape(b * w)  # [b·w]
     idx = mask.reshape(-1).nonzero().squeeze(-1) if mask is not None else None  # [n] valid positions
@@ -220,3 +227,167 @@ def window_token_stats(
         return x.new_zeros(b * w).index_put((idx,), x).reshape(b, w)  # [b, w], 0 where masked
 
     return TokenStats(unflatten(lp), unflatten(en) if en is not None else None)
+
+
+# --- One forward of each group's prompt (``model.share_prompt``) ----------------------------------
+#
+# The G samples of one prompt repeat its tokens; the update ran them G times. Here the rows of a
+# micro-batch are split at their group's prompt: the distinct prompts run once (one row each), and
+# the continuations run after them over those prompts' keys and values, read from a cache that is
+# never written after the prompt pass (so a gradient-checkpointed layer replays the same read in
+# the backward). The prompt's keys and values keep their graph: a continuation's loss reaches the
+# prompt's tokens as it does in the unshared forward. Same math; the float order differs (matmuls
+# of other shapes, an explicit mask where the causal kernel ran), so log-probs agree to fp32
+# rounding, as tested.
+
+
+class _PromptKV:
+    """Stands in for transformers' cache in the two passes. Without ``rows`` (the prompt pass) it
+    keeps each layer's keys and values [n, kv_heads, P, d] of ``kv``; with them (a continuation
+    pass over the same ``kv``) it returns them gathered per row ([b, kv_heads, P, d]) before the
+    row's own. Each pass has its own instance and nothing is replaced once kept, so replaying a
+    layer in the backward (gradient checkpointing) sees exactly what the forward saw."""
+
+    def __init__(self, kv: dict[int, tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor | None = None) -> None:
+        self.kv = kv
+        self.rows = rows  # [b] the prompt index of each continuation row; None in the prompt pass
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):  # noqa: ANN201
+        if self.rows is None:
+            self.kv.setdefault(layer_idx, (key, value))
+            return key, value
+        pk, pv = self.kv[layer_idx]
+        pk, pv = pk.index_select(0, self.rows), pv.index_select(0, self.rows)  # [b, kv_heads, P, d]
+        return torch.cat([pk, key], dim=-2), torch.cat([pv, value], dim=-2)  # [b, kv_heads, P + R, d]
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """The name transformers' decoder takes its KV cache by (``cache`` in 5.x, ``past_key_values`` before)."""
+    import inspect
+
+    params = inspect.signature(_decoder(model).get_decoder().forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    name = type(_decoder(model)).__name__
+    raise NotImplementedError(f"{name}'s decoder takes no KV cache argument: model.share_prompt needs one")
+
+
+class _CacheThroughCheckpointing:
+    """While active, a gradient-checkpointed decoder layer keeps the cache argument (transformers
+    drops it unless the layer only reads it; ours is only read after the prompt pass)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.layers = list(getattr(_decoder(model).get_decoder(), "layers", []))
+
+    def __enter__(self) -> None:
+        for layer in self.layers:
+            if getattr(layer, "gradient_checkpointing", False) and not hasattr(layer, "_can_checkpoint_with_cache"):
+                raise NotImplementedError(
+                    "model.share_prompt with gradient checkpointing needs transformers >= 5 (a decoder layer that can "
+                    "keep a read-only cache); set model.share_prompt=false"
+                )
+            layer._can_checkpoint_with_cache = True  # instance attribute over the class's False
+
+    def __exit__(self, *exc: object) -> None:
+        for layer in self.layers:
+            layer.__dict__.pop("_can_checkpoint_with_cache", None)
+
+
+def _mask(allow: torch.Tensor, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
+    """A 4-D mask [n, 1, q, k] in the form the attention kernel takes: bool for sdpa, additive for eager."""
+    allow = allow[:, None]
+    if attn_implementation == "sdpa":
+        return allow
+    if attn_implementation == "eager":
+        return torch.zeros(allow.shape, dtype=dtype, device=allow.device).masked_fill_(~allow, torch.finfo(dtype).min)
+    raise ValueError(f"model.share_prompt needs attn_implementation sdpa or eager, not {attn_implementation}")
+
+
+def shared_prompt_hidden(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_len: torch.Tensor,
+    group_ids: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """The decoder's final hidden states at ``positions`` of each row, each group's prompt run once.
+
+    input_ids, attention_mask [b, L] right-padded; prompt_len [b] where each row's prompt ends (a
+    group shares its rows' shortest; a row sharing fewer tokens with its group is refused);
+    group_ids [b] (rows of one prompt share an id, as ``training.batch.collate`` makes them); positions [w] token
+    positions (the same for every row) → hidden [b, w, H]. Positions at or past a row's length
+    return some other position's state (they are padding: the caller never scores them).
+    """
+    inner = _decoder(model)
+    attn_impl = getattr(inner.config, "_attn_implementation", "sdpa")
+    dtype = next(inner.parameters()).dtype
+    device, b = input_ids.device, input_ids.shape[0]
+    lengths = attention_mask.sum(1)  # [b]
+    uniq, row_prompt = torch.unique(group_ids, return_inverse=True)  # [n], [b]: each row's prompt index
+    first = torch.full((len(uniq),), b, dtype=torch.long, device=device).scatter_reduce(
+        0, row_prompt, torch.arange(b, device=device), reduce="amin"
+    )  # [n] a row holding each prompt
+    # A group's shared prompt: its rows' shortest (a row cut by max_len inside it has fewer), ≥ 1
+    P = torch.full_like(first, input_ids.shape[1]).scatter_reduce(0, row_prompt, prompt_len, reduce="amin")  # [n]
+    P = P.clamp(min=1)
+    prompt_len = P[row_prompt]  # [b]
+    Pm = int(P.max())
+    ar = torch.arange(Pm, device=device)
+    prompts = input_ids[first, :Pm]  # [n, Pm] (past a prompt's end: the row's own tokens, masked below)
+    if not bool(((input_ids[:, :Pm] == prompts[row_prompt]) | (ar[None] >= prompt_len[:, None])).all()):
+        raise ValueError("model.share_prompt: rows of one group do not share their prompt tokens")
+    R = lengths - prompt_len  # [b] continuation tokens of each row (≥ 0)
+    Rm = int(R.max())
+    box: dict[str, torch.Tensor] = {}
+
+    def grab(_module: Any, _args: Any, output: Any) -> None:
+        box["h"] = output[0] if isinstance(output, tuple) else output.last_hidden_state
+
+    kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    name = _cache_kwarg(model)
+    handle = inner.get_decoder().register_forward_hook(grab)
+    try:
+        with _CacheThroughCheckpointing(model):
+            # The prompts [n, Pm]: causal over each prompt's own tokens (a padding query sees the prompt).
+            allow = (ar[None, :] <= ar[:, None])[None] & (ar[None, None, :] < P[:, None, None])  # [n, Pm, Pm]
+            pos = ar[None].expand(len(uniq), Pm)  # [n, Pm]
+            model(
+                input_ids=prompts,
+                attention_mask=_mask(allow, attn_impl, dtype),
+                position_ids=pos,
+                logits_to_keep=1,
+                use_cache=False,
+                **{name: _PromptKV(kv)},
+            )
+            h_prompt = box["h"]  # [n, Pm, H]
+            h_cont = None
+            if Rm > 0:
+                ac = torch.arange(Rm, device=device)
+                src = (prompt_len[:, None] + ac[None]).clamp(max=input_ids.shape[1] - 1)  # [b, Rm]
+                cont = torch.where(ac[None] < R[:, None], input_ids.gather(1, src), 0)  # [b, Rm]
+                seen = ar[None, None, :] < prompt_len[:, None, None]  # [b, 1, Pm] the row's prompt keys
+                own = (ac[None, :] <= ac[:, None])[None] & (ac[None, None, :] < R[:, None, None])  # [b, Rm, Rm]
+                allow = torch.cat([seen.expand(b, Rm, Pm), own], dim=-1)  # [b, Rm, Pm + Rm]
+                model(
+                    input_ids=cont,
+                    attention_mask=_mask(allow, attn_impl, dtype),
+                    position_ids=prompt_len[:, None] + ac[None],
+                    logits_to_keep=1,
+                    use_cache=False,
+                    **{name: _PromptKV(kv, row_prompt)},
+                )
+                h_cont = box["h"]  # [b, Rm, H]
+    finally:
+        handle.remove()
+    H = h_prompt.shape[-1]
+    t = positions[None].expand(b, -1)  # [b, w]
+    in_prompt = t < prompt_len[:, None]  # [b, w]
+    flat = [h_prompt.reshape(-1, H)]  # prompt states first, then the continuations'
+    idx = row_prompt[:, None] * Pm + t.clamp(max=Pm - 1)  # [b, w]
+    if h_cont is not None:
+        flat.append(h_cont.reshape(-1, H))
+        at = len(uniq) * Pm + torch.arange(b, device=device)[:, None] * Rm + (t - prompt_len[:, None]).clamp(0, Rm - 1)
+        idx = torch.where(in_prompt, idx, at)
+    return torch.cat(flat).index_select(0, idx.reshape(-1)).reshape(b, -1, H)  # [b, w, H]

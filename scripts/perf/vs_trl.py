@@ -424,6 +424,13 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads, both sides")
     p.add_argument("--steps", type=int, default=2, help="timed steps per side")
     p.add_argument("--warmup", type=int, default=1, help="untimed first steps per side")
+    p.add_argument(
+        "--harness-set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overrides of the harness side's recipe, last (e.g. model.share_prompt=true: each group's prompt once)",
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     try:  # deferred: optional extra (harness[compare])
@@ -439,11 +446,11 @@ def main() -> None:
         f"max_new_tokens={args.max_new_tokens} few_shot={args.few_shot} lr={args.lr} reward={args.reward} "
         "dtype=float32 AdamW "
         f"threads={args.threads} "
-        f"steps={args.steps} (+{args.warmup} warm-up)",
+        f"steps={args.steps} (+{args.warmup} warm-up) harness-set={args.harness_set}",
         flush=True,
     )
     with tempfile.TemporaryDirectory() as tmp:
-        trainer, clock = harness_trainer(args, Path(tmp) / "harness")
+        trainer, clock = harness_trainer(args, Path(tmp) / "harness", tuple(args.harness_set))
         prompts, answers = trl_prompts(args)
         trl_side = TRLSide(args, prompts, answers, Path(tmp) / "trl")
         rows: dict[str, list[dict[str, float]]] = {"harness": [], "trl": []}

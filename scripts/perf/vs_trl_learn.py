@@ -158,7 +158,13 @@ def run_side(side: str, seed: int, args: argparse.Namespace, out: Path) -> None:
             trainer, clock = harness_trainer(
                 args,
                 Path(tmp) / "harness",
-                (f"data.file={qfile}", "data.shuffle=false", f"trainer.seed={seed}", "data.dataset=demo"),
+                (
+                    f"data.file={qfile}",
+                    "data.shuffle=false",
+                    f"trainer.seed={seed}",
+                    "data.dataset=demo",
+                    *args.harness_set,
+                ),
             )
 
             def step() -> dict[str, float]:
@@ -338,6 +344,13 @@ def main() -> None:
     p.add_argument("--heldout-limit", type=int, default=56)
     p.add_argument("--eval-batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--harness-set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overrides of the harness side's recipe, last (e.g. model.share_prompt=true)",
+    )
     args = p.parse_args()
     out = Path(args.out)
     if args.report:
@@ -354,7 +367,7 @@ def main() -> None:
     print(
         f"pinned: {_versions()} model={args.model} group_size={args.group_size} prompts/step={args.prompts} "
         f"max_new_tokens={args.max_new_tokens} few_shot={args.few_shot} lr={args.lr} reward={args.reward} "
-        f"steps={args.steps} "
+        f"steps={args.steps} harness-set={args.harness_set} "
         f"heldout={args.heldout_split}[:{args.heldout_limit}] threads={args.threads} dtype=float32 AdamW",
         flush=True,
     )

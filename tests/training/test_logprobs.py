@@ -190,3 +190,69 @@ def test_rows_without_a_model_token_give_zeros_that_still_backpropagate():
     (st.logp * mask).sum().backward()
     for p in (m.lm_head.weight, m.model.embed_tokens.weight):
         assert p.grad is not None and torch.all(p.grad == 0)
+
+
+def grouped_rows(seed: int = 4):
+    """Six right-padded rows in three groups: prompts of 7, 11 and 5 tokens; row 4 is cut by
+    max_len inside its group's prompt (9 of 11 tokens), row 5 is a group of one."""
+    g = torch.Generator().manual_seed(seed)
+    b, L = 6, 30
+    groups = torch.tensor([0, 0, 0, 1, 1, 2])
+    prompt_len = torch.tensor([7, 7, 7, 11, 9, 5])
+    lengths = torch.tensor([30, 22, 18, 25, 9, 28])
+    ids = torch.randint(0, V, (b, L), generator=g)  # [b, L]
+    ids[:3, :7] = ids[0, :7]
+    ids[3:5, :11] = ids[3, :11]
+    attn = (torch.arange(L)[None] < lengths[:, None]).long()  # [b, L]
+    ids = ids * attn
+    w = L - 5
+    pos = torch.arange(L - w, L)[None]  # [1, w] target token positions
+    mask = ((pos >= prompt_len[:, None]) & (pos < lengths[:, None])).float()  # [b, w] model tokens
+    return ids, attn, ids[:, L - w :], mask, prompt_len, groups
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_each_groups_prompt_run_once_gives_the_same_logprobs_and_gradients(checkpointing, attn):
+    """model.share_prompt: the prompts run once, the continuations over their keys and values. The
+    log-probs, entropies and every gradient equal the row-by-row forward to fp32 rounding, with
+    gradient checkpointing too (its replay must read the prompt's keys again, not drop them)."""
+    ids, attn_mask, targets, mask, prompt_len, groups = grouped_rows()
+    models = [tiny_llama(), tiny_llama()]
+    for m in models:
+        m.config._attn_implementation = attn
+        m.train()
+        if checkpointing:
+            m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    plain = window_token_stats(models[0], ids, attn_mask, targets, mask, chunk_tokens=5, entropy=True)
+    shared = window_token_stats(
+        models[1], ids, attn_mask, targets, mask, chunk_tokens=5, entropy=True, share=(prompt_len, groups)
+    )
+    keep = mask.bool()
+    torch.testing.assert_close(shared.logp[keep], plain.logp[keep], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared.entropy[keep], plain.entropy[keep], atol=1e-5, rtol=1e-5)
+    assert (shared.logp[~keep] == 0).all()
+    for st in (plain, shared):
+        loss, _ = losses_of(st.logp, st.entropy, mask, "token_mean")
+        loss.backward()
+    for (name, p0), (_, p1) in zip(models[0].named_parameters(), models[1].named_parameters(), strict=True):
+        torch.testing.assert_close(p1.grad, p0.grad, atol=1e-5, rtol=1e-4, msg=name)
+    # the prompt's own positions reached through the continuation: the embedding of a prompt-only
+    # token gets its gradient (were the prompt's keys cut off, the gradients above would differ)
+    assert models[1].model.embed_tokens.weight.grad.abs().sum() > 0
+
+
+def test_rows_of_one_group_that_do_not_share_their_prompt_are_refused():
+    ids, attn_mask, targets, mask, prompt_len, groups = grouped_rows()
+    ids[1, 3] = (ids[0, 3] + 1) % V  # row 1 leaves its group's prompt
+    with pytest.raises(ValueError, match="do not share their prompt"):
+        window_token_stats(tiny_llama(), ids, attn_mask, targets, mask, chunk_tokens=5, share=(prompt_len, groups))
+
+
+def test_share_prompt_needs_the_chunked_path_and_an_explicit_mask_kernel():
+    from training.config import ModelConfig
+
+    with pytest.raises(ValueError, match="logits_chunk_tokens"):
+        ModelConfig(share_prompt=True, logits_chunk_tokens=0)
+    with pytest.raises(ValueError, match="sdpa or eager"):
+        ModelConfig(share_prompt=True, attn_implementation="flash_attention_2")

@@ -111,6 +111,8 @@ NOT_RELEVANT = {
                        "trained is unchanged",
     "trainer.stop_on_steps": "how many steps in a row trainer.stop_on waits for: a stop rule, as trainer.stop_on",
     "model.logits_chunk_tokens": "memory: the vocabulary projection in chunks, the same numbers",
+    "model.share_prompt": "each group's prompt in one forward: the same log-probs up to float rounding "
+                          "(test_logprobs.py)",
     "optim.zero_stage": "memory: how DeepSpeed shards the same update",
     "optim.threads": "CPU threads",
     "optim.fused": "AdamW's kernel, fused or a loop: the same update up to float rounding (test_engine.py)",

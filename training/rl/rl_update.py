@@ -80,7 +80,8 @@ class RLUpdate:
         states, so the [b, w, V] logits never exist (:mod:`training.logprobs`). Results are
         zero-padded back to W (those positions are padding, mask 0). They are of the policy that
         sampled: softmax(logits / ``rollout.sampling.temperature``), as verl scores them (greedy rollouts,
-        temperature 0, are scored at temperature 1).
+        temperature 0, are scored at temperature 1). With ``model.share_prompt`` each group's prompt
+        runs once in the micro-batch (float order only: :func:`training.logprobs.shared_prompt_hidden`).
         """
         L, W = batch.input_ids.shape[1], batch.targets.shape[1] - offset
         Lm = min(L, max(int(batch.attention_mask[rows].sum(1).max()), offset + 2))  # this micro-batch's length
@@ -93,6 +94,7 @@ class RLUpdate:
             self.cfg.model.logits_chunk_tokens,
             entropy,
             self.cfg.rollout.sampling.temperature or 1.0,
+            (batch.response_start[rows], batch.group_ids[rows]) if self.cfg.model.share_prompt else None,
         )
 
         def pad(x: torch.Tensor) -> torch.Tensor:

@@ -224,14 +224,31 @@ def test_smollm2_one_step(tmp_path):
     assert trainer.backend.weight_version == "1"
 
 
+def test_a_step_with_each_prompt_run_once_trains_as_the_row_by_row_step(tmp_path):
+    """model.share_prompt through DeepSpeed, with gradient checkpointing: the first step (the same
+    rollouts: lockstep admission) logs the same loss and gradient norm as without it."""
+    rows = {}
+    for share in ("false", "true"):
+        make(
+            tmp_path / share, f"model.share_prompt={share}", "model.gradient_checkpointing=true", "trainer.max_steps=1"
+        ).train()
+        rows[share] = read_jsonl(tmp_path / share / "run" / "metrics.jsonl")[0]
+    assert rows["true"]["reward/mean"] == rows["false"]["reward/mean"]
+    assert rows["true"]["grad_norm"] > 0
+    for key in ("loss", "grad_norm", "mismatch/abs_log_ratio"):
+        assert rows["true"][key] == pytest.approx(rows["false"][key], rel=1e-4, abs=1e-6), key
+
+
 @pytest.mark.slow
-def test_windowed_logprobs_match_a_full_forward(tmp_path):
+@pytest.mark.parametrize("share", [False, True])
+def test_windowed_logprobs_match_a_full_forward(tmp_path, share):
     """The update's forward (micro-batch cut to its longest row, logits only from the response
-    window on) gives the same log-probs as a plain full forward of the padded batch."""
+    window on; with model.share_prompt each group's prompt once, under gradient checkpointing)
+    gives the same log-probs as a plain full forward of the padded batch."""
     from training.batch import collate, token_logprobs
     from training.rl.rollout import collect
 
-    trainer = make(tmp_path)
+    trainer = make(tmp_path, *(["model.share_prompt=true", "model.gradient_checkpointing=true"] if share else []))
     rollout = collect(trainer.agent, trainer.sampler.next(2), 2, trainer.sampling, 0, seed=0)
     batch = collate(rollout.trajectories, [0.0] * 4, rollout.group_ids, trainer.pad_id)
     offset = int(batch.response_start.min()) - 1
@@ -486,8 +503,12 @@ def test_shuffle_rows_cuts_mini_batches_from_shuffled_rows(tmp_path):
 
     orders = {}
     for shuffle in (False, True):
-        trainer = make(tmp_path / str(shuffle), "trainer.save_every=0", "trainer.tensorboard=false",
-                       f"algo.shuffle_rows={str(shuffle).lower()}")  # fmt: skip
+        trainer = make(
+            tmp_path / str(shuffle),
+            "trainer.save_every=0",
+            "trainer.tensorboard=false",
+            f"algo.shuffle_rows={str(shuffle).lower()}",
+        )
         seen = []
         update = trainer.rl_update
         estimator = update.advantage_fn
@@ -505,8 +526,14 @@ def test_gae_over_the_response_includes_observation_tokens(tmp_path):
     the prompt (Search-R1's / RAG-R1's verl); the policy loss keeps the model tokens."""
     from harness.config import ConfigError
 
-    trainer = make(tmp_path, "trainer.save_every=0", "trainer.tensorboard=false", "algo.advantage=gae",
-                   "algo.gae_over=response", "rollout.agent.max_turns=2")  # fmt: skip
+    trainer = make(
+        tmp_path,
+        "trainer.save_every=0",
+        "trainer.tensorboard=false",
+        "algo.advantage=gae",
+        "algo.gae_over=response",
+        "rollout.agent.max_turns=2",
+    )
     seen, critic_masks, batches = [], [], []
     update = trainer.rl_update  # the trainer's collaborator: forwards, advantages, optimizer steps
     estimator, critic_step, advantages = update.advantage_fn, update._critic_step, update.advantages
