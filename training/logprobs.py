@@ -21,6 +21,7 @@ token_logprobs``, ``training.losses.entropy_from_logits``) to fp32 rounding, as 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -263,8 +264,6 @@ class _PromptKV:
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
     """The name transformers' decoder takes its KV cache by (``cache`` in 5.x, ``past_key_values`` before)."""
-    import inspect
-
     params = inspect.signature(_decoder(model).get_decoder().forward).parameters
     for name in ("cache", "past_key_values"):
         if name in params:
