@@ -52,6 +52,7 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(
         resolve_model(args.model), dtype=torch.float32, use_safetensors=True, attn_implementation="sdpa"
     )
+    model.config.use_cache = False  # as training.engine loads the policy: no KV cache in training
     model.train()
     if args.checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

@@ -224,15 +224,29 @@ def test_smollm2_one_step(tmp_path):
     assert trainer.backend.weight_version == "1"
 
 
-def test_a_step_with_each_prompt_run_once_trains_as_the_row_by_row_step(tmp_path):
+def test_a_step_with_each_prompt_run_once_trains_as_the_row_by_row_step(tmp_path, monkeypatch):
     """model.share_prompt through DeepSpeed, with gradient checkpointing: the first step (the same
-    rollouts: lockstep admission) logs the same loss and gradient norm as without it."""
-    rows = {}
+    rollouts: lockstep admission) logs the same loss and gradient norm as without it, and only the
+    run with the option takes the shared path (equal losses alone would not show it was taken)."""
+    import training.logprobs as logprobs
+
+    calls: list[int] = []
+    shared = logprobs.shared_prompt_hidden
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return shared(*args, **kwargs)
+
+    monkeypatch.setattr(logprobs, "shared_prompt_hidden", counted)
+    rows, taken = {}, {}
     for share in ("false", "true"):
+        calls.clear()
         make(
             tmp_path / share, f"model.share_prompt={share}", "model.gradient_checkpointing=true", "trainer.max_steps=1"
         ).train()
         rows[share] = read_jsonl(tmp_path / share / "run" / "metrics.jsonl")[0]
+        taken[share] = len(calls)
+    assert taken == {"false": 0, "true": taken["true"]} and taken["true"] > 0, taken
     assert rows["true"]["reward/mean"] == rows["false"]["reward/mean"]
     assert rows["true"]["grad_norm"] > 0
     for key in ("loss", "grad_norm", "mismatch/abs_log_ratio"):
