@@ -10,7 +10,12 @@ the shared one pads the prompts to theirs and the continuations to theirs), the 
 and how far B's log-probs and gradients lie from A's.
 
     PYTHONPATH=. .venv/bin/python scripts/perf/share_prompt.py --rollouts RUN/rollouts.jsonl \
-        --model MODEL [--step 1] [--threads 2] [--repeats 2] [--no-checkpointing]
+        --model MODEL [--step 1] [--threads 2] [--repeats 2] [--no-checkpointing] [--only share]
+
+glibc's mmap threshold is fixed at 1 MB first, as every ``harness`` command fixes it
+(``harness.memory.tune_allocator``); ``HARNESS_MALLOC=default`` leaves glibc's own, so the
+allocator's share of the time can be measured by alternating the two (``--only`` one side keeps
+each process short).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from harness.memory import tune_allocator
 from harness.models import resolve_model
 from harness.textfiles import read_jsonl
 from harness.types import Trajectory
@@ -45,7 +51,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2, help="A B B A rounds")
     p.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
+    p.add_argument("--only", choices=("rows", "share"), help="time one side (no comparison)")
     args = p.parse_args()
+    fixed = tune_allocator()
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM  # deferred: seconds at import
 
@@ -71,7 +79,8 @@ def main() -> None:
         f"{b} rows in {len(firsts)} groups, {int(lengths.sum())} real tokens, prompts "
         f"{int(prompt.min())}-{int(prompt.max())} tokens ({int(prompt.sum())} of them in the rows); "
         f"decoder tokens with padding: row by row {b * L}, each prompt once {shared_tokens} "
-        f"({shared_tokens / (b * L):.2f}x); threads={args.threads} checkpointing={args.checkpointing}",
+        f"({shared_tokens / (b * L):.2f}x); threads={args.threads} checkpointing={args.checkpointing} "
+        f"mmap threshold={'1 MB' if fixed else 'glibc default'}",
         flush=True,
     )
 
@@ -87,13 +96,18 @@ def main() -> None:
 
     times: dict[bool, list[float]] = {False: [], True: []}
     out: dict[bool, tuple[torch.Tensor, list[torch.Tensor]]] = {}
-    run(False)  # warm-up (allocator, kernels)
+    sides = {"rows": (False,), "share": (True,), None: (False, True)}[args.only]
+    run(sides[0])  # warm-up (allocator, kernels)
     for r in range(args.repeats):
-        for share in (False, True) if r % 2 == 0 else (True, False):
+        for share in sides if r % 2 == 0 else sides[::-1]:
             dt, logp, grads = run(share)
             times[share].append(dt)
             out[share] = (logp, grads)
             print(f"round {r + 1} {'each prompt once' if share else 'row by row':16s} {dt:.2f} s", flush=True)
+    if args.only:
+        side = times[sides[0]]
+        print(f"median forward+backward, {args.only}: {statistics.median(side):.2f} s over {len(side)} runs")
+        return
     keep = mask.bool()
     dlogp = float((out[True][0] - out[False][0])[keep].abs().max())
     dgrad = max(
