@@ -246,7 +246,7 @@ def test_a_step_with_each_prompt_run_once_trains_as_the_row_by_row_step(tmp_path
         ).train()
         rows[share] = read_jsonl(tmp_path / share / "run" / "metrics.jsonl")[0]
         taken[share] = len(calls)
-    assert taken == {"false": 0, "true": taken["true"]} and taken["true"] > 0, taken
+    assert taken["false"] == 0 and taken["true"] > 0, taken
     assert rows["true"]["reward/mean"] == rows["false"]["reward/mean"]
     assert rows["true"]["grad_norm"] > 0
     for key in ("loss", "grad_norm", "mismatch/abs_log_ratio"):
